@@ -1,0 +1,1 @@
+"""The Global Scheduler: registry, placement, routing, migration, autoscaling, prewarm pool."""

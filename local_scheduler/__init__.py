@@ -1,0 +1,1 @@
+"""The Local Scheduler: one per GPU host; launches replicas, binds GPUs, forwards messages."""

@@ -1,0 +1,1 @@
+"""The jupyter_client KernelProvisioner, kernelspecs and the Jupyter Server extension."""
