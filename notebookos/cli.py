@@ -1,8 +1,9 @@
 """The ``notebookos`` command.
 
-Each subcommand lives in its own module that exposes ``register(subparsers)``; the module adds its
-parser and sets ``func`` (called with the parsed namespace, returning an exit code). Modules are
-listed in ``SUBCOMMAND_MODULES``. Components (schedulers, kernel) are imported lazily inside the
+Each subcommand lives in its own module of ``notebookos.commands`` that exposes
+``register(subparsers)``; the module adds its parser and sets ``func`` (called with the parsed
+namespace, returning an exit code). Modules are discovered, so adding a subcommand touches no
+shared file. Components (schedulers, kernel) are imported lazily inside the
 ``func`` of the subcommand that starts them, which is the one exception the dependency rule allows.
 """
 
@@ -10,14 +11,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 from collections.abc import Sequence
 
 from notebookos import __version__
 
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "notebookos.commands.config_cmd",
-)
+
+
+def subcommand_modules() -> list[str]:
+    import notebookos.commands as commands
+
+    return sorted(
+        f"{commands.__name__}.{info.name}"
+        for info in pkgutil.iter_modules(commands.__path__)
+        if not info.name.startswith("_")
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="TOML configuration file (default: $NOTEBOOKOS_CONFIG, else built-in defaults)",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
+    for name in subcommand_modules():
         importlib.import_module(name).register(subparsers)
     return parser
 

@@ -1,0 +1,1 @@
+"""Placement and scheduling policies: pure objects shared by the Global Scheduler and the simulator."""

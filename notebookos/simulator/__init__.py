@@ -1,0 +1,1 @@
+"""Discrete-event, trace-driven simulator that runs the live policy objects."""

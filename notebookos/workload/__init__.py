@@ -1,0 +1,1 @@
+"""Workloads: trace readers, the Sensei-calibrated generator, the replay driver."""
