@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from notebookos import __version__
 
 
-
 def subcommand_modules() -> list[str]:
     import notebookos.commands as commands
 
