@@ -1,0 +1,405 @@
+"""One typed configuration for every component.
+
+Sources, lowest to highest precedence: defaults in code < a TOML file < environment variables
+(``NOTEBOOKOS_<SECTION>_<NAME>``) < command-line flags (passed in as ``overrides``). Every
+setting is declared once below with its type, default, allowed values and help text; the
+docs (docs/configuration.md) are generated from the same declarations, and a test fails when they
+drift apart.
+
+An invalid value stops the program at start with ``ConfigError``, whose message names the
+setting, the value, where it came from, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ENV_PREFIX = "NOTEBOOKOS_"
+CONFIG_FILE_ENV = "NOTEBOOKOS_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed."""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "notebookos"
+
+
+# -- validators ------------------------------------------------------------------------------
+
+
+def _at_least(low: float) -> Callable[[Any], str | None]:
+    return lambda value: None if value >= low else f"a number >= {low:g}"
+
+
+def _between(low: float, high: float) -> Callable[[Any], str | None]:
+    return lambda value: None if low <= value <= high else f"a number from {low:g} to {high:g}"
+
+
+def _port(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else "a TCP port from 0 to 65535 (0 picks a free one)"
+
+
+def _store_url(value: str) -> str | None:
+    scheme = urlparse(value).scheme
+    if scheme in ("file", "redis", "rediss", "s3"):
+        return None
+    return "a URL file:///path, redis://host:port/db or s3://bucket/prefix?endpoint_url=..."
+
+
+def _optional_redis_url(value: str) -> str | None:
+    return None if value == "" or urlparse(value).scheme in ("redis", "rediss") else (
+        "empty (use the local state file) or a redis://host:port/db URL"
+    )
+
+
+def _policy_name(value: str) -> str | None:
+    try:
+        from notebookos.policies import available_policies
+    except ImportError:  # the registry is not importable: accept any name, checked at use
+        return None if value else "a policy name"
+    names = available_policies()
+    return None if value in names else f"one of {', '.join(sorted(names))}"
+
+
+def setting(
+    default: Any,
+    help: str,  # noqa: A002 - the natural name in declarations
+    check: Callable[[Any], str | None] | None = None,
+) -> Any:
+    return field(default=default, metadata={"help": help, "check": check})
+
+
+# -- sections --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    replicas_per_kernel: int = setting(3, "Replicas of each distributed kernel (Raft group size).",
+                                       _at_least(1))
+    policy: str = setting("notebookos", "Scheduling policy (a name from `notebookos.policies`).",
+                          _policy_name)
+    store: str = setting("", "Large-object store URL; empty means file://<state_dir>/store.",
+                         lambda v: None if v == "" else _store_url(v))
+    state_dir: str = setting("", "Directory for local state (registry file, store, logs); empty "
+                             "means $XDG_DATA_HOME/notebookos.")
+    max_subscription_ratio: float = setting(
+        1.0, "Cluster-wide limit on a host's subscription ratio SR = subscribed GPUs / (GPUs x R).",
+        _between(0.01, 100.0))
+    oversubscription: float = setting(
+        3.0, "Hard cap of a host's subscribed resources, as a multiple of its capacity.",
+        _at_least(1.0))
+
+
+@dataclass(frozen=True)
+class GlobalSchedulerSettings:
+    host: str = setting("127.0.0.1", "Address the Global Scheduler binds (gRPC and kernel fronts).")
+    grpc_port: int = setting(8079, "gRPC port of the Global Scheduler.", _port)
+    registry_redis_url: str = setting(
+        "", "Redis URL that keeps the registry across restarts; empty uses a local state file.",
+        _optional_redis_url)
+    heartbeat_timeout_s: float = setting(
+        10.0, "A Local Scheduler silent this long is declared dead.", _at_least(0.5))
+    migration_retries: int = setting(3, "Attempts to migrate before a cell fails.", _at_least(0))
+    autoscale: bool = setting(True, "Scale hosts out and in automatically.")
+    autoscale_interval_s: float = setting(15.0, "Seconds between autoscaler runs.", _at_least(0.1))
+    scaling_factor: float = setting(
+        1.05, "Expected capacity = committed GPUs x this factor (plus the buffer).", _at_least(1.0))
+    scaling_buffer_hosts: int = setting(1, "Spare hosts kept beyond expected capacity.",
+                                        _at_least(0))
+    min_hosts: int = setting(3, "The autoscaler never goes below this many hosts.", _at_least(0))
+    max_hosts: int = setting(32, "The autoscaler never goes above this many hosts.", _at_least(1))
+
+
+@dataclass(frozen=True)
+class LocalSchedulerSettings:
+    host: str = setting("127.0.0.1", "Address this Local Scheduler binds and advertises.")
+    grpc_port: int = setting(0, "gRPC port of this Local Scheduler (0 picks a free one).", _port)
+    global_scheduler: str = setting("127.0.0.1:8079", "host:port of the Global Scheduler.")
+    virtual_gpus: int = setting(
+        4, "GPUs to offer when no real GPU is found (nvidia-smi / CUDA).", _at_least(0))
+    millicpus: int = setting(0, "CPU capacity to offer in millicpus; 0 = all cores.", _at_least(0))
+    memory_mb: int = setting(0, "Memory to offer in MB; 0 = all physical memory.", _at_least(0))
+    vram_gb_per_gpu: float = setting(16.0, "GPU memory per virtual GPU.", _at_least(0.0))
+    prewarm_pool_size: int = setting(1, "Prewarmed replica processes kept ready on this host.",
+                                     _at_least(0))
+    heartbeat_interval_s: float = setting(2.0, "Seconds between heartbeats.", _at_least(0.1))
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    election_timeout_s: float = setting(
+        0.5, "After the first committed LEAD, wait at most this long for missing proposals.",
+        _at_least(0.0))
+    sync_threshold_bytes: int = setting(
+        1 << 20, "Values serialised larger than this go to the large-object store.", _at_least(0))
+    raft_timeout_s: float = setting(2.0, "Raft leader-election timeout (upper bound).",
+                                    _at_least(0.1))
+    checkpoint: bool = setting(True, "Write a checkpoint of the namespace after each cell.")
+
+
+@dataclass(frozen=True)
+class JupyterSettings:
+    port: int = setting(8888, "Port of JupyterLab started by `notebookos up`.", _port)
+    token: str = setting("", "Jupyter Server token; empty generates one.")
+    open_browser: bool = setting(True, "Open a browser on `notebookos up`.")
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    global_scheduler: GlobalSchedulerSettings = field(default_factory=GlobalSchedulerSettings)
+    local_scheduler: LocalSchedulerSettings = field(default_factory=LocalSchedulerSettings)
+    kernel: KernelSettings = field(default_factory=KernelSettings)
+    jupyter: JupyterSettings = field(default_factory=JupyterSettings)
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.cluster.state_dir) if self.cluster.state_dir else default_state_dir()
+
+    @property
+    def store_url(self) -> str:
+        return self.cluster.store or (self.state_path / "store").resolve().as_uri()
+
+    def get(self, dotted: str) -> Any:
+        section, name = _split(dotted)
+        return getattr(getattr(self, section), name)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+# -- introspection ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    section: str
+    name: str
+    type: type
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def env_var(self) -> str:
+        return f"{ENV_PREFIX}{self.section.upper()}_{self.name.upper()}"
+
+
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def settings() -> list[SettingInfo]:
+    """Every setting, in declaration order."""
+    out = []
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory  # type: ignore[misc]
+        for f in dataclasses.fields(cls):
+            out.append(SettingInfo(section.name, f.name, _TYPES[str(f.type)], f.default,
+                                   f.metadata["help"], f.metadata["check"]))
+    return out
+
+
+def _split(dotted: str) -> tuple[str, str]:
+    section, _, name = dotted.partition(".")
+    known = {s.dotted for s in settings()}
+    if dotted not in known:
+        raise ConfigError(f"unknown setting {dotted!r}; known settings: {', '.join(sorted(known))}")
+    return section, name
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def _coerce(info: SettingInfo, value: Any, source: str) -> Any:
+    """Turn a raw value (a TOML value, or a string from the environment) into the setting's type."""
+
+    def fail(reason: str) -> ConfigError:
+        return ConfigError(
+            f"setting {info.dotted} = {value!r} (from {source}) is not allowed: {reason}"
+        )
+
+    t = info.type
+    if t is bool:
+        if isinstance(value, bool):
+            result: Any = value
+        elif isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+            result = True
+        elif isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+            result = False
+        else:
+            raise fail("expected true or false")
+    elif t is int:
+        if isinstance(value, bool):
+            raise fail("expected an integer")
+        if isinstance(value, int):
+            result = value
+        elif isinstance(value, str):
+            try:
+                result = int(value.strip(), 0)
+            except ValueError:
+                raise fail("expected an integer") from None
+        else:
+            raise fail("expected an integer")
+    elif t is float:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise fail("expected a number")
+        try:
+            result = float(value)
+        except ValueError:
+            raise fail("expected a number") from None
+        if result != result or result in (float("inf"), float("-inf")):
+            raise fail("expected a finite number")
+    else:
+        if not isinstance(value, str):
+            raise fail("expected a string")
+        result = value
+    if info.check is not None:
+        allowed = info.check(result)
+        if allowed is not None:
+            raise fail(f"expected {allowed}")
+    return result
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the configuration from defaults, a TOML file, the environment and overrides.
+
+    ``path`` defaults to ``$NOTEBOOKOS_CONFIG`` when set. ``overrides`` maps dotted names
+    (``"cluster.policy"``) to values from command-line flags; ``None`` values are ignored so
+    that unset flags fall through to lower sources.
+    """
+    env = os.environ if env is None else env
+    infos = {info.dotted: info for info in settings()}
+    values: dict[str, Any] = {}
+
+    if path is None:
+        path = env.get(CONFIG_FILE_ENV) or None
+    if path is not None:
+        values.update(_from_toml(Path(path), infos))
+
+    for info in infos.values():
+        if info.env_var in env:
+            values[info.dotted] = _coerce(info, env[info.env_var], f"${info.env_var}")
+    sections = {info.section.upper() + "_" for info in infos.values()}
+    env_vars = {info.env_var for info in infos.values()}
+    unknown_env = sorted(
+        k for k in env
+        if k.startswith(ENV_PREFIX) and k not in env_vars
+        and any(k[len(ENV_PREFIX):].startswith(section) for section in sections)
+    )
+    if unknown_env:  # a typo in a section's variable must not be silently ignored
+        raise ConfigError(
+            f"unknown environment setting(s) {unknown_env}; see docs/configuration.md"
+        )
+
+    for dotted, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        if dotted not in infos:
+            raise ConfigError(f"unknown setting {dotted!r}")
+        values[dotted] = _coerce(infos[dotted], raw, "the command line")
+
+    sections: dict[str, dict[str, Any]] = {}
+    for info in infos.values():
+        value = values.get(info.dotted, info.default)
+        if info.dotted not in values and info.check is not None:
+            _coerce(info, value, "the default")
+        sections.setdefault(info.section, {})[info.name] = value
+    config = Config(**{
+        f.name: f.default_factory(**sections.get(f.name, {}))  # type: ignore[misc]
+        for f in dataclasses.fields(Config)
+    })
+    _cross_check(config)
+    return config
+
+
+def _from_toml(path: Path, infos: Mapping[str, SettingInfo]) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+    values: dict[str, Any] = {}
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{path}: top-level key {section!r} must be a table such as [{section}]; "
+                f"sections are {sorted({i.section for i in infos.values()})}"
+            )
+        for name, raw in table.items():
+            dotted = f"{section}.{name}"
+            if dotted not in infos:
+                raise ConfigError(f"{path}: unknown setting {dotted!r}; see docs/configuration.md")
+            values[dotted] = _coerce(infos[dotted], raw, str(path))
+    return values
+
+
+def _cross_check(config: Config) -> None:
+    gs = config.global_scheduler
+    if gs.min_hosts > gs.max_hosts:
+        raise ConfigError(
+            f"setting global_scheduler.min_hosts = {gs.min_hosts} is not allowed: expected at most "
+            f"global_scheduler.max_hosts ({gs.max_hosts})"
+        )
+
+
+# -- documentation ---------------------------------------------------------------------------
+
+
+def render_markdown() -> str:
+    """docs/configuration.md, generated from the declarations above."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated by `notebookos config docs`; tests/test_config.py fails when it is stale. -->",
+        "",
+        "Every component reads one configuration. Sources, lowest to highest precedence:",
+        "",
+        "1. the defaults below;",
+        "2. a TOML file (`--config PATH` or `$NOTEBOOKOS_CONFIG`), with one table per section;",
+        "3. environment variables `NOTEBOOKOS_<SECTION>_<NAME>`;",
+        "4. command-line flags of the command being run.",
+        "",
+        "An invalid value stops the program at start with a message that names the setting, the",
+        "value, where it came from and what is allowed. `notebookos config show` prints the",
+        "effective configuration.",
+        "",
+        "```toml",
+        "[cluster]",
+        'policy = "notebookos"',
+        "",
+        "[local_scheduler]",
+        "virtual_gpus = 8",
+        "```",
+    ]
+    section = None
+    for info in settings():
+        if info.section != section:
+            section = info.section
+            lines += ["", f"## [{section}]", "", "| setting | type | default | environment | meaning |",
+                      "|---|---|---|---|---|"]
+        default = repr(info.default) if info.type is str else str(info.default).lower() \
+            if info.type is bool else str(info.default)
+        lines.append(
+            f"| `{info.name}` | {info.type.__name__} | `{default}` | `{info.env_var}` | {info.help} |"
+        )
+    return "\n".join(lines) + "\n"
