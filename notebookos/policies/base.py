@@ -1,0 +1,249 @@
+"""The policy interface shared by the live Global Scheduler and the simulator.
+
+A policy is *pure* (DESIGN section 2): it never opens sockets, starts threads, uses asyncio or reads
+a clock. It is handed a view of the cluster (a ``notebookos.cluster.Cluster``, read only by
+convention) and, where it needs one, the current time as an argument, and it returns a decision.
+The caller (scheduler or simulator) applies the decision through the cluster's accounting.
+
+Two families share the interface:
+
+- *session* policies (``notebookos``, ``reservation``, ``batch``, ``lcp``) schedule notebook
+  sessions whose cells are short GPU tasks: replicas per kernel, when GPUs are bound, container
+  lifetime, host choice, executor choice, migration and autoscaling.
+- *job* policies (``fifo``, ``sjf``, ``srtf``, ``tiresias``) order a wait queue of batch jobs on a
+  fixed cluster; they say whether they preempt and whether later jobs may overtake a blocked head.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from abc import ABC
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from notebookos.cluster import Cluster, Host, Kernel
+from notebookos.policies import placement
+from notebookos.resources import ResourceSpec
+
+
+class PolicyKind(enum.StrEnum):
+    SESSION = "session"
+    JOB = "job"
+
+
+class GpuBinding(enum.StrEnum):
+    CELL = "cell"  # GPUs committed only while a cell runs
+    SESSION = "session"  # GPUs committed when the kernel starts, for its whole life (reservation)
+
+
+class ContainerLifetime(enum.StrEnum):
+    SESSION = "session"  # long-running kernel containers
+    CELL = "cell"  # one container per cell task (batch, lcp)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorDecision:
+    """Which replica runs a request; ``replica_id is None`` means no replica's host can commit now
+    and one must migrate (or the request waits)."""
+
+    replica_id: int | None
+    reason: str
+
+    @property
+    def migrate(self) -> bool:
+        return self.replica_id is None
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationDecision:
+    """Move ``replica_id`` to ``target_host_id``; ``target_host_id is None``: no host can take it
+    now (the caller scales out and retries)."""
+
+    replica_id: int
+    target_host_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingView:
+    """What the autoscaler looks at, gathered by the caller in O(1)."""
+
+    hosts: int  # hosts up, plus hosts being provisioned
+    gpus_per_host: int
+    committed_gpus: int  # GPUs bound now
+    waiting_gpus: int  # GPUs asked for by requests that wait for capacity
+    subscribed_gpus: int  # sum of replica subscriptions
+    releasable_host_ids: Sequence[str] = ()  # hosts holding nothing, fewest first by the caller
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingDecision:
+    add_hosts: int = 0
+    release_host_ids: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class QueuedJob:
+    """A batch job as job policies see it (the simulator keeps these up to date)."""
+
+    job_id: str
+    submit_time: float
+    num_gpus: int
+    duration: float  # oracle total run time
+    remaining: float  # run time still to go
+    attained_gpu_s: float = 0.0  # GPU-seconds of service received so far (Tiresias's 2D age)
+    seq: int = 0  # arrival order, the final tie-breaker
+
+
+class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclasses override some
+    """Base of every policy. Class attributes describe it; methods return decisions."""
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[PolicyKind] = PolicyKind.SESSION
+    replicas_per_kernel: ClassVar[int] = 1
+    gpu_binding: ClassVar[GpuBinding] = GpuBinding.CELL
+    container_lifetime: ClassVar[ContainerLifetime] = ContainerLifetime.SESSION
+    supports_migration: ClassVar[bool] = False
+    preemptive: ClassVar[bool] = False  # job policies: may running jobs be preempted
+    backfill: ClassVar[bool] = True  # job policies: may a later job start when the head is blocked
+    description: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        scale_factor: float = 1.05,
+        buffer_hosts: int = 0,
+        min_hosts: int = 0,
+        max_release_per_tick: int = 2,
+        candidate_limit: int = 64,
+    ) -> None:
+        if scale_factor < 1.0:
+            raise ValueError(f"scale_factor={scale_factor!r} must be >= 1.0")
+        if buffer_hosts < 0 or min_hosts < 0 or max_release_per_tick < 0 or candidate_limit < 1:
+            raise ValueError("buffer_hosts, min_hosts, max_release_per_tick must be >= 0 and "
+                             "candidate_limit >= 1")
+        self.scale_factor = float(scale_factor)
+        self.buffer_hosts = int(buffer_hosts)
+        self.min_hosts = int(min_hosts)
+        self.max_release_per_tick = int(max_release_per_tick)
+        self.candidate_limit = int(candidate_limit)
+
+    # -- session policies -------------------------------------------------------------------
+
+    def host_acceptable(self, cluster: Cluster, host: Host, request: ResourceSpec) -> bool:
+        """Whether a new replica of ``request`` may be placed on ``host`` (besides distinctness)."""
+        if not host.can_subscribe(request):
+            return False
+        if self.gpu_binding is GpuBinding.SESSION or self.container_lifetime is ContainerLifetime.CELL:
+            return host.can_commit(request)
+        return True
+
+    def choose_hosts(
+        self,
+        cluster: Cluster,
+        request: ResourceSpec,
+        count: int | None = None,
+        exclude: Sequence[str] = (),
+    ) -> list[Host] | None:
+        """Distinct hosts for ``count`` new replicas (default: ``replicas_per_kernel``), or None.
+
+        Default: hosts with the most idle GPUs first, through the cluster's idle-GPU index, looking
+        at no more than ``candidate_limit`` hosts (so the cost does not grow with the cluster).
+        """
+        count = self.replicas_per_kernel if count is None else count
+        chosen: list[Host] = []
+        skip = set(exclude)
+        for host in placement.most_idle_first(cluster, min_idle=0, limit=self.candidate_limit):
+            if host.host_id in skip or not self.host_acceptable(cluster, host, request):
+                continue
+            chosen.append(host)
+            skip.add(host.host_id)
+            if len(chosen) == count:
+                return chosen
+        return None
+
+    def choose_executor(
+        self, cluster: Cluster, kernel: Kernel, request: ResourceSpec
+    ) -> ExecutorDecision:
+        """Sticky: the last executor if its host can commit ``request`` now; else the replica whose
+        host has the most idle GPUs and can commit; else migrate."""
+        replicas = {r.replica_id: r for r in kernel.live_replicas()}
+        last = kernel.executor
+        if last is not None and last in replicas:
+            host = cluster.hosts.get(replicas[last].host_id)
+            if host is not None and host.can_commit(request, replicas[last].owner):
+                return ExecutorDecision(last, "last executor's host can commit")
+        best: tuple[int, int] | None = None
+        for rid, replica in sorted(replicas.items()):
+            host = cluster.hosts.get(replica.host_id)
+            if host is None or not host.can_commit(request, replica.owner):
+                continue
+            if best is None or host.idle_gpus > best[0]:
+                best = (host.idle_gpus, rid)
+        if best is not None:
+            return ExecutorDecision(best[1], "replica whose host has the most idle GPUs")
+        return ExecutorDecision(None, "no replica's host can commit the request now")
+
+    def choose_migration(
+        self, cluster: Cluster, kernel: Kernel, request: ResourceSpec
+    ) -> MigrationDecision | None:
+        """Which replica to move and where; None when the policy does not migrate."""
+        if not self.supports_migration:
+            return None
+        replicas = sorted(kernel.live_replicas(), key=lambda r: r.replica_id)
+        if not replicas:
+            return None
+        # Move the replica on the most subscribed host: it relieves the hottest host.
+        def heat(r):  # noqa: ANN001, ANN202
+            host = cluster.hosts.get(r.host_id)
+            return -1.0 if host is None else host.subscription_ratio(self.replicas_per_kernel)
+
+        victim = max(replicas, key=heat)
+        occupied = {r.host_id for r in replicas}
+        for host in placement.most_idle_first(
+            cluster, min_idle=request.gpus, limit=self.candidate_limit
+        ):
+            if host.host_id in occupied:
+                continue
+            if self.host_acceptable(cluster, host, request) and host.can_commit(request):
+                return MigrationDecision(victim.replica_id, host.host_id,
+                                         "host with the most idle GPUs that can commit now")
+        return MigrationDecision(victim.replica_id, None, "no host can commit the request now")
+
+    def scaling(self, view: ScalingView) -> ScalingDecision:
+        """Expected capacity = (committed + waiting GPUs) x scale_factor, in hosts, plus a buffer
+        of spare hosts; scale out when below, release up to ``max_release_per_tick`` idle hosts
+        when above."""
+        gph = max(1, view.gpus_per_host)
+        target = math.ceil((view.committed_gpus + view.waiting_gpus) * self.scale_factor / gph)
+        target = max(self.min_hosts, target + self.buffer_hosts, self.subscription_hosts(view))
+        if view.hosts < target:
+            return ScalingDecision(add_hosts=target - view.hosts)
+        surplus = min(view.hosts - target, self.max_release_per_tick)
+        if surplus > 0 and view.releasable_host_ids:
+            return ScalingDecision(release_host_ids=tuple(view.releasable_host_ids[:surplus]))
+        return ScalingDecision()
+
+    def subscription_hosts(self, view: ScalingView) -> int:
+        """Hosts needed to hold the subscriptions (0 for policies that do not oversubscribe)."""
+        return 0
+
+    def observe(self, cluster: Cluster) -> None:  # noqa: B027 - optional hook
+        """Called once per scaling interval with the cluster; stateful policies update here."""
+
+    # -- job policies -----------------------------------------------------------------------
+
+    def priority_key(self, job: QueuedJob, now: float) -> tuple:
+        """Sort key of a job; smaller runs first. The key of a *waiting* job must not change while
+        it waits (the simulator keeps waiting jobs sorted by it)."""
+        return (job.submit_time, job.seq)
+
+    def order_queue(self, jobs: Sequence[QueuedJob], now: float) -> list[QueuedJob]:
+        return sorted(jobs, key=lambda j: self.priority_key(j, now))
+
+    def next_priority_change(self, job: QueuedJob, now: float) -> float | None:
+        """For a *running* job: the time at which its key changes in a way that can reorder the
+        queue (Tiresias's demotion); None when never."""
+        return None
