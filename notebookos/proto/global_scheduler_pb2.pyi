@@ -108,7 +108,7 @@ class DeregisterHostResponse(_message.Message):
     def __init__(self, replicas_lost: _Optional[int] = ...) -> None: ...
 
 class ReplicaEvent(_message.Message):
-    __slots__ = ("host_id", "kernel_id", "replica_id", "kind", "pid", "exit_code", "message", "sequence", "time_unix")
+    __slots__ = ("host_id", "kernel_id", "replica_id", "kind", "pid", "exit_code", "message", "sequence", "time_unix", "instance_id")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class ReplicaEvent(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     kernel_id: str
     replica_id: int
@@ -127,7 +128,8 @@ class ReplicaEvent(_message.Message):
     message: str
     sequence: int
     time_unix: float
-    def __init__(self, host_id: _Optional[str] = ..., kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., kind: _Optional[_Union[ReplicaEventKind, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., sequence: _Optional[int] = ..., time_unix: _Optional[float] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, host_id: _Optional[str] = ..., kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., kind: _Optional[_Union[ReplicaEventKind, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., sequence: _Optional[int] = ..., time_unix: _Optional[float] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class ReplicaEventAck(_message.Message):
     __slots__ = ("known",)

@@ -135,7 +135,7 @@ class GlobalSchedulerServicer:
     def ReportReplicaEvent(self, request, context):
         """A replica changed state without being asked by the GS: it died, exited, or finished
         starting. The LS queues events and retries until acknowledged, so the GS must treat a
-        repeated event (same host_id, kernel_id, replica_id, sequence) as a no-op.
+        repeated event (same host_id, instance_id, sequence) as a no-op.
         NOT_FOUND: host_id is not registered; the LS re-registers, then re-sends.
         An unknown kernel_id / replica_id is not an error: acknowledged with known = false.
         """
