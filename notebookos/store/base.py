@@ -1,20 +1,27 @@
 """The large-object store interface.
 
 A store keeps byte values under string keys. Every value is stored together with an HMAC-SHA256
-over its bytes, computed with the caller's key; ``get`` checks it before returning anything, so a
-tampered or foreign value is refused before a single byte reaches ``pickle``.
+over its bytes, computed with the caller's key (see ``integrity``); ``get`` checks it before
+returning anything, so a tampered or foreign value is refused before a single byte reaches
+``pickle``.
 
 Values over ``CHUNK_SIZE`` are moved in chunks; ``put`` accepts either ``bytes`` or an iterable of
-``bytes`` chunks and ``get_stream`` yields verified chunks... see each backend for how a write is
-made atomic (no partial value is ever readable under a key).
+``bytes`` chunks and ``get_stream`` yields verified chunks. Each backend makes a write atomic: no
+partial value is ever readable under a key (see docs/store.md).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
 
-CHUNK_SIZE = 64 * 1024 * 1024  # values larger than this are streamed in chunks of this size
+from notebookos.store.integrity import BLOCK_SIZE, ValueMac, check_hmac_key
+
+CHUNK_SIZE = 64 * 1024 * 1024  # values larger than this are streamed in chunks
+MAX_KEY_LENGTH = 512
+
+Value = bytes | bytearray | memoryview | Iterable[bytes]
 
 
 class StoreError(Exception):
@@ -41,13 +48,64 @@ class IntegrityError(StoreError):
     """The stored value's HMAC does not match its bytes (tampered, truncated or foreign key)."""
 
 
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a valid store key, else raise ``ValueError`` saying why.
+
+    Keys look like ``kernel-id/objects/sha256hex``: printable ASCII, ``/``-separated segments, no
+    empty, ``.`` or ``..`` segment, no leading or trailing ``/``.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"store key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("store key must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"store key is {len(key)} characters long; at most {MAX_KEY_LENGTH}")
+    if not key.isascii() or not key.isprintable() or any(c.isspace() or c == "\\" for c in key):
+        raise ValueError(
+            f"store key {key!r} must be printable ASCII without spaces or backslashes"
+        )
+    if key.startswith("/"):
+        raise ValueError(f"store key {key!r} must not start with '/'")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(
+                f"store key {key!r} has an empty, '.' or '..' segment; use names like "
+                "'kernel-id/objects/<sha256>'"
+            )
+    return key
+
+
+def iter_value(value: Value, piece_size: int) -> Iterator[bytes | memoryview]:
+    """The value as a stream of pieces; a bytes-like value is sliced without copying."""
+    if isinstance(value, str):
+        raise TypeError("store values are bytes; encode the str first")
+    if isinstance(value, bytes | bytearray | memoryview):
+        view = memoryview(value)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        for offset in range(0, len(view), piece_size):
+            yield view[offset : offset + piece_size]
+        return
+    try:
+        pieces = iter(value)
+    except TypeError:
+        raise TypeError(
+            f"store value must be bytes-like or an iterable of bytes, not {type(value).__name__}"
+        ) from None
+    for piece in pieces:
+        if not isinstance(piece, bytes | bytearray | memoryview):
+            raise TypeError(f"store value chunks must be bytes-like, not {type(piece).__name__}")
+        if len(piece):
+            yield piece
+
+
 class LargeObjectStore(abc.ABC):
     """put / get / delete / exists over bytes, HMAC-checked, chunked for big values."""
 
     backend: str = "abstract"
 
     @abc.abstractmethod
-    def put(self, key: str, value: bytes | bytearray | memoryview | Iterable[bytes]) -> None:
+    def put(self, key: str, value: Value) -> None:
         """Store ``value`` under ``key`` atomically: readers see the old value or the whole new one."""
 
     @abc.abstractmethod
@@ -68,3 +126,67 @@ class LargeObjectStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Safe to call twice."""
+
+    def __enter__(self) -> LargeObjectStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AuthenticatedStore(LargeObjectStore):
+    """Shared plumbing of the backends: the HMAC key, key checks and verified streaming."""
+
+    def __init__(self, hmac_key: bytes) -> None:
+        self._hmac_key = check_hmac_key(hmac_key)
+
+    def _new_mac(self, key: str, keep_block_digests: bool = False) -> ValueMac:
+        return ValueMac(self._hmac_key, key, keep_block_digests)
+
+    def _error(self, key: str, reason: str) -> StoreError:
+        return StoreError(self.backend, key, reason)
+
+    def _integrity_error(self, key: str, reason: str) -> IntegrityError:
+        return IntegrityError(self.backend, key, reason)
+
+    def _check_mac(self, key: str, mac: ValueMac, expected: bytes) -> None:
+        if not mac.matches(expected):
+            raise self._integrity_error(
+                key,
+                "HMAC mismatch: the value was tampered with, truncated, or written with another "
+                "HMAC key; refusing to return it",
+            )
+
+    def _verified_stream(
+        self, key: str, expected_mac: bytes, read_blocks: Callable[[], Iterator[bytes]]
+    ) -> Iterator[bytes]:
+        """Two passes over a value too big to hold: verify it all, then yield re-checked blocks.
+
+        ``read_blocks`` must yield the value in ``BLOCK_SIZE`` pieces (the last may be shorter)
+        and may be called twice. The first pass checks the MAC and keeps each block's SHA-256;
+        the second pass yields a block only after its digest matches the one the first pass saw,
+        so a value changed between the passes is refused too. Memory stays at one block.
+        This call does the first pass before returning.
+        """
+        mac = self._new_mac(key, keep_block_digests=True)
+        for block in read_blocks():
+            mac.update(block)
+        self._check_mac(key, mac, expected_mac)
+        digests = mac.block_digests or []
+        return self._recheck_blocks(key, digests, read_blocks)
+
+    def _recheck_blocks(
+        self, key: str, digests: list[bytes], read_blocks: Callable[[], Iterator[bytes]]
+    ) -> Iterator[bytes]:
+        index = 0
+        for block in read_blocks():
+            if len(block) > BLOCK_SIZE:
+                raise self._error(key, "internal error: stream piece larger than a block")
+            if index >= len(digests) or hashlib.sha256(block).digest() != digests[index]:
+                raise self._integrity_error(
+                    key, f"block {index} changed between verification and reading"
+                )
+            index += 1
+            yield block
+        if index != len(digests):
+            raise self._integrity_error(key, "value shrank between verification and reading")

@@ -1,0 +1,172 @@
+"""The embedded default backend: one file per value under a root directory.
+
+Layout: key ``a/b/c`` lives in ``<root>/a.d/b.d/c.v``. Directory segments end in ``.d`` and value
+files in ``.v`` so that keys ``a`` and ``a/b`` never collide; temporary files end in ``.tmp``.
+A value file is a 64-byte header (magic, length, MAC) followed by the value's bytes.
+
+A put writes a temporary file in the same directory and renames it over the target with
+``os.replace``, so a reader opens the old file or the complete new one, never a partial one.
+With ``fsync=True`` the file (and its directory) are flushed to disk before the rename, which makes
+the new value survive a power loss as well as a crashed process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import struct
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from notebookos.store.base import (
+    CHUNK_SIZE,
+    AuthenticatedStore,
+    KeyNotFound,
+    Value,
+    iter_value,
+    validate_key,
+)
+from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE
+
+MAGIC = b"NBOSOBJ1"
+HEADER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
+WRITE_PIECE = BLOCK_SIZE
+
+
+class FileStore(AuthenticatedStore):
+    backend = "file"
+
+    def __init__(self, root: str | os.PathLike[str], hmac_key: bytes, fsync: bool = False) -> None:
+        super().__init__(hmac_key)
+        self.root = Path(root)
+        self.fsync = fsync
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"file store root {str(self.root)!r} cannot be created: {exc}") from exc
+
+    def path_of(self, key: str) -> Path:
+        *dirs, name = validate_key(key).split("/")
+        return self.root.joinpath(*(d + ".d" for d in dirs), name + ".v")
+
+    def put(self, key: str, value: Value) -> None:
+        path = self.path_of(key)
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
+        mac = self._new_mac(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb", buffering=0) as out:
+                out.write(bytes(HEADER.size))
+                for piece in iter_value(value, WRITE_PIECE):
+                    mac.update(piece)
+                    _write_all(out, piece)
+                out.seek(0)
+                _write_all(out, HEADER.pack(MAGIC, mac.length, mac.digest()))
+                if self.fsync:
+                    os.fsync(out.fileno())
+            os.replace(tmp, path)
+            if self.fsync:
+                _fsync_dir(path.parent)
+        except TypeError:
+            _unlink_quietly(tmp)
+            raise
+        except BaseException as exc:
+            _unlink_quietly(tmp)
+            if isinstance(exc, Exception):
+                raise self._error(key, f"write failed, nothing was stored: {exc!r}") from exc
+            raise
+
+    def _open(self, key: str) -> tuple[io.FileIO, int, bytes]:
+        path = self.path_of(key)
+        try:
+            handle = open(path, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
+        except FileNotFoundError:
+            raise KeyNotFound(self.backend, key) from None
+        except OSError as exc:
+            raise self._error(key, f"cannot open {str(path)!r}: {exc}") from exc
+        try:
+            header = handle.read(HEADER.size)
+            if len(header) < HEADER.size:
+                raise self._integrity_error(key, "file is shorter than its header (truncated)")
+            magic, length, mac = HEADER.unpack(header)
+            if magic != MAGIC:
+                raise self._integrity_error(key, "not a NotebookOS store file (bad magic)")
+            size = os.fstat(handle.fileno()).st_size - HEADER.size
+            if size != length:
+                raise self._integrity_error(
+                    key, f"file holds {size} value bytes but its header says {length} (truncated?)"
+                )
+        except BaseException:
+            handle.close()
+            raise
+        return handle, length, mac
+
+    def get(self, key: str) -> bytes:
+        handle, length, expected = self._open(key)
+        with handle:
+            data = handle.read(length)
+        if len(data) != length:
+            raise self._integrity_error(key, "file shrank while reading")
+        mac = self._new_mac(key)
+        mac.update(data)
+        self._check_mac(key, mac, expected)
+        return data
+
+    def get_stream(self, key: str) -> Iterator[bytes]:
+        handle, length, expected = self._open(key)
+        if length <= CHUNK_SIZE:
+            handle.close()
+            return iter((self.get(key),))
+
+        def read_blocks() -> Iterator[bytes]:
+            handle.seek(HEADER.size)
+            remaining = length
+            while remaining:
+                block = handle.read(min(BLOCK_SIZE, remaining))
+                if not block:
+                    raise self._integrity_error(key, "file shrank while reading")
+                remaining -= len(block)
+                yield block
+
+        try:
+            blocks = self._verified_stream(key, expected, read_blocks)
+        except BaseException:
+            handle.close()
+            raise
+        return _closing(blocks, handle)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path_of(key).unlink()
+
+    def exists(self, key: str) -> bool:
+        return self.path_of(key).is_file()
+
+
+def _closing(blocks: Iterator[bytes], handle: io.FileIO) -> Iterator[bytes]:
+    try:
+        yield from blocks
+    finally:
+        handle.close()
+
+
+def _write_all(out: io.FileIO, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = out.write(view)
+        view = view[written:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
