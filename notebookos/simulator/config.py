@@ -1,0 +1,59 @@
+"""Simulation settings: cluster shape, latencies, autoscaling and billing (all in seconds/USD)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+PLACEMENTS = ("pooled", "consolidated")
+
+
+def parse_cluster(text: str) -> tuple[int, int]:
+    """``"20x8"`` -> (20 hosts, 8 GPUs each)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text or "")
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ValueError(f"cluster {text!r} must look like HOSTSxGPUS with both >= 1, e.g. 20x8")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    hosts: int = 4  # hosts at t=0 (job policies: the fixed cluster)
+    gpus_per_host: int = 8
+    placement: str = "pooled"  # job policies: may a job's GPUs span hosts
+    autoscale: bool = True  # session policies only
+    max_hosts: int = 100_000
+    # Latencies (s).
+    container_start_s: float = 15.0  # a cold container (kernel replica) starts
+    prewarm_promotion_s: float = 1.0  # a prewarmed container becomes a replica
+    migration_state_s: float = 5.0  # a migrated replica catches up (Raft snapshot, large objects)
+    prewarm_per_host: int = 1  # notebookos's small prewarm pool, per host
+    lcp_warmup_s: float = 8.0  # lcp: a warm container loads the session's model and data
+    batch_state_io_s: float = 8.0  # batch: read state before and write it after each cell
+    host_provision_s: float = 90.0  # the autoscaler's VM provisioning delay
+    scaling_interval_s: float = 60.0
+    preemption_overhead_s: float = 0.0  # job policies: added to a preempted job's remaining time
+    # Billing (paper section 5.5).
+    host_usd_per_hour: float = 24.48  # an 8-GPU VM (AWS p3.16xlarge on demand)
+    markup: float = 1.15  # users pay 1.15x the provider's rate
+    standby_fraction: float = 0.125  # a standby replica pays 12.5% of the rate of its GPUs
+    timeline_points: int = 2000  # about this many timeline samples
+    seed: int = 0
+    policy_params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.hosts < 0 or self.gpus_per_host < 1 or self.max_hosts < max(1, self.hosts):
+            raise ValueError("need hosts >= 0, gpus_per_host >= 1 and max_hosts >= hosts")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith(("_s", "_usd_per_hour")) and not value >= 0:
+                raise ValueError(f"{f.name}={value!r} must be >= 0")
+        if self.scaling_interval_s <= 0 or self.timeline_points < 1:
+            raise ValueError("scaling_interval_s must be > 0 and timeline_points >= 1")
+
+    @property
+    def gpu_usd_per_hour(self) -> float:
+        return self.host_usd_per_hour / self.gpus_per_host

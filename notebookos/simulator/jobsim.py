@@ -1,0 +1,253 @@
+"""The batch-job engine: ``fifo``, ``sjf``, ``srtf``, ``tiresias`` on a fixed cluster.
+
+Semantics (docs/simulator.md has the full list):
+- Events at the same instant are applied together (completions, then demotions, then arrivals),
+  and then the queue is scheduled once.
+- Non-preemptive policies start waiting jobs in the policy's order; without backfill the first job
+  that cannot start blocks the rest (strict FIFO); with backfill later jobs that fit may start.
+- Preemptive policies recompute the running set at every scheduling point: all active jobs in the
+  policy's order, each taken when its GPUs still fit in the cluster's total; running jobs left out
+  are preempted (progress kept, plus ``preemption_overhead_s``) and chosen waiting jobs start.
+- ``pooled``: a job's GPUs come from the hosts with the most idle GPUs; ``consolidated``: a job
+  that fits on one host starts only on one host (best fit), bigger jobs are pooled.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from notebookos.cluster import Cluster, Host
+from notebookos.policies import placement
+from notebookos.policies.base import Policy, QueuedJob
+from notebookos.resources import ResourceSpec
+from notebookos.simulator.config import SimConfig
+from notebookos.simulator.hosts import HostFactory
+from notebookos.simulator.records import RunRecord, TaskRecord
+from notebookos.workload.model import Workload
+
+COMPLETE, DEMOTE, ARRIVE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class _Job:
+    q: QueuedJob
+    rec: TaskRecord
+    running: bool = False
+    since: float = 0.0  # when q.remaining / q.attained_gpu_s were last brought up to date
+    hosts: list[Host] = field(default_factory=list)
+    version: int = 0
+
+
+class JobSimulator:
+    def __init__(self, workload: Workload, policy: Policy, config: SimConfig,
+                 progress: Callable[[float], None] | None = None) -> None:
+        self.policy = policy
+        self.config = config
+        self.progress = progress
+        self.cluster = Cluster(replicas_per_kernel=1)
+        factory = HostFactory(self.cluster, config.gpus_per_host, 1.0, gpus_only=True)
+        for _ in range(config.hosts):
+            factory.new_host()
+        self.record = RunRecord(policy.name)
+        self.jobs: list[_Job] = []
+        for seq, task in enumerate(workload.tasks):
+            q = QueuedJob(task.task_id, task.submit, task.gpus, task.duration, task.duration, 0.0,
+                          seq)
+            self.jobs.append(_Job(q, TaskRecord(task.task_id, task.session_id, task.gpus,
+                                                task.submit, task.duration)))
+        self.record.tasks = [j.rec for j in self.jobs]
+        self.waiting: list[tuple[tuple, int]] = []  # sorted (key, seq)
+        self.running: dict[int, _Job] = {}
+        self.events: list[tuple[float, int, int, int]] = [
+            (j.q.submit_time, ARRIVE, j.q.seq, 0) for j in self.jobs]
+        heapq.heapify(self.events)
+        span = max((j.q.submit_time + j.q.duration for j in self.jobs), default=0.0)
+        self.sample_every = max(1.0, span / config.timeline_points)
+        self.next_sample = 0.0
+        self.finished = 0
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _sync(self, job: _Job, now: float) -> None:
+        if job.running and now > job.since:
+            elapsed = now - job.since
+            job.q.remaining = max(0.0, job.q.remaining - elapsed)
+            job.q.attained_gpu_s += elapsed * job.q.num_gpus
+        job.since = now
+
+    def _key(self, job: _Job, now: float) -> tuple:
+        return self.policy.priority_key(job.q, now)
+
+    def _enqueue(self, job: _Job, now: float) -> None:
+        bisect.insort(self.waiting, (self._key(job, now), job.q.seq))
+
+    def _commit_change(self, now: float) -> None:
+        self.record.integrals.advance(now)
+        self.record.integrals.committed_gpus = self.cluster.committed_gpus
+
+    def _sample(self, now: float) -> None:
+        while self.next_sample <= now:
+            t = self.next_sample
+            running = len(self.running)
+            self.record.timeline.append((
+                round(t, 3), running + len(self.waiting), running, len(self.waiting),
+                len(self.cluster.hosts), self.cluster.total_gpus, self.cluster.committed_gpus,
+                0.0, sum(j.rec.preemptions for j in self.running.values())))
+            self.next_sample += self.sample_every
+
+    # -- placement ----------------------------------------------------------------------------
+
+    def _place(self, job: _Job) -> list[tuple[Host, int]] | None:
+        need = job.q.num_gpus
+        if need > self.cluster.total_gpus - self.cluster.committed_gpus:
+            return None
+        if self.config.placement == "consolidated" and need <= self.config.gpus_per_host:
+            for host in placement.fewest_idle_first(self.cluster, min_idle=need, limit=1):
+                return [(host, need)]
+            return None
+        picks = []
+        for host in placement.most_idle_first(self.cluster, min_idle=1):
+            take = min(need, host.idle_gpus)
+            picks.append((host, take))
+            need -= take
+            if need == 0:
+                return picks
+        return None
+
+    def _start(self, job: _Job, picks: list[tuple[Host, int]], now: float) -> None:
+        self._commit_change(now)
+        owner = job.q.job_id
+        for host, k in picks:
+            host.commit(owner, ResourceSpec(gpus=k))
+        job.hosts = [h for h, _ in picks]
+        job.running = True
+        job.since = now
+        job.version += 1
+        self.running[job.q.seq] = job
+        self.record.integrals.committed_gpus = self.cluster.committed_gpus
+        if job.rec.start is None:
+            job.rec.start = job.rec.bound = now
+            job.rec.host = "+".join(h.host_id for h in job.hosts)
+        end = now + job.q.remaining
+        heapq.heappush(self.events, (end, COMPLETE, job.q.seq, job.version))
+        change = self.policy.next_priority_change(job.q, now)
+        if change is not None and change < end:
+            heapq.heappush(self.events, (change, DEMOTE, job.q.seq, job.version))
+
+    def _stop(self, job: _Job, now: float) -> None:
+        self._sync(job, now)
+        self._commit_change(now)
+        for host in job.hosts:
+            host.release(job.q.job_id)
+        job.hosts = []
+        job.running = False
+        job.version += 1
+        del self.running[job.q.seq]
+        self.record.integrals.committed_gpus = self.cluster.committed_gpus
+
+    # -- scheduling -----------------------------------------------------------------------------
+
+    def _schedule(self, now: float) -> None:
+        if not self.waiting:
+            return
+        if self.policy.preemptive:
+            self._schedule_preemptive(now)
+        else:
+            self._schedule_in_order(now)
+
+    def _schedule_in_order(self, now: float) -> None:
+        free = self.cluster.total_gpus - self.cluster.committed_gpus
+        i = 0
+        while i < len(self.waiting) and free > 0:
+            job = self.jobs[self.waiting[i][1]]
+            if job.q.num_gpus <= free:
+                picks = self._place(job)
+                if picks is not None:
+                    del self.waiting[i]
+                    self._start(job, picks, now)
+                    free -= job.q.num_gpus
+                    continue
+            if not self.policy.backfill:
+                return
+            i += 1
+
+    def _schedule_preemptive(self, now: float) -> None:
+        for job in self.running.values():
+            self._sync(job, now)
+        running = sorted((self._key(j, now), j.q.seq) for j in self.running.values())
+        free = self.cluster.total_gpus
+        keep: set[int] = set()
+        chosen: list[tuple[tuple, int]] = []
+        for entry in heapq.merge(running, self.waiting):
+            job = self.jobs[entry[1]]
+            if job.q.num_gpus <= free:
+                free -= job.q.num_gpus
+                if job.running:
+                    keep.add(job.q.seq)
+                else:
+                    chosen.append(entry)
+                if free == 0:
+                    break
+        if not chosen:
+            return
+        for seq in [s for s in self.running if s not in keep]:
+            job = self.jobs[seq]
+            self._stop(job, now)
+            job.rec.preemptions += 1
+            job.q.remaining += self.config.preemption_overhead_s
+            self._enqueue(job, now)
+        for entry in chosen:
+            job = self.jobs[entry[1]]
+            picks = self._place(job)
+            if picks is None:
+                continue
+            del self.waiting[bisect.bisect_left(self.waiting, entry)]
+            self._start(job, picks, now)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> RunRecord:
+        wall = time.perf_counter()
+        self.record.integrals.hosts = len(self.cluster.hosts)
+        total = len(self.jobs)
+        processed = 0
+        events = self.events
+        while events:
+            now = events[0][0]
+            self._sample(now)
+            while events and events[0][0] == now:
+                _, kind, seq, version = heapq.heappop(events)
+                job = self.jobs[seq]
+                if kind == ARRIVE:
+                    if job.q.num_gpus > self.cluster.total_gpus:
+                        self.record.unschedulable.append(job.q.job_id)
+                        self.finished += 1
+                        continue
+                    job.since = now
+                    self._enqueue(job, now)
+                elif version != job.version or not job.running:
+                    continue
+                elif kind == COMPLETE:
+                    self._stop(job, now)
+                    job.rec.end = now
+                    self.finished += 1
+                else:  # DEMOTE: the job's key changed; look again at the queue
+                    self._sync(job, now)
+                    change = self.policy.next_priority_change(job.q, now)
+                    if change is not None and change < now + job.q.remaining:
+                        heapq.heappush(events, (change, DEMOTE, seq, job.version))
+            self._schedule(now)
+            processed += 1
+            if self.progress is not None and processed % 512 == 0:
+                self.progress(self.finished / max(1, total))
+        end = max((j.rec.end for j in self.jobs if j.rec.end is not None), default=0.0)
+        self.record.integrals.advance(end)
+        self.record.end_time = end
+        self.record.wall_s = time.perf_counter() - wall
+        if self.progress is not None:
+            self.progress(1.0)
+        return self.record

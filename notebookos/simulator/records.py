@@ -1,0 +1,131 @@
+"""What a run records: one row per task, timeline samples, running integrals, the summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TASK_COLUMNS = ("task_id", "session_id", "gpus", "submit_s", "bound_s", "start_s", "end_s",
+                "host", "executor", "reused_executor", "migrated", "preemptions")
+TIMELINE_COLUMNS = ("time_s", "active_sessions", "running_tasks", "waiting_tasks", "hosts",
+                    "gpus_provisioned", "gpus_busy", "subscription_ratio", "migrations")
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    task_id: str
+    session_id: str
+    gpus: int
+    submit: float
+    duration: float
+    bound: float | None = None  # GPUs committed for this task
+    start: float | None = None  # code starts (interactivity ends here)
+    end: float | None = None
+    host: str = ""
+    executor: str = ""
+    reused_executor: bool | None = None
+    migrated: bool = False
+    preemptions: int = 0
+
+    def row(self) -> tuple:
+        def fmt(x: float | None) -> str:
+            return "" if x is None else f"{x:.3f}"
+
+        reused = "" if self.reused_executor is None else int(self.reused_executor)
+        return (self.task_id, self.session_id, self.gpus, fmt(self.submit), fmt(self.bound),
+                fmt(self.start), fmt(self.end), self.host, self.executor, reused,
+                int(self.migrated), self.preemptions)
+
+
+@dataclass
+class Integrals:
+    """Piecewise-constant quantities integrated over time (unit x seconds)."""
+
+    last: float = 0.0
+    hosts: int = 0
+    committed_gpus: int = 0
+    standby_gpu_equiv: float = 0.0  # sum over standby replicas of their GPU request
+    host_s: float = 0.0
+    committed_gpu_s: float = 0.0
+    standby_gpu_s: float = 0.0
+
+    def advance(self, now: float) -> None:
+        dt = now - self.last
+        if dt > 0:
+            self.host_s += self.hosts * dt
+            self.committed_gpu_s += self.committed_gpus * dt
+            self.standby_gpu_s += self.standby_gpu_equiv * dt
+            self.last = now
+
+
+@dataclass
+class RunRecord:
+    policy: str
+    tasks: list[TaskRecord] = field(default_factory=list)
+    timeline: list[tuple] = field(default_factory=list)
+    integrals: Integrals = field(default_factory=Integrals)
+    migrations: int = 0
+    scale_outs: int = 0
+    scale_ins: int = 0
+    unschedulable: list[str] = field(default_factory=list)
+    end_time: float = 0.0
+    wall_s: float = 0.0
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return None if values.size == 0 else round(float(np.percentile(values, q)), 3)
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return None if values.size == 0 else round(float(values.mean()), 3)
+
+
+def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, markup: float,
+              standby_fraction: float) -> dict:
+    done = [t for t in record.tasks if t.end is not None]
+    jct = np.array([t.end - t.submit for t in done], dtype=float)
+    queue = np.array([t.end - t.submit - t.duration for t in done], dtype=float)
+    started = [t for t in record.tasks if t.start is not None]
+    delay = np.array([t.start - t.submit for t in started], dtype=float)
+    bound = [t for t in record.tasks if t.bound is not None]
+    immediate = sum(1 for t in bound if t.bound - t.submit <= 1e-9)
+    reuse = [t.reused_executor for t in record.tasks if t.reused_executor is not None]
+    first_submit = min((t.submit for t in record.tasks), default=0.0)
+    makespan = max((t.end for t in done), default=first_submit) - first_submit
+    integ = record.integrals
+    provisioned_gpu_h = integ.host_s * gpus_per_host / 3600.0
+    committed_gpu_h = integ.committed_gpu_s / 3600.0
+    used_gpu_h = sum(t.gpus * t.duration for t in done) / 3600.0
+    standby_gpu_h = integ.standby_gpu_s / 3600.0
+    cost = provisioned_gpu_h * gpu_usd_per_hour
+    revenue = markup * gpu_usd_per_hour * (committed_gpu_h + standby_fraction * standby_gpu_h)
+    return {
+        "policy": record.policy,
+        "jobs": len(record.tasks),
+        "completed": len(done),
+        "unschedulable": len(record.unschedulable),
+        "avg_jct_s": _mean(jct),
+        "p50_jct_s": _pct(jct, 50),
+        "p99_jct_s": _pct(jct, 99),
+        "avg_queue_s": _mean(queue),
+        "makespan_s": round(makespan, 3),
+        "interactivity_p50_s": _pct(delay, 50),
+        "interactivity_p90_s": _pct(delay, 90),
+        "interactivity_p99_s": _pct(delay, 99),
+        "interactivity_avg_s": _mean(delay),
+        "immediate_fraction": round(immediate / len(bound), 6) if bound else None,
+        "executor_reuse_fraction": round(sum(reuse) / len(reuse), 6) if reuse else None,
+        "migrations": record.migrations,
+        "preemptions": sum(t.preemptions for t in record.tasks),
+        "scale_outs": record.scale_outs,
+        "scale_ins": record.scale_ins,
+        "gpu_hours_provisioned": round(provisioned_gpu_h, 3),
+        "gpu_hours_committed": round(committed_gpu_h, 3),
+        "gpu_hours_used": round(used_gpu_h, 3),
+        "gpu_hours_standby": round(standby_gpu_h, 3),
+        "cost_usd": round(cost, 2),
+        "revenue_usd": round(revenue, 2),
+        "simulated_s": round(record.end_time, 3),
+        "wall_s": round(record.wall_s, 4),
+    }
