@@ -12,13 +12,19 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# An editable install does not copy data-files, so the Jupyter config that a wheel installs under
+# <prefix>/etc/jupyter is copied by hand.
+JUPYTER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.d/notebookos.json
+
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -e .
+	mkdir -p $(dir $(JUPYTER_CONFIG)) && cp jupyter-config/jupyter_server_config.d/notebookos.json $(JUPYTER_CONFIG)
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q "$(TORCH_SPEC)" || echo "warning: $(TORCH_SPEC) not installable here; torch tests will skip"
 	$(PIP) install -q -e ".[test]"
+	mkdir -p $(dir $(JUPYTER_CONFIG)) && cp jupyter-config/jupyter_server_config.d/notebookos.json $(JUPYTER_CONFIG)
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

@@ -1,0 +1,191 @@
+"""Trivial-cell round trip over Jupyter Server's kernel websocket.
+
+Measures, in one run and with one client:
+
+- ``plain_p50_ms`` / ``plain_p99_ms``: the plain ``python3`` kernel on a Jupyter Server with
+  NotebookOS's websocket fix (TCP_NODELAY, installed through jupyter_server_config.d);
+- ``stock_plain_p50_ms``: the same kernel on a stock server (the fix switched off);
+- ``nbos_p50_ms`` / ``nbos_p99_ms``: the ``notebookos`` kernel on the fixed server, when the
+  ``notebookos`` kernelspec is installed and its cluster is reachable (else ``null`` with a reason).
+
+A round trip is from sending ``execute_request`` on the websocket to receiving both its
+``execute_reply`` and the ``status: idle`` that follows. Usage:
+``python benchmarks/jupyter.py [--json] [--cells N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import websocket_connect
+
+STOCK_CLASS = "jupyter_server.services.kernels.connection.channels.ZMQChannelsWebsocketConnection"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, stock: bool, workdir: Path) -> None:
+        self.port = free_port()
+        self.token = uuid.uuid4().hex
+        cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={self.port}",
+               "--ip=127.0.0.1", "--allow-root", f"--IdentityProvider.token={self.token}",
+               f"--ServerApp.root_dir={workdir}"]
+        if stock:
+            cmd.append(f"--ServerApp.kernel_websocket_connection_class={STOCK_CLASS}")
+        self.log = open(workdir / f"server-{'stock' if stock else 'fixed'}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=workdir)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def wait_ready(self, timeout: float = 60) -> None:
+        client = AsyncHTTPClient()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("jupyter server exited; see its log")
+            try:
+                await client.fetch(f"{self.base}/api/status?token={self.token}")
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                await asyncio.sleep(0.2)
+        raise RuntimeError("jupyter server did not start")
+
+    async def kernelspecs(self) -> set[str]:
+        resp = await AsyncHTTPClient().fetch(f"{self.base}/api/kernelspecs?token={self.token}")
+        return set(json.loads(resp.body)["kernelspecs"])
+
+    async def start_kernel(self, name: str) -> str:
+        req = HTTPRequest(f"{self.base}/api/kernels?token={self.token}", method="POST",
+                          body=json.dumps({"name": name}), request_timeout=120)
+        resp = await AsyncHTTPClient().fetch(req)
+        return json.loads(resp.body)["id"]
+
+    async def delete_kernel(self, kernel_id: str) -> None:
+        req = HTTPRequest(f"{self.base}/api/kernels/{kernel_id}?token={self.token}",
+                          method="DELETE", request_timeout=60)
+        await AsyncHTTPClient().fetch(req, raise_error=False)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.close()
+
+
+async def measure(server: Server, kernel_name: str, cells: int, warmup: int = 10) -> list[float]:
+    kernel_id = await server.start_kernel(kernel_name)
+    session = uuid.uuid4().hex
+    ws = await websocket_connect(
+        f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels"
+        f"?session_id={session}&token={server.token}"
+    )
+    try:
+        times = []
+        for i in range(warmup + cells):
+            msg_id = uuid.uuid4().hex
+            msg = {
+                "header": {"msg_id": msg_id, "username": "bench", "session": session,
+                           "msg_type": "execute_request", "version": "5.3",
+                           "date": "2026-01-01T00:00:00Z"},
+                "parent_header": {}, "metadata": {}, "channel": "shell",
+                "content": {"code": "1+1", "silent": False, "store_history": True,
+                            "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+            }
+            start = time.perf_counter()
+            await ws.write_message(json.dumps(msg))
+            got_reply = got_idle = False
+            while not (got_reply and got_idle):
+                raw = await asyncio.wait_for(ws.read_message(), timeout=60)
+                if raw is None:
+                    raise RuntimeError("websocket closed")
+                reply = json.loads(raw)
+                if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind = reply["header"]["msg_type"]
+                if kind == "execute_reply":
+                    got_reply = True
+                elif kind == "status" and reply["content"]["execution_state"] == "idle":
+                    got_idle = True
+            if i >= warmup:
+                times.append((time.perf_counter() - start) * 1000)
+        return times
+    finally:
+        ws.close()
+        await server.delete_kernel(kernel_id)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+async def run(cells: int) -> dict:
+    result: dict = {"cells": cells}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        for stock in (False, True):
+            server = Server(stock, workdir)
+            try:
+                await server.wait_ready()
+                plain = await measure(server, "python3", cells)
+                if stock:
+                    result["stock_plain_p50_ms"] = pct(plain, 0.5)
+                    result["stock_plain_p99_ms"] = pct(plain, 0.99)
+                    continue
+                result["plain_p50_ms"] = pct(plain, 0.5)
+                result["plain_p99_ms"] = pct(plain, 0.99)
+                if "notebookos" in await server.kernelspecs():
+                    nbos = await measure(server, "notebookos", cells)
+                    result["nbos_p50_ms"] = pct(nbos, 0.5)
+                    result["nbos_p99_ms"] = pct(nbos, 0.99)
+                else:
+                    result["nbos_p50_ms"] = result["nbos_p99_ms"] = None
+                    result["nbos_skipped"] = "the notebookos kernelspec is not installed"
+            finally:
+                server.stop()
+    if result.get("stock_plain_p50_ms") and result.get("plain_p50_ms"):
+        result["fix_speedup"] = round(result["stock_plain_p50_ms"] / result["plain_p50_ms"], 2)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cells", type=int, default=200)
+    args = parser.parse_args()
+    result = asyncio.run(run(args.cells))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
