@@ -1,0 +1,846 @@
+"""Encode the names a cell changed into a replicable update; apply updates; checkpoints.
+
+The executor calls ``StateEncoder.encode(namespace, effects)`` after each cell. Each changed name
+becomes a ``SyncEntry``:
+
+- ``inline``: the serialised value travels in the Raft log (``payload``);
+- ``pointer``: the serialised value is in the large-object store under
+  ``{kernel_id}/objects/{digest}``; only the key travels;
+- ``module``: an imported module, re-imported by name on the standby (never pickled);
+- ``deleted``: the name is gone.
+
+Values are serialised with cloudpickle (notebook functions and classes go by value). Torch tensors
+are pulled out of every value by the pickler (``reducer_override``) and serialised on their own, each
+under a *token* that names that tensor object for as long as it lives. A standby keeps a table
+token -> tensor object, so an ``nn.Module`` and the optimizer built from its parameters still share
+those parameter objects after both are applied, and ``opt.step()`` (which changes the parameters in
+place but names only ``opt``) updates the model on the standby too: the changed parameters are
+copied into the existing objects. A tensor whose version counter, data pointer, shape, dtype and
+device are unchanged since it was last serialised is not serialised or hashed again. Tensors over
+``TENSOR_INLINE_LIMIT`` bytes are their own store objects; smaller ones ride in the value's bundle.
+
+The ``SyncUpdate`` record that goes through Raft is a restricted pickle of builtin containers only:
+decoding it never imports a class or runs user code. User payloads are unpickled only in
+``StateApplier.apply``, after their SHA-256 digest (and, for store objects, the store's HMAC) has
+been checked. See docs/state-sync.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+import logging
+import pickle
+import re
+import sys
+import threading
+import types
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import cloudpickle.cloudpickle as cloudpickle_internals
+from notebookos.kernel.ast_effects import CellEffects
+
+from notebookos.store.base import LargeObjectStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THRESHOLD_BYTES = 1 << 20
+TENSOR_INLINE_LIMIT = 64 * 1024  # serialised tensors above this are separate store objects
+KINDS = ("inline", "pointer", "deleted", "module")
+UPDATE_MAGIC = b"NBSYNC\x01"
+CHECKPOINT_MAGIC = b"NBCKPT\x01"
+_PLAIN_PAYLOAD = b"P"  # payload = the cloudpickle bytes
+_BUNDLE_PAYLOAD = b"B"  # payload = restricted pickle {"p": bytes, "t": {token: tensor bytes}}
+_TENSOR_PID = "nbos-tensor"
+
+INTERNAL_NAMES = frozenset(
+    {
+        "In", "Out", "_", "__", "___", "_oh", "_ih", "_dh", "_i", "_ii", "_iii", "_exit_code",
+        "get_ipython", "exit", "quit", "__builtins__", "__name__", "__doc__", "__spec__",
+        "__loader__", "__package__", "__builtin__",
+    }
+)
+_INTERNAL_PATTERN = re.compile(r"^(_i\d+|_\d+|_notebookos.*)$")
+
+
+def is_internal_name(name: str) -> bool:
+    """IPython's and the kernel's own names, never replicated."""
+    return name in INTERNAL_NAMES or bool(_INTERNAL_PATTERN.match(name))
+
+
+def object_key(kernel_id: str, digest: str) -> str:
+    return f"{kernel_id}/objects/{digest}"
+
+
+def checkpoint_key(kernel_id: str) -> str:
+    return f"{kernel_id}/checkpoint"
+
+
+def _sha256(*parts: bytes | memoryview) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def _digest_of_key(store_key: str) -> str:
+    return store_key.rsplit("/", 1)[-1]
+
+
+# --------------------------------------------------------------------------------- records
+
+
+@dataclass
+class SyncEntry:
+    """One name's new state. ``digest``: SHA-256 hex of the serialised value (see docs)."""
+
+    name: str
+    kind: str  # "inline" | "pointer" | "deleted" | "module"
+    digest: str
+    payload: bytes | None = None  # inline
+    store_key: str | None = None  # pointer
+    size: int = 0
+    module: str | None = None  # module: the module's import name
+    tensors: dict[str, str] = field(default_factory=dict)  # token -> store key of a large tensor
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "n": self.name, "k": self.kind, "d": self.digest, "p": self.payload,
+            "s": self.store_key, "z": self.size, "m": self.module, "t": dict(self.tensors),
+        }
+
+    @classmethod
+    def from_plain(cls, plain: Any) -> SyncEntry:
+        if not isinstance(plain, dict):
+            raise ValueError(f"sync entry must be a dict, not {type(plain).__name__}")
+        try:
+            entry = cls(
+                name=plain["n"], kind=plain["k"], digest=plain["d"], payload=plain["p"],
+                store_key=plain["s"], size=plain["z"], module=plain["m"], tensors=plain["t"],
+            )
+        except KeyError as exc:
+            raise ValueError(f"sync entry lacks field {exc.args[0]!r}") from None
+        entry.validate()
+        return entry
+
+    def validate(self) -> None:
+        """Raise ValueError when the fields do not make a well-formed entry of its kind."""
+        def bad(why: str) -> ValueError:
+            return ValueError(f"malformed sync entry for {self.name!r}: {why}")
+
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"malformed sync entry: name {self.name!r} is not an identifier")
+        if self.kind not in KINDS:
+            raise bad(f"unknown kind {self.kind!r}")
+        if not isinstance(self.digest, str) or not isinstance(self.size, int):
+            raise bad("digest must be a str and size an int")
+        if not isinstance(self.tensors, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.tensors.items()
+        ):
+            raise bad("tensors must map str tokens to str store keys")
+        if self.kind == "inline" and not isinstance(self.payload, bytes):
+            raise bad("an inline entry needs a bytes payload")
+        if self.kind == "pointer" and not isinstance(self.store_key, str):
+            raise bad("a pointer entry needs a store key")
+        if self.kind == "module" and not isinstance(self.module, str):
+            raise bad("a module entry needs the module's name")
+
+
+@dataclass
+class SyncUpdate:
+    """The state changes of one cell, as replicated through the Raft log."""
+
+    entries: list[SyncEntry] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        plain = {"v": 1, "e": [e.to_plain() for e in self.entries], "w": list(self.warnings)}
+        return UPDATE_MAGIC + pickle.dumps(plain, protocol=5)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SyncUpdate:
+        """Decode a record; raise ValueError (never run code) when it is malformed."""
+        plain = _load_plain(data, UPDATE_MAGIC, "sync update")
+        entries = plain.get("e")
+        warnings = plain.get("w")
+        if not isinstance(entries, list) or not isinstance(warnings, list):
+            raise ValueError("malformed sync update: entries and warnings must be lists")
+        if not all(isinstance(w, str) for w in warnings):
+            raise ValueError("malformed sync update: warnings must be strings")
+        return cls([SyncEntry.from_plain(e) for e in entries], warnings)
+
+
+@dataclass
+class Checkpoint:
+    """The whole synced namespace of a kernel after ``execution_count`` cells."""
+
+    entries: dict[str, SyncEntry]
+    execution_count: int
+    kernel_id: str
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builtin containers and scalars only: any class or function reference is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: plain data only")
+
+
+def _load_plain(data: bytes, magic: bytes, what: str) -> dict[str, Any]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"{what} must be bytes, not {type(data).__name__}")
+    data = bytes(data)
+    if not data.startswith(magic):
+        raise ValueError(f"not a NotebookOS {what} (bad magic or unsupported version)")
+    try:
+        plain = _PlainUnpickler(io.BytesIO(data[len(magic):])).load()
+    except Exception as exc:  # noqa: BLE001 - any decoding failure means a malformed record
+        raise ValueError(f"malformed {what}: {exc}") from None
+    if not isinstance(plain, dict) or plain.get("v") != 1:
+        raise ValueError(f"malformed {what}: expected a version-1 dict")
+    return plain
+
+
+class SyncApplyError(Exception):
+    """Some entries could not be applied; ``failures`` maps each variable name to the reason."""
+
+    def __init__(self, failures: Mapping[str, str]) -> None:
+        self.failures = dict(failures)
+        details = "; ".join(f"{name}: {why}" for name, why in self.failures.items())
+        super().__init__(f"could not apply {len(self.failures)} variable(s): {details}")
+
+
+# ------------------------------------------------------------------------- tensor identity
+
+
+def _torch() -> types.ModuleType | None:
+    """torch if the user (or anything) already imported it; never imports it."""
+    return sys.modules.get("torch")
+
+
+def _tensor_fingerprint(tensor: Any) -> tuple | None:
+    """Cheap evidence that a tensor is unchanged; None when torch cannot tell (inference mode)."""
+    try:
+        return (
+            tensor._version, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()),
+            tensor.storage_offset(), str(tensor.dtype), str(tensor.device),
+            tensor.requires_grad, type(tensor),
+        )
+    except Exception:  # noqa: BLE001 - inference tensors, exotic subclasses
+        return None
+
+
+@dataclass
+class _TensorRecord:
+    token: str
+    ref: weakref.ref
+    fingerprint: tuple | None
+    digest: str
+    blob: bytes | None  # serialised bytes of a small tensor
+    store_key: str | None  # store key of a large tensor
+
+
+class SyncState:
+    """What one replica knows about the synced namespace; shared by its encoder and applier.
+
+    ``entries``: name -> the entry that produced the replica's current value (a new executor
+    therefore resends nothing unchanged, and its checkpoints are complete). The tensor table maps
+    tensor objects to tokens and back, so identity is kept across names and across updates.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.entries: dict[str, SyncEntry] = {}
+        self._records: dict[str, _TensorRecord] = {}
+        self._tokens: MutableMapping[Any, str] | None = None
+        self._counter = 0
+        self._token_prefix = uuid.uuid4().hex[:16]  # tokens must not collide across replicas
+
+    def _token_map(self) -> MutableMapping[Any, str]:
+        if self._tokens is None:
+            from torch.utils.weak import WeakIdKeyDictionary  # torch is loaded when we get here
+
+            self._tokens = WeakIdKeyDictionary()
+        return self._tokens
+
+    def token_for(self, tensor: Any) -> str:
+        tokens = self._token_map()
+        token = tokens.get(tensor)
+        if token is None:
+            self._counter += 1
+            token = f"{self._token_prefix}.{self._counter}"
+            tokens[tensor] = token
+        return token
+
+    def record(self, token: str) -> _TensorRecord | None:
+        record = self._records.get(token)
+        if record is not None and record.ref() is None:
+            del self._records[token]
+            return None
+        return record
+
+    def remember(self, token: str, tensor: Any, digest: str, blob: bytes | None,
+                 store_key: str | None) -> None:
+        self._token_map()[tensor] = token
+        self._records[token] = _TensorRecord(
+            token, weakref.ref(tensor), _tensor_fingerprint(tensor), digest, blob, store_key
+        )
+
+    def prune(self) -> None:
+        """Forget tensors that no longer exist."""
+        for token in [t for t, r in self._records.items() if r.ref() is None]:
+            del self._records[token]
+
+
+# ---------------------------------------------------------------------------- serialisation
+
+
+def _serialise_tensor(tensor: Any) -> bytes:
+    torch = _torch()
+    assert torch is not None
+    if tensor._base is not None:  # a view: save only its elements, not the whole base storage
+        tensor = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()
+
+
+def _deserialise_tensor(blob: bytes) -> Any:
+    torch = _torch() or importlib.import_module("torch")
+    # weights_only: the tensor loader cannot run code, whatever the bytes say.
+    return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+
+
+def _tensor_ref(token: str) -> Any:
+    """Stands for a tensor in a pickled value; resolved by ``_ValueUnpickler``."""
+    raise pickle.UnpicklingError(f"tensor {token} referenced outside a NotebookOS state update")
+
+
+def _namespace_ref() -> dict[str, Any]:
+    """Stands for the notebook namespace (a function's globals); resolved by ``_ValueUnpickler``."""
+    return {}
+
+
+class _NamespaceRef:
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return (_namespace_ref, ())
+
+
+_NAMESPACE = _NamespaceRef()
+
+
+def _namespace_function_setstate(func: types.FunctionType, state: Any) -> None:
+    """cloudpickle's function setstate, minus its overwrite of the namespace's ``__builtins__``."""
+    namespace = func.__globals__
+    had_builtins = "__builtins__" in namespace
+    builtins = namespace.get("__builtins__")
+    cloudpickle_internals._function_setstate(func, state)
+    if had_builtins:
+        namespace["__builtins__"] = builtins
+
+
+class _ValuePickler(cloudpickle.CloudPickler):
+    """cloudpickle, with two changes (see the module docstring and docs/state-sync.md):
+
+    - every torch tensor becomes a token (``on_tensor``), serialised on its own;
+    - a notebook function (its globals are the namespace) is pickled without the values of the
+      globals it uses, and is rebound to the standby's namespace: it keeps seeing live globals.
+    """
+
+    def __init__(
+        self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None
+    ) -> None:
+        super().__init__(file, protocol=5)
+        self._namespace = namespace
+        self._on_tensor = on_tensor
+        torch = _torch()
+        self._tensor_type = torch.Tensor if (torch is not None and on_tensor) else None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if self._tensor_type is not None and isinstance(obj, self._tensor_type):
+            return (_tensor_ref, (self._on_tensor(obj),))  # type: ignore[misc]
+        return super().reducer_override(obj)
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        if func.__globals__ is not self._namespace:
+            return super()._dynamic_function_reduce(func)
+        code = func.__code__
+        closure = None
+        if func.__closure__ is not None:
+            closure = tuple(cloudpickle_internals._make_empty_cell() for _ in code.co_freevars)
+        state, slotstate = cloudpickle_internals._function_getstate(func)
+        slotstate["__globals__"] = {}  # the standby's namespace provides the globals
+        return (
+            types.FunctionType, (code, _NAMESPACE, None, None, closure), (state, slotstate),
+            None, None, _namespace_function_setstate,
+        )
+
+
+class _ValueUnpickler(pickle.Unpickler):
+    def __init__(
+        self, file: io.BytesIO, namespace: Any, resolve_tensor: Callable[[str], Any]
+    ) -> None:
+        super().__init__(file)
+        self._namespace = namespace if isinstance(namespace, dict) else {}
+        self._resolve_tensor = resolve_tensor
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__:
+            if name == "_tensor_ref":
+                return self._resolve_tensor
+            if name == "_namespace_ref":
+                return lambda: self._namespace
+        return super().find_class(module, name)
+
+
+def _pack(skeleton: bytes, small_tensors: Mapping[str, bytes]) -> bytes:
+    if not small_tensors:
+        return _PLAIN_PAYLOAD + skeleton
+    return _BUNDLE_PAYLOAD + pickle.dumps({"p": skeleton, "t": dict(small_tensors)}, protocol=5)
+
+
+def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes]]:
+    if payload[:1] == _PLAIN_PAYLOAD:
+        return payload[1:], {}
+    if payload[:1] == _BUNDLE_PAYLOAD:
+        plain = _PlainUnpickler(io.BytesIO(payload[1:])).load()
+        if (isinstance(plain, dict) and isinstance(plain.get("p"), bytes)
+                and isinstance(plain.get("t"), dict)):
+            return plain["p"], plain["t"]
+    raise ValueError("payload is not a NotebookOS value bundle")
+
+
+def _entry_digest(payload: bytes, tensors: Mapping[str, str]) -> str:
+    """SHA-256 of the payload, followed by the digests of its separately stored tensors."""
+    digest = hashlib.sha256(payload)
+    for token in sorted(tensors):
+        digest.update(f"\0{token}={_digest_of_key(tensors[token])}".encode())
+    return digest.hexdigest()
+
+
+def _forced_pointer(value: Any) -> bool:
+    """Tensors, modules, optimizers and numpy arrays always go to the store."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return True
+    torch = _torch()
+    if torch is None:
+        return False
+    return isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer)
+
+
+def _importable_module_name(module: types.ModuleType) -> str | None:
+    name = getattr(module, "__name__", None)
+    if not isinstance(name, str) or name == "__main__" or getattr(module, "__spec__", 1) is None:
+        return None
+    return name if sys.modules.get(name) is module else None
+
+
+# ---------------------------------------------------------------------------------- encoder
+
+
+class StateEncoder:
+    """Turns the names a cell changed into a ``SyncUpdate``; puts large values in the store."""
+
+    def __init__(
+        self,
+        store: LargeObjectStore,
+        kernel_id: str,
+        threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
+        *,
+        state: SyncState | None = None,
+        upload_threads: int = 4,
+    ) -> None:
+        if threshold_bytes < 0:
+            raise ValueError(f"threshold_bytes must be >= 0, not {threshold_bytes}")
+        self.store = store
+        self.kernel_id = kernel_id
+        self.threshold_bytes = threshold_bytes
+        self.state = state or SyncState()
+        self._known_objects: set[str] = set()  # store keys known to exist
+        self._upload_threads = upload_threads
+
+    def snapshot_entries(self) -> dict[str, SyncEntry]:
+        """Current name -> entry of the synced namespace (for checkpoints)."""
+        with self.state.lock:
+            return dict(self.state.entries)
+
+    def candidate_names(self, namespace: Mapping[str, Any], effects: CellEffects) -> list[str]:
+        """The names to check: those the cell may have changed, plus what called functions use."""
+        if effects.rescan:
+            names = set(namespace) | set(self.state.entries)
+        else:
+            names = set(effects.bound | effects.deleted | effects.mutated)
+            names |= _names_reached_by_calls(namespace, effects.called)
+        return sorted(n for n in names if not is_internal_name(n))
+
+    def encode(self, namespace: Mapping[str, Any], effects: CellEffects) -> SyncUpdate:
+        """Entries for every candidate name whose value changed, was deleted or became unsyncable.
+
+        Never raises for a bad value: an unserialisable one yields a warning naming it instead.
+        """
+        update = SyncUpdate()
+        uploads: dict[str, bytes | memoryview] = {}
+        with self.state.lock:
+            for name in self.candidate_names(namespace, effects):
+                previous = self.state.entries.get(name)
+                if name not in namespace:
+                    if previous is not None:
+                        update.entries.append(SyncEntry(name, "deleted", ""))
+                    continue
+                try:
+                    entry = self._encode_value(name, namespace[name], namespace, uploads)
+                except Exception as exc:  # noqa: BLE001 - user values fail in any way
+                    update.warnings.append(_unsyncable_warning(name, exc))
+                    if previous is not None:  # standbys must not keep a stale value
+                        update.entries.append(SyncEntry(name, "deleted", ""))
+                    continue
+                if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
+                    update.entries.append(entry)
+            self._upload(uploads)
+            for entry in update.entries:
+                if entry.kind == "deleted":
+                    self.state.entries.pop(entry.name, None)
+                else:
+                    self.state.entries[entry.name] = entry
+            self.state.prune()
+        return update
+
+    # ---- one value
+
+    def _encode_value(
+        self, name: str, value: Any, namespace: Mapping[str, Any],
+        uploads: dict[str, bytes | memoryview],
+    ) -> SyncEntry:
+        if isinstance(value, types.ModuleType):
+            module = _importable_module_name(value)
+            if module is None:
+                raise TypeError(f"module {getattr(value, '__name__', '?')!r} is not importable")
+            return SyncEntry(name, "module", _sha256(b"module:", module.encode()), module=module)
+        small: dict[str, bytes] = {}
+        large: dict[str, str] = {}
+        buffer = io.BytesIO()
+
+        def on_tensor(tensor: Any) -> str:
+            token, record = self._tensor(tensor, uploads)
+            if record.blob is not None:
+                small[token] = record.blob
+            else:
+                large[token] = record.store_key  # type: ignore[assignment]
+            return token
+
+        _ValuePickler(buffer, namespace, on_tensor).dump(value)
+        payload = _pack(buffer.getvalue(), small)
+        digest = _entry_digest(payload, large)
+        size = len(payload)
+        if size > self.threshold_bytes or _forced_pointer(value):
+            key = object_key(self.kernel_id, _sha256(payload))  # the stored bytes' own digest
+            if key not in self._known_objects:
+                uploads[key] = payload
+            return SyncEntry(name, "pointer", digest, store_key=key, size=size, tensors=large)
+        return SyncEntry(name, "inline", digest, payload=payload, size=size, tensors=large)
+
+    def _tensor(self, tensor: Any, uploads: dict[str, bytes | memoryview]) -> tuple[str, _TensorRecord]:
+        state = self.state
+        token = state.token_for(tensor)
+        record = state.record(token)
+        fingerprint = _tensor_fingerprint(tensor)
+        if record is not None and fingerprint is not None and record.fingerprint == fingerprint:
+            if record.store_key is not None and record.store_key not in self._known_objects:
+                # Known from an applied update or checkpoint: it is in the store already.
+                self._known_objects.add(record.store_key)
+            return token, record
+        blob = _serialise_tensor(tensor)
+        digest = _sha256(blob)
+        if len(blob) > TENSOR_INLINE_LIMIT:
+            key = object_key(self.kernel_id, digest)
+            if key not in self._known_objects:
+                uploads[key] = blob
+            state.remember(token, tensor, digest, None, key)
+        else:
+            state.remember(token, tensor, digest, blob, None)
+        return token, state.record(token)  # type: ignore[return-value]
+
+    def _upload(self, uploads: Mapping[str, bytes | memoryview]) -> None:
+        """Put new objects (skipping those already stored), in parallel; before the update goes out."""
+        def put(item: tuple[str, bytes | memoryview]) -> str:
+            key, data = item
+            if not self.store.exists(key):
+                self.store.put(key, data)
+            return key
+
+        if not uploads:
+            return
+        if len(uploads) == 1:
+            self._known_objects.add(put(next(iter(uploads.items()))))
+            return
+        with ThreadPoolExecutor(min(self._upload_threads, len(uploads))) as pool:
+            self._known_objects.update(pool.map(put, uploads.items()))
+
+
+def _unsyncable_warning(name: str, exc: BaseException) -> str:
+    reason = f"{type(exc).__name__}: {exc}"
+    if len(reason) > 300:
+        reason = reason[:297] + "..."
+    return (
+        f"NotebookOS: variable {name!r} could not be serialised and is not replicated to the "
+        f"standby replicas ({reason}). It will be lost if this replica fails."
+    )
+
+
+def _names_reached_by_calls(namespace: Mapping[str, Any], called: Iterable[str]) -> set[str]:
+    """For each called name: a notebook function -> the globals its code uses (transitively);
+    a callable object (``model(x)``) -> the name itself; classes and builtins -> nothing."""
+    reached: set[str] = set()
+    seen: set[str] = set()
+    pending = [n for n in called if n in namespace]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        value = namespace.get(name)
+        if isinstance(value, types.FunctionType):
+            for used in _code_globals(value.__code__):
+                if used in namespace and not is_internal_name(used):
+                    reached.add(used)
+                    if isinstance(namespace[used], types.FunctionType):
+                        pending.append(used)
+        elif callable(value) and not isinstance(
+            value, type | types.BuiltinFunctionType | types.ModuleType | types.MethodType
+        ):
+            reached.add(name)
+    return reached
+
+
+def _code_globals(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _code_globals(constant)
+    return names
+
+
+# ---------------------------------------------------------------------------------- applier
+
+
+class StateApplier:
+    """Applies updates on a standby; fetches large objects in the background."""
+
+    def __init__(
+        self, store: LargeObjectStore, *, state: SyncState | None = None, fetch_threads: int = 4
+    ) -> None:
+        self.store = store
+        self.state = state or SyncState()
+        self._pool = ThreadPoolExecutor(fetch_threads, thread_name_prefix="nbos-prefetch")
+        self._fetches: dict[str, Future[bytes]] = {}
+        self._fetch_lock = threading.Lock()
+        self._closed = False
+
+    def prefetch(self, update: SyncUpdate) -> None:
+        """Start fetching the update's store objects that this replica does not hold yet."""
+        for key in self._keys_needed(update):
+            self._fetch(key)
+
+    def _keys_needed(self, update: SyncUpdate) -> list[str]:
+        keys = []
+        with self.state.lock:
+            for entry in update.entries:
+                if entry.kind == "pointer" and entry.store_key:
+                    keys.append(entry.store_key)
+                for token, key in entry.tensors.items():
+                    record = self.state.record(token)
+                    if record is None or record.digest != _digest_of_key(key):
+                        keys.append(key)
+        return keys
+
+    def _fetch(self, key: str) -> Future[bytes]:
+        with self._fetch_lock:
+            if self._closed:
+                raise RuntimeError("the state applier is closed")
+            future = self._fetches.get(key)
+            if future is None:
+                future = self._pool.submit(self.store.get, key)
+                self._fetches[key] = future
+            return future
+
+    def _object(self, key: str) -> bytes:
+        """The object's bytes: from a prefetch, or fetched now. Checked against its digest."""
+        data = self._fetch(key).result()
+        if _sha256(data) != _digest_of_key(key):
+            raise ValueError(f"store object {key!r} does not match its digest")
+        return data
+
+    def apply(self, namespace: MutableMapping[str, Any], update: SyncUpdate) -> None:
+        """Apply every entry that can be applied; then raise ``SyncApplyError`` naming the others.
+
+        A failed entry leaves that name's previous value in place.
+        """
+        failures: dict[str, str] = {}
+        try:
+            with self.state.lock:
+                for entry in update.entries:
+                    try:
+                        self._apply_entry(namespace, entry)
+                    except Exception as exc:  # noqa: BLE001 - report per variable
+                        failures[entry.name] = f"{type(exc).__name__}: {exc}"
+                        log.warning("state sync: could not apply %r: %s", entry.name, exc)
+                self.state.prune()
+        finally:
+            self._forget_fetches(update)
+        if failures:
+            raise SyncApplyError(failures)
+
+    def _forget_fetches(self, update: SyncUpdate) -> None:
+        with self._fetch_lock:
+            for entry in update.entries:
+                for key in [entry.store_key, *entry.tensors.values()]:
+                    if key is not None:
+                        self._fetches.pop(key, None)
+
+    def _apply_entry(self, namespace: MutableMapping[str, Any], entry: SyncEntry) -> None:
+        if entry.kind == "deleted":
+            namespace.pop(entry.name, None)
+            self.state.entries.pop(entry.name, None)
+            return
+        if entry.kind == "module":
+            assert entry.module is not None
+            namespace[entry.name] = importlib.import_module(entry.module)
+            self.state.entries[entry.name] = entry
+            return
+        if entry.kind == "inline":
+            payload = entry.payload
+        else:
+            assert entry.store_key is not None
+            payload = self._object(entry.store_key)
+        assert payload is not None
+        if _entry_digest(payload, entry.tensors) != entry.digest:
+            raise ValueError("payload does not match the entry's digest (corrupted or tampered)")
+        skeleton, small = _unpack(payload)
+        resolve = _TensorResolver(self, entry, small)
+        value = _ValueUnpickler(io.BytesIO(skeleton), namespace, resolve).load()
+        namespace[entry.name] = value
+        self.state.entries[entry.name] = entry
+
+    def close(self) -> None:
+        """Stop the fetch threads (pending fetches are abandoned). Safe to call twice."""
+        with self._fetch_lock:
+            self._closed = True
+            for future in self._fetches.values():
+                future.cancel()
+            self._fetches.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> StateApplier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _TensorResolver:
+    """Finds the tensor object for a token: the one this replica holds, updated if it changed."""
+
+    def __init__(self, applier: StateApplier, entry: SyncEntry, small: Mapping[str, bytes]) -> None:
+        self.applier = applier
+        self.entry = entry
+        self.small = small
+
+    def __call__(self, token: str) -> Any:
+        state = self.applier.state
+        if token in self.small:
+            blob: bytes | None = self.small[token]
+            digest = _sha256(blob)  # covered by the entry digest already
+            key = None
+        elif token in self.entry.tensors:
+            key = self.entry.tensors[token]
+            digest = _digest_of_key(key)
+            blob = None
+        else:
+            raise ValueError(f"tensor {token} is referenced but not carried by the entry")
+        record = state.record(token)
+        current = record.ref() if record is not None else None
+        if current is not None and record is not None and record.digest == digest:
+            return current
+        if blob is None:
+            assert key is not None
+            blob = self.applier._object(key)
+        loaded = _deserialise_tensor(blob)
+        if current is not None and _replace_tensor_data(current, loaded):
+            loaded = current
+        state.remember(token, loaded, digest, blob if key is None else None, key)
+        return loaded
+
+
+def _replace_tensor_data(current: Any, loaded: Any) -> bool:
+    """Give ``current`` the contents of ``loaded`` in place, so every holder sees them."""
+    torch = _torch()
+    if torch is None or type(current) is not type(loaded):
+        return False
+    if not torch._has_compatible_shallow_copy_type(current, loaded):
+        return False
+    with torch.no_grad():
+        current.data = loaded.data
+    if current.is_leaf and current.requires_grad != loaded.requires_grad:
+        current.requires_grad_(loaded.requires_grad)
+    return True
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+
+def write_checkpoint(
+    store: LargeObjectStore, kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int
+) -> None:
+    """Store the synced namespace (inline values, pointers to objects already in the store)."""
+    if not isinstance(execution_count, int) or execution_count < 0:
+        raise ValueError(f"execution_count must be a non-negative int, not {execution_count!r}")
+    plain = {
+        "v": 1,
+        "kernel_id": kernel_id,
+        "execution_count": execution_count,
+        "e": [entry.to_plain() for entry in entries.values() if entry.kind != "deleted"],
+    }
+    store.put(checkpoint_key(kernel_id), CHECKPOINT_MAGIC + pickle.dumps(plain, protocol=5))
+
+
+def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
+    """The kernel's last checkpoint; ``KeyNotFound`` if it has none, ValueError if malformed."""
+    plain = _load_plain(store.get(checkpoint_key(kernel_id)), CHECKPOINT_MAGIC, "checkpoint")
+    entries = plain.get("e")
+    count = plain.get("execution_count")
+    if not isinstance(entries, list) or not isinstance(count, int):
+        raise ValueError("malformed checkpoint: entries must be a list, execution_count an int")
+    decoded = [SyncEntry.from_plain(e) for e in entries]
+    return Checkpoint({e.name: e for e in decoded}, count, str(plain.get("kernel_id")))
+
+
+def restore_namespace(
+    store: LargeObjectStore,
+    checkpoint: Checkpoint,
+    namespace: MutableMapping[str, Any],
+    *,
+    state: SyncState | None = None,
+) -> list[str]:
+    """Load a checkpoint into ``namespace``; return the names that could not be restored.
+
+    Pass the replica's ``SyncState`` so that its encoder continues from the restored state.
+    """
+    update = SyncUpdate(list(checkpoint.entries.values()))
+    with StateApplier(store, state=state) as applier:
+        applier.prefetch(update)
+        try:
+            applier.apply(namespace, update)
+        except SyncApplyError as exc:
+            for name, reason in exc.failures.items():
+                log.error("checkpoint restore of kernel %s: %r not restored: %s",
+                          checkpoint.kernel_id, name, reason)
+            return sorted(exc.failures)
+    return []
