@@ -1,0 +1,474 @@
+"""The session engine: ``notebookos``, ``reservation``, ``batch`` and ``lcp`` on notebook sessions.
+
+Each session is a kernel with long life and short GPU tasks (cells). The policy decides replicas,
+hosts, the executor, migrations and scaling; this engine applies its decisions through the core
+accounting (``Cluster``/``Host``), adds the configured latencies and records every task.
+docs/simulator.md lists the semantics.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from notebookos.cluster import Cluster, Kernel, ReplicaState
+from notebookos.policies import placement
+from notebookos.policies.base import ContainerLifetime, GpuBinding, Policy, ScalingView
+from notebookos.simulator.config import SimConfig
+from notebookos.simulator.hosts import HostFactory
+from notebookos.simulator.records import RunRecord, TaskRecord
+from notebookos.workload.model import Session, Task, Workload
+
+# Event kinds, in the order they apply at one instant.
+TASK_END, HOST_READY, KERNEL_READY, TASK_START, PREWARM, SESSION_STOP, SESSION_START, \
+    TASK_SUBMIT, SCALE_TICK = range(9)
+
+
+@dataclass(slots=True)
+class _Run:
+    task: Task
+    rec: TaskRecord
+    host_id: str = ""
+    owner: str = ""
+    container: str = ""  # batch/lcp: the per-cell container's kernel id
+
+
+@dataclass(slots=True)
+class _Sess:
+    s: Session
+    index: int
+    kernel: Kernel | None = None
+    ready: bool = False
+    stopped: bool = False
+    ended: bool = False
+    waiting: bool = False  # in the engine's wait list
+    queue: deque = field(default_factory=deque)  # _Run not yet started, in submit order
+    current: _Run | None = None
+    last_exec: tuple[int, str] | None = None
+    cells: int = 0
+
+
+class SessionSimulator:
+    def __init__(self, workload: Workload, policy: Policy, config: SimConfig,
+                 progress: Callable[[float], None] | None = None) -> None:
+        self.policy = policy
+        self.config = config
+        self.progress = progress
+        self.R = policy.replicas_per_kernel
+        self.cluster = Cluster(replicas_per_kernel=self.R)
+        oversub = self.R * float(getattr(policy, "max_subscription_ratio", 1.0))
+        self.factory = HostFactory(self.cluster, config.gpus_per_host, oversub)
+        self.record = RunRecord(policy.name)
+        self.sessions = [_Sess(s, i) for i, s in enumerate(workload.sessions)]
+        self.events: list = []
+        self.seq = 0
+        self.provisioning = 0
+        self.wait: deque[_Sess] = deque()
+        self.waiting_gpus = 0
+        self.waiting_subscriptions = 0
+        self.warm: dict[str, int] = {}  # per host: prewarm (notebookos) or warm (lcp) containers
+        self.active_sessions = 0
+        self.running_tasks = 0
+        self.live_sessions = len(self.sessions)
+        self.per_cell = policy.container_lifetime is ContainerLifetime.CELL
+        self.reserve = policy.gpu_binding is GpuBinding.SESSION
+        self.pool_size = (getattr(policy, "warm_containers_per_host", 0) if self.per_cell
+                          else config.prewarm_per_host if policy.supports_migration else 0)
+        span = workload.span_s
+        self.sample_every = max(1.0, span / config.timeline_points)
+        self.next_sample = 0.0
+        for sess in self.sessions:
+            self._push(sess.s.start, SESSION_START, sess)
+            for task in sess.s.tasks:
+                rec = TaskRecord(task.task_id, task.session_id, task.gpus, task.submit,
+                                 task.duration)
+                self.record.tasks.append(rec)
+                self._push(task.submit, TASK_SUBMIT, (sess, _Run(task, rec)))
+            if sess.s.stop is not None:
+                self._push(max(sess.s.stop, sess.s.start), SESSION_STOP, sess)
+        self.record.tasks.sort(key=lambda r: (r.submit, r.task_id))
+
+    # -- small helpers ------------------------------------------------------------------------
+
+    def _push(self, when: float, kind: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, kind, self.seq, payload))
+
+    def _books(self, now: float) -> None:
+        """Bring the integrals to ``now`` (call before any change they depend on)."""
+        self.record.integrals.advance(now)
+
+    def _refresh_books(self) -> None:
+        integ = self.record.integrals
+        integ.hosts = len(self.cluster.hosts) + self.provisioning
+        integ.committed_gpus = self.cluster.committed_gpus
+
+    def _add_standby(self, gpus: float) -> None:
+        self.record.integrals.standby_gpu_equiv += gpus
+
+    def _sample(self, now: float) -> None:
+        while self.next_sample <= now:
+            self.record.timeline.append((
+                round(self.next_sample, 3), self.active_sessions, self.running_tasks,
+                sum(len(s.queue) for s in self.wait), len(self.cluster.hosts),
+                (len(self.cluster.hosts) + self.provisioning) * self.config.gpus_per_host,
+                self.cluster.committed_gpus, round(self.cluster.subscription_ratio(), 4),
+                self.record.migrations))
+            self.next_sample += self.sample_every
+
+    # -- hosts and scaling ----------------------------------------------------------------------
+
+    def _host_up(self, now: float) -> None:
+        host = self.factory.new_host()
+        self.warm[host.host_id] = self.pool_size
+
+    def _autoscale(self, now: float) -> bool:
+        """Apply the policy's scaling decision; True when hosts were added or released."""
+        if not self.config.autoscale:
+            return False
+        changed = False
+        gph = self.config.gpus_per_host
+        releasable = [
+            h.host_id for h in placement.most_idle_first(self.cluster, min_idle=gph, limit=64)
+            if not h.owners
+        ][: self.policy.max_release_per_tick]
+        view = ScalingView(
+            hosts=len(self.cluster.hosts) + self.provisioning, gpus_per_host=gph,
+            committed_gpus=self.cluster.committed_gpus, waiting_gpus=self.waiting_gpus,
+            subscribed_gpus=self.cluster.subscribed_gpus + self.waiting_subscriptions,
+            releasable_host_ids=tuple(releasable))
+        decision = self.policy.scaling(view)
+        floor = self.config.hosts  # --cluster is the initial and the smallest cluster
+        add = max(decision.add_hosts, floor - view.hosts)
+        if add > 0:
+            add = min(add, self.config.max_hosts - view.hosts)
+            if add > 0:
+                self._books(now)
+                self.provisioning += add
+                self.record.scale_outs += add
+                for _ in range(add):
+                    self._push(now + self.config.host_provision_s, HOST_READY, None)
+                self._refresh_books()
+                changed = True
+        for host_id in decision.release_host_ids:
+            host = self.cluster.hosts.get(host_id)
+            if host is None or host.owners:
+                continue
+            if len(self.cluster.hosts) + self.provisioning <= floor:
+                break
+            self._books(now)
+            self.cluster.remove_host(host_id)
+            self.warm.pop(host_id, None)
+            self.record.scale_ins += 1
+            self._refresh_books()
+            changed = True
+        return changed
+
+    # -- waiting -----------------------------------------------------------------------------------
+
+    def _enter_wait(self, sess: _Sess, gpus: int, subscriptions: int, now: float) -> None:
+        if not sess.waiting:
+            sess.waiting = True
+            self.wait.append(sess)
+            self.waiting_gpus += gpus
+            self.waiting_subscriptions += subscriptions
+            self._autoscale(now)
+
+    def _leave_wait(self, sess: _Sess, gpus: int, subscriptions: int) -> None:
+        sess.waiting = False
+        self.wait.remove(sess)
+        self.waiting_gpus -= gpus
+        self.waiting_subscriptions -= subscriptions
+
+    def _drain(self, now: float) -> None:
+        """Capacity changed: retry waiting sessions in arrival order (strict for no-backfill)."""
+        if not self.wait:
+            return
+        top = next(placement.most_idle_first(self.cluster, limit=1), None)
+        max_idle = 0 if top is None else top.idle_gpus
+        for sess in list(self.wait):
+            if not sess.waiting:
+                continue
+            need = self._waiting_need(sess)
+            if need > max_idle:
+                if not self.policy.backfill:
+                    return
+                continue
+            if not self._retry(sess, now) and not self.policy.backfill:
+                return
+            top = next(placement.most_idle_first(self.cluster, limit=1), None)
+            max_idle = 0 if top is None else top.idle_gpus
+
+    def _waiting_need(self, sess: _Sess) -> int:
+        if sess.kernel is None and not self.per_cell:
+            return sess.s.request.gpus if self.reserve else 0
+        return sess.queue[0].task.gpus if sess.queue else 0
+
+    def _retry(self, sess: _Sess, now: float) -> bool:
+        if sess.kernel is None and not self.per_cell:
+            gpus, subs = self._kernel_wait_amounts(sess)
+            self._leave_wait(sess, gpus, subs)
+            return self._place_kernel(sess, now)
+        run = sess.queue[0]
+        self._leave_wait(sess, run.task.gpus, 0)
+        return self._try_run(sess, now)
+
+    # -- kernels -----------------------------------------------------------------------------------
+
+    def _kernel_wait_amounts(self, sess: _Sess) -> tuple[int, int]:
+        gpus = sess.s.request.gpus if self.reserve else 0
+        return gpus, sess.s.request.gpus * self.R
+
+    def _place_kernel(self, sess: _Sess, now: float) -> bool:
+        request = sess.s.request
+        hosts = self.policy.choose_hosts(self.cluster, request)
+        if hosts is None:
+            gpus, subs = self._kernel_wait_amounts(sess)
+            self._enter_wait(sess, gpus, subs, now)
+            return False
+        self._books(now)
+        kernel = self.cluster.add_kernel(sess.s.session_id, request)
+        for rid, host in enumerate(hosts):
+            replica = self.cluster.place_replica(kernel.kernel_id, rid, host.host_id)
+            if self.reserve:
+                host.commit(replica.owner, request)
+        sess.kernel = kernel
+        if not self.reserve:
+            self._add_standby(request.gpus * len(hosts))
+        self._refresh_books()
+        self._push(now + self.config.container_start_s, KERNEL_READY, sess)
+        return True
+
+    def _teardown(self, sess: _Sess, now: float) -> None:
+        sess.ended = True
+        self.active_sessions -= 1
+        self.live_sessions -= 1
+        if sess.waiting:
+            gpus, subs = (self._kernel_wait_amounts(sess) if sess.kernel is None and not
+                          self.per_cell else (0, 0))
+            self._leave_wait(sess, gpus, subs)
+        if sess.kernel is not None:
+            self._books(now)
+            if not self.reserve:
+                self._add_standby(-sess.s.request.gpus * len(sess.kernel.replicas))
+            self.cluster.remove_kernel(sess.kernel.kernel_id)
+            sess.kernel = None
+            self._refresh_books()
+        self._drain(now)
+
+    def _maybe_teardown(self, sess: _Sess, now: float) -> None:
+        done = sess.stopped or (sess.s.stop is None and sess.cells == len(sess.s.tasks))
+        if done and sess.current is None and not sess.queue and not sess.ended:
+            self._teardown(sess, now)
+
+    # -- tasks --------------------------------------------------------------------------------------
+
+    def _try_run(self, sess: _Sess, now: float) -> bool:
+        """Start the session's next cell if possible; returns False when it had to wait."""
+        if sess.current is not None or not sess.queue or sess.ended:
+            return True
+        if not self.per_cell and (sess.kernel is None or not sess.ready):
+            return True  # KERNEL_READY will call again
+        run = sess.queue[0]
+        if self.per_cell:
+            return self._run_in_new_container(sess, run, now)
+        if self.reserve:
+            sess.queue.popleft()
+            replica = sess.kernel.replicas[0]
+            run.host_id, run.owner = replica.host_id, replica.owner
+            run.rec.bound = now
+            run.rec.reused_executor = None if sess.last_exec is None else True
+            self._start(sess, run, now)
+            return True
+        return self._run_on_replica(sess, run, now)
+
+    def _run_on_replica(self, sess: _Sess, run: _Run, now: float) -> bool:
+        kernel = sess.kernel
+        request = run.task.request
+        decision = self.policy.choose_executor(self.cluster, kernel, request)
+        if not decision.migrate:
+            replica = kernel.replicas[decision.replica_id]
+            host = self.cluster.hosts[replica.host_id]
+            sess.queue.popleft()
+            self._books(now)
+            host.commit(replica.owner, request)
+            self._add_standby(-kernel.request.gpus)
+            self._refresh_books()
+            kernel.executor = replica.replica_id
+            run.host_id, run.owner = host.host_id, replica.owner
+            run.rec.bound = now
+            if sess.last_exec is not None:
+                run.rec.reused_executor = sess.last_exec == (replica.replica_id, host.host_id)
+            self._start(sess, run, now)
+            return True
+        migration = self.policy.choose_migration(self.cluster, kernel, request)
+        if migration is None or migration.target_host_id is None:
+            self._enter_wait(sess, run.task.gpus, 0, now)
+            return False
+        sess.queue.popleft()
+        self._books(now)
+        rid = migration.replica_id
+        self.cluster.remove_replica(kernel.kernel_id, rid)
+        replica = self.cluster.place_replica(kernel.kernel_id, rid, migration.target_host_id)
+        host = self.cluster.hosts[migration.target_host_id]
+        host.reserve(replica.owner, request)
+        self._refresh_books()
+        kernel.executor = rid
+        self.record.migrations += 1
+        run.rec.migrated = True
+        if sess.last_exec is not None:
+            run.rec.reused_executor = False
+        run.host_id, run.owner = host.host_id, replica.owner
+        latency = self.config.migration_state_s + self._take_warm(host.host_id, now,
+                                                                  self.config.prewarm_promotion_s)
+        sess.current = run
+        self._push(now + latency, TASK_START, (sess, run))
+        return True
+
+    def _take_warm(self, host_id: str, now: float, warm_latency: float) -> float:
+        """Latency to get a container on ``host_id``: a warm one if the pool has one (refilled
+        after a cold start), else a cold start."""
+        if self.warm.get(host_id, 0) > 0:
+            self.warm[host_id] -= 1
+            if not self.per_cell:  # notebookos refills its prewarm pool in the background
+                self._push(now + self.config.container_start_s, PREWARM, host_id)
+            return warm_latency
+        return self.config.container_start_s
+
+    def _run_in_new_container(self, sess: _Sess, run: _Run, now: float) -> bool:
+        request = run.task.request
+        hosts = self.policy.choose_hosts(self.cluster, request, 1)
+        if hosts is None:
+            self._enter_wait(sess, run.task.gpus, 0, now)
+            return False
+        sess.queue.popleft()
+        host = hosts[0]
+        self._books(now)
+        container = f"{run.task.task_id}#c"
+        self.cluster.add_kernel(container, request)
+        replica = self.cluster.place_replica(container, 0, host.host_id)
+        host.commit(replica.owner, request)
+        self._refresh_books()
+        run.host_id, run.owner, run.container = host.host_id, replica.owner, container
+        run.rec.bound = now
+        if sess.last_exec is not None:
+            run.rec.reused_executor = False
+        if self.policy.name == "batch" or self.pool_size == 0:
+            latency = self.config.container_start_s + self.config.batch_state_io_s
+        else:
+            latency = self._take_warm(host.host_id, now, 0.0) + self.config.lcp_warmup_s
+        sess.current = run
+        self._push(now + latency, TASK_START, (sess, run))
+        return True
+
+    def _start(self, sess: _Sess, run: _Run, now: float) -> None:
+        sess.current = run
+        run.rec.start = now
+        run.rec.host = run.host_id
+        run.rec.executor = run.owner
+        self.running_tasks += 1
+        tail = self.config.batch_state_io_s if (self.per_cell and self.policy.name == "batch"
+                                                and self.pool_size == 0) else 0.0
+        self._push(now + run.task.duration + tail, TASK_END, (sess, run))
+
+    def _end(self, sess: _Sess, run: _Run, now: float) -> None:
+        run.rec.end = now
+        self.running_tasks -= 1
+        sess.current = None
+        sess.cells += 1
+        self._books(now)
+        if self.per_cell:
+            self.cluster.remove_kernel(run.container)
+            if self.pool_size and run.host_id in self.warm:
+                self.warm[run.host_id] = min(self.pool_size, self.warm[run.host_id] + 1)
+        elif not self.reserve:
+            host = self.cluster.hosts[run.host_id]
+            host.release(run.owner)
+            self._add_standby(sess.kernel.request.gpus)
+            sess.last_exec = (sess.kernel.executor, run.host_id)
+        if self.reserve or self.per_cell:
+            sess.last_exec = (0, run.host_id)
+        self._refresh_books()
+        self._try_run(sess, now)
+        self._maybe_teardown(sess, now)
+        self._drain(now)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def run(self) -> RunRecord:
+        wall = time.perf_counter()
+        for _ in range(self.config.hosts):
+            self._host_up(0.0)
+        self._refresh_books()
+        if self.config.autoscale:
+            self._push(0.0, SCALE_TICK, None)
+        total = max(1, len(self.sessions))
+        processed = 0
+        now = 0.0
+        while self.events:
+            now, kind, _, payload = heapq.heappop(self.events)
+            self._sample(now)
+            if kind == TASK_SUBMIT:
+                sess, run = payload
+                if sess.ended:
+                    continue
+                sess.queue.append(run)
+                if not sess.waiting:
+                    self._try_run(sess, now)
+            elif kind == TASK_END:
+                self._end(*payload, now)
+            elif kind == TASK_START:
+                sess, run = payload
+                if not self.per_cell:
+                    self._books(now)
+                    self.cluster.hosts[run.host_id].commit(run.owner, run.task.request)
+                    run.rec.bound = now  # GPUs bound once the migrated replica is up
+                    self._add_standby(-sess.kernel.request.gpus)
+                    self._refresh_books()
+                self._start(sess, run, now)
+            elif kind == SESSION_START:
+                self.active_sessions += 1
+                if payload.s.request.gpus > self.config.gpus_per_host:
+                    self.record.unschedulable.append(payload.s.session_id)
+                    payload.stopped = True
+                    self._teardown(payload, now)
+                elif self.per_cell:
+                    payload.ready = True
+                else:
+                    self._place_kernel(payload, now)
+            elif kind == KERNEL_READY:
+                if not payload.ended:
+                    payload.ready = True
+                    for replica in payload.kernel.replicas.values():
+                        replica.state = ReplicaState.RUNNING
+                    self._try_run(payload, now)
+            elif kind == SESSION_STOP:
+                payload.stopped = True
+                self._maybe_teardown(payload, now)
+            elif kind == HOST_READY:
+                self._books(now)
+                self.provisioning -= 1
+                self._host_up(now)
+                self._refresh_books()
+                self._drain(now)
+            elif kind == PREWARM:
+                if payload in self.warm:
+                    self.warm[payload] = min(self.pool_size, self.warm[payload] + 1)
+            elif kind == SCALE_TICK:
+                self.policy.observe(self.cluster)
+                changed = self._autoscale(now)
+                stuck = not self.events and not self.provisioning and not changed
+                if self.live_sessions > 0 and not stuck:
+                    self._push(now + self.config.scaling_interval_s, SCALE_TICK, None)
+            processed += 1
+            if self.progress is not None and processed % 2048 == 0:
+                self.progress(1.0 - self.live_sessions / total)
+        self._books(now)
+        self.record.end_time = now
+        self.record.wall_s = time.perf_counter() - wall
+        if self.progress is not None:
+            self.progress(1.0)
+        return self.record

@@ -1,0 +1,104 @@
+"""The session engine on hand-worked cases: executor choice, migration, latencies, billing."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebookos.policies import get_policy
+from notebookos.resources import ResourceSpec
+from notebookos.simulator.config import SimConfig
+from notebookos.simulator.records import summarize
+from notebookos.simulator.sessionsim import SessionSimulator
+from notebookos.workload.model import Session, Task, Workload
+
+
+def session(sid: str, start: float, stop: float, gpus: int, tasks: list[tuple[float, float]]):
+    spec = ResourceSpec(millicpus=1000, memory_mb=1000, gpus=gpus, vram_gb=1.0)
+    ts = tuple(Task(f"{sid}/{i}", sid, t, d, spec) for i, (t, d) in enumerate(tasks))
+    return Session(sid, start, stop, spec, ts)
+
+
+def simulate(sessions, policy, hosts, gpus, **params):
+    config = SimConfig(hosts=hosts, gpus_per_host=gpus, autoscale=False)
+    record = SessionSimulator(Workload(tuple(sessions)), get_policy(policy, **params),
+                              config).run()
+    summary = summarize(record, gpus, config.gpu_usd_per_hour, config.markup,
+                        config.standby_fraction)
+    return {t.task_id: t for t in record.tasks}, summary, record
+
+
+def test_notebookos_migrates_when_every_replica_host_is_busy():
+    # 4 hosts x 1 GPU. Kernels A, B, C, D (1 GPU each) all get replicas on hosts 0, 1, 2 (most idle
+    # first, ties in registration order). At t=100 A, B, C take hosts 0, 1, 2. At t=150 D finds no
+    # replica host with an idle GPU: a replica migrates to host 3, whose prewarmed container is
+    # promoted (1 s) and catches up (5 s): D starts at 156.
+    sessions = [session(k, 0, 1000, 1, [(100, 100)]) for k in "ABC"]
+    sessions.append(session("D", 0, 1000, 1, [(150, 10)]))
+    tasks, summary, _ = simulate(sessions, "notebookos", 4, 1)
+    assert [tasks[f"{k}/0"].host for k in "ABC"] == ["host-00000", "host-00001", "host-00002"]
+    d = tasks["D/0"]
+    assert (d.host, d.start, d.end, d.migrated) == ("host-00003", 156, 166, True)
+    assert summary["migrations"] == 1
+    assert summary["immediate_fraction"] == 0.75
+    assert summary["interactivity_p50_s"] == 0 and summary["interactivity_p99_s"] == pytest.approx(
+        5.82)
+
+
+def test_notebookos_executor_is_sticky_and_reused():
+    sessions = [session("A", 0, 1000, 1, [(100, 10), (200, 10), (300, 10)])]
+    tasks, summary, _ = simulate(sessions, "notebookos", 3, 8)
+    assert {t.executor for t in tasks.values()} == {"A/0"}
+    assert summary["executor_reuse_fraction"] == 1.0 and summary["immediate_fraction"] == 1.0
+
+
+def test_a_cell_submitted_before_the_kernel_is_up_waits_for_it():
+    tasks, _, _ = simulate([session("A", 0, 1000, 1, [(5, 10)])], "notebookos", 3, 8)
+    assert tasks["A/0"].start == 15  # container start 15 s
+
+
+def test_batch_pays_a_cold_start_and_state_io_per_cell():
+    sessions = [session("A", 0, 1000, 1, [(0, 100), (200, 100)])]
+    tasks, summary, _ = simulate(sessions, "batch", 1, 8)
+    # start = submit + 15 (container) + 8 (read state); end = start + 100 + 8 (write state)
+    assert [(t.start, t.end) for t in tasks.values()] == [(23, 131), (223, 331)]
+    assert summary["executor_reuse_fraction"] == 0.0 and summary["avg_jct_s"] == 131
+
+
+def test_lcp_borrows_a_warm_container():
+    tasks, _, _ = simulate([session("A", 0, 1000, 1, [(0, 100)])], "lcp", 1, 8)
+    assert (tasks["A/0"].start, tasks["A/0"].end) == (8, 108)
+
+
+def test_reservation_binds_the_gpus_for_the_whole_session_and_bills_them():
+    tasks, summary, _ = simulate([session("A", 0, 3600, 2, [(600, 1200)])], "reservation", 1, 8)
+    assert tasks["A/0"].start == 600
+    assert summary["gpu_hours_committed"] == pytest.approx(2.0)
+    assert summary["gpu_hours_provisioned"] == pytest.approx(8.0)
+    assert summary["cost_usd"] == pytest.approx(24.48)
+    assert summary["revenue_usd"] == pytest.approx(round(1.15 * 3.06 * 2, 2))
+
+
+def test_notebookos_bills_the_executor_at_full_rate_and_standbys_at_one_eighth():
+    # Three replicas of a 1-GPU kernel for an hour; one cell of 1200 s. Executor: 1/3 GPU-hour.
+    # Standby: 3 x 3600 - 1200 = 9600 replica-GPU-seconds = 2.667 GPU-hours at 12.5%.
+    _, summary, _ = simulate([session("A", 0, 3600, 1, [(600, 1200)])], "notebookos", 3, 8)
+    assert summary["gpu_hours_committed"] == pytest.approx(1 / 3, abs=1e-3)
+    assert summary["gpu_hours_standby"] == pytest.approx(9600 / 3600, abs=1e-3)
+    expected = 1.15 * 3.06 * (1 / 3 + 0.125 * 9600 / 3600)
+    assert summary["revenue_usd"] == pytest.approx(expected, abs=0.01)
+    assert summary["gpu_hours_provisioned"] == pytest.approx(24.0)
+
+
+def test_autoscaler_adds_hosts_after_the_provisioning_delay():
+    # One 8-GPU host, batch; two 8-GPU cells at t=0: the second waits for a new host (90 s).
+    sessions = [session("A", 0, 2000, 8, [(0, 100)]), session("B", 0, 2000, 8, [(0, 100)])]
+    config = SimConfig(hosts=1, gpus_per_host=8, autoscale=True)
+    record = SessionSimulator(Workload(tuple(sessions)), get_policy("batch"), config).run()
+    starts = sorted(t.start for t in record.tasks)
+    assert starts == [23, 113]
+    assert record.scale_outs >= 1
+
+
+def test_a_session_larger_than_a_host_is_reported_and_skipped():
+    _, summary, record = simulate([session("big", 0, 100, 16, [(0, 10)])], "reservation", 2, 8)
+    assert record.unschedulable == ["big"] and summary["completed"] == 0
