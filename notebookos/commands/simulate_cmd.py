@@ -1,0 +1,140 @@
+"""``notebookos simulate``: run a trace through one policy, or compare several (docs/simulator.md)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+SUMMARY_COLUMNS = (
+    ("policy", "policy", "{}"), ("jobs", "tasks", "{}"), ("avg_jct_s", "avg JCT s", "{:.1f}"),
+    ("p99_jct_s", "p99 JCT s", "{:.1f}"), ("avg_queue_s", "avg queue s", "{:.1f}"),
+    ("interactivity_p50_s", "delay p50", "{:.1f}"), ("interactivity_p99_s", "delay p99", "{:.1f}"),
+    ("immediate_fraction", "immediate", "{:.3f}"),
+    ("executor_reuse_fraction", "reuse", "{:.3f}"), ("migrations", "migr.", "{}"),
+    ("gpu_hours_provisioned", "GPU-h prov.", "{:.1f}"), ("gpu_hours_used", "GPU-h used", "{:.1f}"),
+    ("cost_usd", "cost $", "{:.0f}"), ("revenue_usd", "revenue $", "{:.0f}"),
+    ("wall_s", "wall s", "{:.2f}"),
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from notebookos.policies import DEFAULT_POLICY, policy_names
+    from notebookos.workload.readers import FORMATS, TIME_UNITS
+
+    parser = subparsers.add_parser(
+        "simulate", help="trace-driven simulation of the scheduling policies",
+        description="Run a trace through a policy (or --compare several) on a simulated cluster. "
+                    f"Policies: {', '.join(policy_names())}.",
+    )
+    parser.add_argument("--trace", required=True, metavar="PATH", help="the trace file")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="the trace's format")
+    parser.add_argument("--time-unit", choices=tuple(TIME_UNITS), default=None,
+                        help="unit of the trace's times (default: s for tiresias/canonical, ms for "
+                             "muri, min (= template ticks) for template)")
+    parser.add_argument("--cluster", default="4x8", metavar="HOSTSxGPUS",
+                        help="initial (and smallest) cluster; the fixed cluster for job policies "
+                             "(default 4x8)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--policy", default=None, help=f"policy (default {DEFAULT_POLICY})")
+    group.add_argument("--compare", default=None, metavar="P1,P2,...",
+                       help="run several policies and write one report")
+    parser.add_argument("--placement", choices=("pooled", "consolidated"), default="pooled",
+                        help="job policies: may a job's GPUs span hosts (default pooled)")
+    parser.add_argument("--seed", type=int, default=0, help="seed (the run is deterministic)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write summary.json, tasks.csv, timeline.csv and plots here")
+    parser.add_argument("--no-autoscale", action="store_true",
+                        help="session policies: keep the cluster at --cluster")
+    parser.add_argument("--max-hosts", type=int, default=100_000, help="autoscaler's ceiling")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a simulator setting, e.g. container_start_s=20 (docs/simulator.md)")
+    parser.add_argument("--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
+                        help="a policy parameter, e.g. tiresias.thresholds=[3600,36000]")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def _value(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def build_config(args: argparse.Namespace):  # noqa: ANN201
+    from notebookos.simulator.config import SimConfig, parse_cluster
+
+    hosts, gpus = parse_cluster(args.cluster)
+    settings: dict[str, object] = {}
+    known = {f.name for f in dataclasses.fields(SimConfig)} - {"policy_params"}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(known))}")
+        settings[key] = _value(raw)
+    params: dict[str, dict[str, object]] = {}
+    for item in args.policy_param:
+        key, sep, raw = item.partition("=")
+        policy, dot, name = key.partition(".")
+        if not sep or not dot or not name:
+            raise ValueError(f"--policy-param {item!r}: expected POLICY.KEY=VALUE")
+        params.setdefault(policy, {})[name] = _value(raw)
+    return SimConfig(hosts=hosts, gpus_per_host=gpus, placement=args.placement,
+                     autoscale=not args.no_autoscale, max_hosts=max(args.max_hosts, hosts),
+                     seed=args.seed, policy_params=params, **settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    from notebookos.policies import DEFAULT_POLICY, get_policy
+    from notebookos.simulator.output import write_run
+    from notebookos.simulator.progress import ProgressBar
+    from notebookos.simulator.runner import simulate
+    from notebookos.workload.model import TraceError
+    from notebookos.workload.readers import read_trace
+
+    names = [n.strip() for n in (args.compare or args.policy or DEFAULT_POLICY).split(",")
+             if n.strip()]
+    try:
+        config = build_config(args)
+        for name in names:
+            get_policy(name, **config.policy_params.get(name, {}))
+        workload = read_trace(args.trace, args.format, args.time_unit)
+    except (ValueError, TypeError, TraceError) as exc:
+        print(f"notebookos simulate: {exc}", file=sys.stderr)
+        return 2
+    summaries, records = [], {}
+    for name in names:
+        bar = ProgressBar(f"{name:>12}", enabled=False if args.quiet else None)
+        summary, record = simulate(workload, name, config, bar)
+        summaries.append(summary)
+        records[name] = record
+        if args.out is not None:
+            write_run(args.out / name if len(names) > 1 else args.out, summary, record)
+    if args.out is not None:
+        if len(names) > 1:
+            (args.out / "compare.json").write_text(json.dumps(summaries, indent=2) + "\n")
+        if not args.no_plots:
+            from notebookos.simulator.plots import plot_runs
+
+            plot_runs(args.out, records, config.gpu_usd_per_hour)
+    if args.json:
+        print(json.dumps(summaries if len(names) > 1 else summaries[0], indent=2))
+    else:
+        print(format_table(summaries))
+    return 0
+
+
+def format_table(summaries: list[dict]) -> str:
+    header = [label for _, label, _ in SUMMARY_COLUMNS]
+    rows = [[("-" if s.get(key) is None else fmt.format(s[key])) for key, _, fmt in SUMMARY_COLUMNS]
+            for s in summaries]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
