@@ -1,0 +1,467 @@
+"""State-sync codec: executor -> Raft record -> standby, through real stores (file, Redis, S3)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from notebookos.kernel.ast_effects import CellEffects, analyze_cell
+from notebookos.kernel.sync_codec import (
+    Checkpoint,
+    StateApplier,
+    StateEncoder,
+    SyncApplyError,
+    SyncEntry,
+    SyncState,
+    SyncUpdate,
+    object_key,
+    read_checkpoint,
+    restore_namespace,
+    write_checkpoint,
+)
+
+from notebookos.store import KeyNotFound, LargeObjectStore, open_store
+
+torch = pytest.importorskip("torch")
+numpy = pytest.importorskip("numpy")
+
+HMAC_KEY = b"test-kernel-key-0123456789abcdef"
+
+
+def new_namespace() -> dict[str, Any]:
+    # IPython's user namespace is the dict of a module named __main__.
+    return {"__name__": "__main__", "__builtins__": __builtins__}
+
+
+class Pair:
+    """An executor and a standby namespace joined by the codec, as the replica uses it."""
+
+    def __init__(self, store: LargeObjectStore, kernel_id: str | None = None,
+                 threshold_bytes: int = 1 << 20) -> None:
+        self.store = store
+        self.kernel_id = kernel_id or f"k-{uuid.uuid4().hex[:8]}"
+        self.executor_state = SyncState()
+        self.encoder = StateEncoder(store, self.kernel_id, threshold_bytes,
+                                    state=self.executor_state)
+        self.standby_state = SyncState()
+        self.applier = StateApplier(store, state=self.standby_state)
+        self.executor = new_namespace()
+        self.standby = new_namespace()
+
+    def run(self, code: str) -> SyncUpdate:
+        """Run a cell on the executor and replicate it; returns the decoded Raft record."""
+        code = textwrap.dedent(code)
+        exec(compile(code, "<cell>", "exec"), self.executor)
+        return self.replicate(analyze_cell(code))
+
+    def replicate(self, effects: CellEffects) -> SyncUpdate:
+        record = self.encoder.encode(self.executor, effects).to_bytes()
+        update = SyncUpdate.from_bytes(record)
+        self.applier.prefetch(update)
+        self.applier.apply(self.standby, update)
+        return update
+
+    def close(self) -> None:
+        self.applier.close()
+
+
+@pytest.fixture
+def file_store(tmp_path: Path) -> LargeObjectStore:
+    store = open_store(f"file://{tmp_path / 'objects'}", HMAC_KEY)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def pair(file_store: LargeObjectStore) -> Pair:
+    p = Pair(file_store)
+    yield p
+    p.close()
+
+
+def names(update: SyncUpdate) -> dict[str, str]:
+    return {entry.name: entry.kind for entry in update.entries}
+
+
+# ------------------------------------------------------------------------ what gets synced
+
+# (id, setup cell, cell, names whose values must then be equal on both sides)
+SYNC_FORMS = [
+    ("assign", "", "x = 1", ["x"]),
+    ("unpack", "", "a, (b, *c) = 1, (2, 3, 4)", ["a", "b", "c"]),
+    ("augmented", "n = 1", "n += 41", ["n"]),
+    ("annotated", "", "y: int = 3", ["y"]),
+    ("walrus_in_comprehension", "", "[(last := i) for i in range(5)]", ["last"]),
+    ("for", "", "for i in range(3):\n    acc = i * 2", ["i", "acc"]),
+    ("with", "import contextlib", "with contextlib.nullcontext(7) as seven:\n    pass", ["seven"]),
+    ("import_as", "", "import json as js", ["js"]),
+    ("from_import_function", "", "from math import sqrt", ["sqrt"]),
+    ("global_in_function", "def bump():\n    global counter\n    counter = 10", "bump()",
+     ["counter"]),
+    ("match", "", "match [1, 2, 3]:\n    case [h, *t]:\n        pass", ["h", "t"]),
+    ("list_append", "lst = []", "lst.append(1)", ["lst"]),
+    ("dict_store", "d = {}", "d['k'] = 'v'", ["d"]),
+    ("passed_to_function", "data = []\ndef fill(x):\n    x.extend([1, 2])", "fill(data)", ["data"]),
+    ("mutated_through_called_function", "out = []\ndef step():\n    out.append(len(out))",
+     "step()", ["out"]),
+    ("star_import_rescan", "", "from string import *", ["ascii_letters", "digits"]),
+]
+
+
+@pytest.mark.parametrize("setup, cell, expected", [r[1:] for r in SYNC_FORMS],
+                         ids=[r[0] for r in SYNC_FORMS])
+def test_binding_forms_reach_the_standby(pair: Pair, setup: str, cell: str,
+                                         expected: list[str]) -> None:
+    if setup:
+        pair.run(setup)
+    pair.run(cell)
+    for name in expected:
+        assert name in pair.standby, f"{name} was not replicated"
+        assert pair.standby[name] == pair.executor[name], name
+
+
+def test_unchanged_values_are_not_resent(pair: Pair) -> None:
+    assert names(pair.run("x = 1\nlst = [1, 2]")) == {"x": "inline", "lst": "inline"}
+    assert names(pair.run("x = 1\nlst.sort()")) == {}
+    assert names(pair.run("lst.append(3)")) == {"lst": "inline"}
+    assert pair.standby["lst"] == [1, 2, 3]
+
+
+def test_deletion_and_except_target(pair: Pair) -> None:
+    pair.run("x = 1\ny = 2\nerr = 'old'")
+    update = pair.run("del x\ntry:\n    1 / 0\nexcept ZeroDivisionError as err:\n    pass")
+    assert names(update) == {"x": "deleted", "err": "deleted"}
+    assert "x" not in pair.standby and "err" not in pair.standby
+    assert pair.standby["y"] == 2
+    assert "x" not in pair.encoder.snapshot_entries()
+
+
+def test_rebound_after_delete_in_same_cell_is_synced(pair: Pair) -> None:
+    pair.run("x = 1")
+    pair.run("del x\nx = 2")
+    assert pair.standby["x"] == 2
+
+
+def test_modules_are_reimported_not_pickled(pair: Pair) -> None:
+    update = pair.run("import numpy as np\nfrom os import path\nimport xml.dom")
+    entries = {e.name: e for e in update.entries}
+    assert entries["np"].kind == "module" and entries["np"].module == "numpy"
+    assert entries["path"].kind == "module" and entries["path"].module == os.path.__name__
+    assert entries["xml"].module == "xml"
+    assert pair.standby["np"] is numpy and pair.standby["path"] is os.path
+
+
+def test_internal_names_are_never_synced(pair: Pair) -> None:
+    pair.executor.update({"_": 1, "__": 2, "_i3": "x", "_7": 7, "In": [], "Out": {},
+                          "_notebookos_state": 1, "get_ipython": print})
+    update = pair.replicate(CellEffects(frozenset({"_", "_i3", "_7", "In", "_notebookos_state"}),
+                                        frozenset(), frozenset(), (), rescan=True))
+    assert names(update) == {}
+
+
+def test_notebook_functions_and_classes_travel_by_value_and_see_live_globals(pair: Pair) -> None:
+    pair.run("""
+        scale = 2
+        def double(v):
+            return v * scale
+        class Box:
+            def __init__(self, v):
+                self.v = v
+            def doubled(self):
+                return double(self.v)
+        box = Box(21)
+    """)
+    assert pair.standby["box"].doubled() == 42
+    assert isinstance(pair.standby["box"], pair.standby["Box"])
+    pair.run("scale = 3")
+    # The standby's function reads the standby's namespace, not a copy taken at sync time.
+    assert pair.standby["double"](1) == 3
+    assert pair.standby["double"].__globals__ is pair.standby
+
+
+def test_threshold_decides_inline_or_pointer(file_store: LargeObjectStore) -> None:
+    p = Pair(file_store, threshold_bytes=1000)
+    try:
+        update = p.run("small = 'a' * 10\nlarge = 'b' * 5000")
+        entries = {e.name: e for e in update.entries}
+        assert entries["small"].kind == "inline" and entries["small"].payload
+        assert entries["large"].kind == "pointer" and entries["large"].payload is None
+        assert entries["large"].store_key == object_key(p.kernel_id, entries["large"].store_key
+                                                        .rsplit("/", 1)[1])
+        assert file_store.exists(entries["large"].store_key)
+        assert p.standby["large"] == "b" * 5000
+    finally:
+        p.close()
+
+
+def test_unpicklable_value_warns_and_others_still_sync(pair: Pair) -> None:
+    pair.run("import socket\nsock = 1")
+    update = pair.run("sock = socket.socket()\nholder = {'s': sock}\nok = 5")
+    try:
+        assert pair.standby["ok"] == 5
+        assert any("'holder'" in w for w in update.warnings), update.warnings
+        assert any("'sock'" in w and "socket" in w for w in update.warnings), update.warnings
+        # sock was synced as 1 before: the standby must not keep that stale value.
+        assert names(update)["sock"] == "deleted" and "sock" not in pair.standby
+        assert "holder" not in pair.standby
+    finally:
+        pair.executor["sock"].close()
+
+
+def test_record_decoding_never_runs_code(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    record = b"NBSYNC\x01" + pickle.dumps({"v": 1, "e": [Evil()], "w": []})
+    with pytest.raises(ValueError, match="malformed sync update"):
+        SyncUpdate.from_bytes(record)
+    assert not marker.exists()
+    with pytest.raises(ValueError, match="bad magic"):
+        SyncUpdate.from_bytes(b"garbage")
+    with pytest.raises(ValueError, match="unknown kind"):
+        SyncUpdate.from_bytes(SyncUpdate([SyncEntry("x", "weird", "d")]).to_bytes())
+
+
+def test_corrupted_inline_payload_is_refused_naming_the_variable(pair: Pair) -> None:
+    pair.run("x = 1")
+    exec("x = 2\ny = 3", pair.executor)
+    update = pair.encoder.encode(pair.executor, analyze_cell("x = 2\ny = 3"))
+    bad_x = next(e for e in update.entries if e.name == "x")
+    bad_x.payload = bad_x.payload[:-1] + b"\x00"
+    with pytest.raises(SyncApplyError) as caught:
+        pair.applier.apply(pair.standby, SyncUpdate.from_bytes(update.to_bytes()))
+    assert set(caught.value.failures) == {"x"} and "digest" in caught.value.failures["x"]
+    assert pair.standby["x"] == 1 and pair.standby["y"] == 3
+
+
+def test_tampered_store_object_is_refused(pair: Pair, file_store: LargeObjectStore,
+                                          tmp_path: Path) -> None:
+    pair.executor["torch"] = torch
+    exec("weights = torch.arange(100000, dtype=torch.float32)", pair.executor)
+    update = pair.encoder.encode(pair.executor, analyze_cell("weights = 1"))
+    record = SyncUpdate.from_bytes(update.to_bytes())
+    (entry,) = record.entries
+    (tensor_key,) = entry.tensors.values()
+    # Someone without the kernel key overwrites the object: the store's HMAC check refuses it.
+    forger = open_store(f"file://{tmp_path / 'objects'}", b"not-the-kernel-key-000000000000")
+    forger.put(tensor_key, b"evil bytes")
+    with pytest.raises(SyncApplyError) as caught:
+        pair.applier.apply(pair.standby, record)
+    assert list(caught.value.failures) == ["weights"]
+    assert "weights" not in pair.standby
+
+
+# -------------------------------------------------------------------------------- torch state
+
+
+def test_model_and_optimizer_share_parameters_on_the_standby(pair: Pair) -> None:
+    pair.run("""
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    """)
+    standby_params = list(pair.standby["model"].parameters())
+    assert all(a is b for a, b in zip(standby_params, pair.standby["opt"].param_groups[0]["params"],
+                                      strict=True))
+    # opt.step() names only `opt`, yet changes the model's parameters in place.
+    update = pair.run("""
+        loss = model(torch.ones(4, 8)).sum()
+        loss.backward()
+        opt.step()
+    """)
+    assert "opt" in names(update)
+    for mine, theirs in zip(pair.executor["model"].parameters(),
+                            pair.standby["model"].parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert pair.standby["opt"].state_dict()["state"][0]["exp_avg"].abs().sum() > 0
+    # The standby can carry on training with a consistent model/optimizer pair.
+    model, opt = pair.standby["model"], pair.standby["opt"]
+    before = model[0].weight.detach().clone()
+    model(torch.ones(4, 8)).sum().backward()
+    opt.step()
+    assert not torch.equal(before, model[0].weight)
+
+
+def test_tensors_arrays_modules_always_go_to_the_store(pair: Pair) -> None:
+    update = pair.run("""
+        import torch, numpy
+        t = torch.ones(3)
+        arr = numpy.arange(4)
+        lin = torch.nn.Linear(2, 2)
+        mixed = {'w': torch.zeros(2), 'n': 1}
+    """)
+    kinds = names(update)
+    assert kinds["t"] == kinds["arr"] == kinds["lin"] == "pointer"
+    assert kinds["mixed"] == "inline"
+    assert numpy.array_equal(pair.standby["arr"], numpy.arange(4))
+    assert torch.equal(pair.standby["mixed"]["w"], torch.zeros(2))
+
+
+def test_large_tensor_alias_and_inplace_change(pair: Pair) -> None:
+    pair.run("import torch\nbig = torch.randn(512, 512)\nalias = big")
+    assert pair.standby["alias"] is pair.standby["big"]
+    assert torch.equal(pair.standby["big"], pair.executor["big"])
+    held = pair.standby["big"]
+    assert names(pair.run("big.sum()")) == {}  # unchanged: nothing resent
+    pair.run("big.mul_(2)")
+    assert pair.standby["big"] is held and pair.standby["alias"] is held  # updated in place
+    assert torch.equal(held, pair.executor["big"])
+
+
+def test_failover_encoder_continues_from_applied_state(pair: Pair,
+                                                       file_store: LargeObjectStore) -> None:
+    """The standby becomes executor: unchanged names are not resent; identity survives."""
+    pair.run("import torch\nmodel = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(model.parameters())"
+             "\nx = 1")
+    new_executor = StateEncoder(file_store, pair.kernel_id, state=pair.standby_state)
+    third_state = SyncState()
+    third = new_namespace()
+    with StateApplier(file_store, state=third_state) as applier:
+        first = SyncUpdate(list(new_executor.snapshot_entries().values()))
+        applier.apply(third, first)  # the third replica catches up from a snapshot
+        exec("model(torch.ones(1, 4)).sum().backward()\nopt.step()\nx = 1", pair.standby)
+        update = new_executor.encode(pair.standby, analyze_cell("opt.step()\nx = 1"))
+        assert "x" not in names(update)
+        applier.apply(third, SyncUpdate.from_bytes(update.to_bytes()))
+    assert torch.equal(third["model"].weight, pair.standby["model"].weight)
+    assert third["model"].weight is third["opt"].param_groups[0]["params"][0]
+
+
+# -------------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_write_read_restore(pair: Pair, file_store: LargeObjectStore) -> None:
+    with pytest.raises(KeyNotFound):
+        read_checkpoint(file_store, pair.kernel_id)
+    pair.run("""
+        import torch, math
+        model = torch.nn.Linear(3, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        big = torch.randn(300, 300)
+        text = 'hello'
+        def area(r):
+            return math.pi * r * r
+    """)
+    pair.run("del text")
+    write_checkpoint(file_store, pair.kernel_id, pair.encoder.snapshot_entries(), 7)
+    checkpoint = read_checkpoint(file_store, pair.kernel_id)
+    assert isinstance(checkpoint, Checkpoint)
+    assert checkpoint.execution_count == 7 and checkpoint.kernel_id == pair.kernel_id
+    assert set(checkpoint.entries) == {"torch", "math", "model", "opt", "big", "area"}
+
+    rebuilt = new_namespace()
+    assert restore_namespace(file_store, checkpoint, rebuilt) == []
+    assert rebuilt["area"](1) == pytest.approx(3.14159, rel=1e-4)
+    assert torch.equal(rebuilt["big"], pair.executor["big"])
+    assert rebuilt["model"].weight is rebuilt["opt"].param_groups[0]["params"][0]
+    assert torch.equal(rebuilt["model"].weight, pair.executor["model"].weight)
+
+
+def test_restore_reports_what_it_could_not_restore(pair: Pair,
+                                                   file_store: LargeObjectStore) -> None:
+    pair.run("import torch\nkeep = 1\nlost = torch.randn(200, 200)")
+    entries = pair.encoder.snapshot_entries()
+    (lost_key,) = entries["lost"].tensors.values()
+    file_store.delete(lost_key)
+    write_checkpoint(file_store, pair.kernel_id, entries, 2)
+    rebuilt = new_namespace()
+    failed = restore_namespace(file_store, read_checkpoint(file_store, pair.kernel_id), rebuilt)
+    assert failed == ["lost"]
+    assert rebuilt["keep"] == 1
+
+
+# ----------------------------------------------------------------------- real remote stores
+
+
+def _remote_round_trip(store: LargeObjectStore) -> None:
+    p = Pair(store)
+    try:
+        p.run("""
+            import torch
+            torch.manual_seed(1)
+            large = torch.randn(1024, 1024)  # 4 MiB
+            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 2))
+            opt = torch.optim.Adam(model.parameters())
+        """)
+        assert torch.equal(p.standby["large"], p.executor["large"])
+        p.run("model(torch.ones(2, 16)).sum().backward()\nopt.step()")
+        for mine, theirs in zip(p.executor["model"].parameters(),
+                                p.standby["model"].parameters(), strict=True):
+            assert torch.equal(mine, theirs)
+        write_checkpoint(store, p.kernel_id, p.encoder.snapshot_entries(), 2)
+        rebuilt = new_namespace()
+        assert restore_namespace(store, read_checkpoint(store, p.kernel_id), rebuilt) == []
+        assert torch.equal(rebuilt["large"], p.executor["large"])
+    finally:
+        p.close()
+
+
+@pytest.mark.services
+def test_round_trip_through_redis(redis_url: str) -> None:
+    store = open_store(f"{redis_url}?prefix=nbos-test-{uuid.uuid4().hex[:8]}", HMAC_KEY)
+    try:
+        _remote_round_trip(store)
+    finally:
+        store.close()
+
+
+@pytest.mark.services
+def test_round_trip_through_s3(s3_store_url: str) -> None:
+    store = open_store(s3_store_url, HMAC_KEY)
+    try:
+        _remote_round_trip(store)
+    finally:
+        store.close()
+
+
+# ------------------------------------------------------------------------ property: round trip
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20),
+    st.binary(max_size=20),
+)
+_values = st.recursive(
+    _scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=5),
+        st.tuples(children, children),
+        st.dictionaries(st.text(max_size=8), children, max_size=5),
+        st.frozensets(st.integers(), max_size=5),
+    ),
+    max_leaves=25,
+)
+_identifiers = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(_identifiers, _values, min_size=1, max_size=6))
+def test_random_builtin_values_round_trip(file_store: LargeObjectStore,
+                                          values: dict[str, Any]) -> None:
+    p = Pair(file_store, threshold_bytes=64)  # small threshold: both inline and pointer entries
+    try:
+        p.executor.update(values)
+        p.replicate(CellEffects(frozenset(values), frozenset(), frozenset(), ()))
+        for name, value in values.items():
+            assert p.standby[name] == value
+        assert p.replicate(CellEffects(frozenset(values), frozenset(), frozenset(), ())).entries \
+            == []
+    finally:
+        p.close()
+
+
+def test_encode_buffer_helpers_accept_memoryview_records(pair: Pair) -> None:
+    update = pair.run("x = [1, 2]")
+    assert SyncUpdate.from_bytes(memoryview(update.to_bytes())).entries[0].name == "x"
+    assert SyncUpdate.from_bytes(bytearray(io.BytesIO(update.to_bytes()).getvalue())).entries
