@@ -1,0 +1,75 @@
+"""``python -m notebookos.kernel``: the IPKernelApp that starts one replica.
+
+    python -m notebookos.kernel -f CONNECTION_FILE --replica-id 1 \
+        --raft-address 127.0.0.1:7001 --peers 2=127.0.0.1:7002,3=127.0.0.1:7003 \
+        --kernel-id K --store-url s3://bucket/prefix?endpoint_url=... \
+        [--election-timeout 0.2] [--join] [--restore-from-checkpoint]
+
+Every option can also come from the environment (NOTEBOOKOS_REPLICA_ID, NOTEBOOKOS_RAFT_ADDRESS,
+NOTEBOOKOS_PEERS, NOTEBOOKOS_KERNEL_ID, NOTEBOOKOS_STORE_URL, NOTEBOOKOS_ELECTION_TIMEOUT,
+NOTEBOOKOS_JOIN=1, NOTEBOOKOS_RESTORE_FROM_CHECKPOINT=1); a flag on the command line wins.
+The HMAC key in the connection file is the kernel's key: it signs Jupyter messages, derives the Raft
+password and authenticates values in the store. See docs/kernel-protocol.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
+from traitlets import Dict, Type
+
+from .replica import ReplicaKernel
+
+ENV_OPTIONS = {
+    "NOTEBOOKOS_REPLICA_ID": "replica-id",
+    "NOTEBOOKOS_RAFT_ADDRESS": "raft-address",
+    "NOTEBOOKOS_PEERS": "peers",
+    "NOTEBOOKOS_KERNEL_ID": "kernel-id",
+    "NOTEBOOKOS_STORE_URL": "store-url",
+    "NOTEBOOKOS_ELECTION_TIMEOUT": "election-timeout",
+}
+ENV_FLAGS = {"NOTEBOOKOS_JOIN": "join", "NOTEBOOKOS_RESTORE_FROM_CHECKPOINT": "restore-from-checkpoint"}
+
+
+class ReplicaKernelApp(IPKernelApp):
+    name = "notebookos-kernel"
+    kernel_class = Type(ReplicaKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+    aliases = Dict({
+        **kernel_aliases,
+        "replica-id": "ReplicaKernel.replica_id",
+        "raft-address": "ReplicaKernel.raft_address",
+        "peers": "ReplicaKernel.peers",
+        "kernel-id": "ReplicaKernel.kernel_id",
+        "store-url": "ReplicaKernel.store_url",
+        "election-timeout": "ReplicaKernel.election_timeout",
+        "executor-dead-after": "ReplicaKernel.executor_dead_after",
+    })
+    flags = Dict({
+        **kernel_flags,
+        "join": ({"ReplicaKernel": {"join": True}}, "Join an existing group as a replacement."),
+        "restore-from-checkpoint": (
+            {"ReplicaKernel": {"restore_from_checkpoint": True}},
+            "Rebuild the namespace from the store's checkpoint.",
+        ),
+    })
+
+
+def argv_with_env(argv: list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """``argv`` plus options taken from NOTEBOOKOS_* variables that the command line lacks."""
+    environ = dict(os.environ if environ is None else environ)
+    given = {a.split("=", 1)[0].lstrip("-") for a in argv if a.startswith("--")}
+    extra: list[str] = []
+    for var, option in ENV_OPTIONS.items():
+        if environ.get(var) and option not in given:
+            extra.append(f"--{option}={environ[var]}")
+    for var, flag in ENV_FLAGS.items():
+        if environ.get(var, "").lower() in ("1", "true", "yes") and flag not in given:
+            extra.append(f"--{flag}")
+    return [*argv, *extra]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    ReplicaKernelApp.launch_instance(argv=argv_with_env(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,173 @@
+"""The replicated log of one kernel, on pysyncobj.
+
+One ``RaftLog`` per replica. ``propose(record)`` appends a typed record (``records.py``); every
+committed record is applied to the replica's ``ElectionBook`` on pysyncobj's tick thread, under
+``lock``, and then handed to ``on_commit`` (which must only schedule work, never block).
+
+Configuration, on purpose (notes/ecosystem.md section 3):
+- ``password`` derived from the kernel's HMAC key, so Raft traffic is encrypted and authenticated
+  (pysyncobj unpickles what it receives: without a password anyone reaching the port runs code);
+- no fork and no dump file: the log and snapshots stay in memory (``fullDumpFile=None``);
+- dynamic membership, so a replacement replica joins fresh and catches up (snapshot + log);
+- loopback-friendly timers, and the pipe notifier so a proposal is sent without waiting a tick.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from .election import Applied, ElectionBook
+from .records import Record
+
+log = logging.getLogger(__name__)
+
+CommitHandler = Callable[[Record, Applied], None]
+
+
+def raft_password(kernel_key: bytes | str) -> str:
+    """A password for Raft traffic derived from the kernel key (never the key itself)."""
+    if isinstance(kernel_key, str):
+        kernel_key = kernel_key.encode()
+    return hashlib.sha256(b"notebookos-raft\0" + kernel_key).hexdigest()
+
+
+class _BookConsumer(SyncObjConsumer):
+    """Holds the replicated ElectionBook; pysyncobj snapshots whatever this object serialises."""
+
+    def __init__(self, members: dict[int, str], on_commit: CommitHandler, on_restore: Callable[[], None]):
+        # attributes set before SyncObjConsumer.__init__ are local, never serialised
+        self._on_commit = on_commit
+        self._on_restore = on_restore
+        self.lock = threading.RLock()
+        super().__init__()
+        self.book = ElectionBook(members)
+
+    @replicated
+    def commit(self, record: Record) -> bool:
+        with self.lock:
+            try:
+                applied = self.book.apply(record)
+            except Exception:  # noqa: BLE001 - a bad record must not kill the tick thread
+                log.exception("could not apply log record %r", record)
+                return False
+        try:
+            self._on_commit(record, applied)
+        except Exception:  # noqa: BLE001
+            log.exception("commit handler failed for %r", record)
+        return True
+
+    def _deserialize(self, data):  # a snapshot from the leader replaces the whole book
+        with self.lock:
+            super()._deserialize(data)
+        try:
+            self._on_restore()
+        except Exception:  # noqa: BLE001
+            log.exception("snapshot restore handler failed")
+
+
+class RaftLog:
+    """A replica's handle on the kernel's Raft group."""
+
+    def __init__(
+        self,
+        self_address: str,
+        peer_addresses: list[str],
+        members: dict[int, str],
+        kernel_key: bytes | str,
+        on_commit: CommitHandler,
+        on_restore: Callable[[], None] = lambda: None,
+        on_ready: Callable[[], None] | None = None,
+        raft_min_timeout: float = 0.25,
+        raft_max_timeout: float = 0.6,
+    ) -> None:
+        self.self_address = self_address
+        self._consumer = _BookConsumer(members, on_commit, on_restore)
+        conf = SyncObjConf(
+            password=raft_password(kernel_key),
+            fullDumpFile=None,
+            journalFile=None,
+            useFork=False,
+            dynamicMembershipChange=True,
+            autoTick=True,
+            autoTickPeriod=0.01,
+            appendEntriesUseBatch=False,  # wake the tick thread on each proposal
+            appendEntriesPeriod=0.05,
+            raftMinTimeout=raft_min_timeout,
+            raftMaxTimeout=raft_max_timeout,
+            connectionTimeout=1.0,
+            connectionRetryTime=0.2,
+            leaderFallbackTimeout=5.0,
+            commandsWaitLeader=True,
+            onReady=on_ready,
+        )
+        self._sync = SyncObj(self_address, peer_addresses, conf, consumers=[self._consumer])
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._consumer.lock
+
+    @property
+    def book(self) -> ElectionBook:
+        return self._consumer.book
+
+    def propose(self, record: Record, on_done: Callable[[bool, str], None] | None = None) -> None:
+        """Append ``record``; ``on_done(ok, reason)`` runs on the tick thread once it commits or fails."""
+
+        def callback(result, error):
+            if on_done is not None:
+                ok = error == FAIL_REASON.SUCCESS
+                on_done(ok, "" if ok else _fail_name(error))
+
+        self._consumer.commit(record, callback=callback)
+
+    def is_connected(self, address: str) -> bool:
+        if address == self.self_address:
+            return True
+        try:
+            return bool(self._sync.isNodeConnected(_node(address)))
+        except Exception:  # noqa: BLE001 - unknown node
+            return False
+
+    def is_ready(self) -> bool:
+        return bool(self._sync.isReady())
+
+    def has_quorum(self) -> bool:
+        return bool(self._sync.hasQuorum)
+
+    def add_node(self, address: str, on_done: Callable[[bool, str], None]) -> None:
+        self._sync.addNodeToCluster(
+            address, callback=lambda _r, err: on_done(err == FAIL_REASON.SUCCESS, _fail_name(err))
+        )
+
+    def remove_node(self, address: str, on_done: Callable[[bool, str], None]) -> None:
+        self._sync.removeNodeFromCluster(
+            address, callback=lambda _r, err: on_done(err == FAIL_REASON.SUCCESS, _fail_name(err))
+        )
+
+    def status(self) -> dict:
+        return dict(self._sync.getStatus())
+
+    def close(self) -> None:
+        try:
+            self._sync.destroy()
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            log.debug("raft destroy failed", exc_info=True)
+
+
+def _node(address: str):
+    from pysyncobj.node import TCPNode
+
+    return TCPNode(address)
+
+
+def _fail_name(error) -> str:
+    for name in ("SUCCESS", "QUEUE_FULL", "MISSING_LEADER", "DISCARDED", "NOT_LEADER",
+                 "LEADER_CHANGED", "REQUEST_DENIED"):
+        if getattr(FAIL_REASON, name) == error:
+            return name
+    return str(error)

@@ -1,0 +1,554 @@
+"""The replica kernel: an IPythonKernel that runs a cell only when the group elects it.
+
+Wiring only; the pieces live elsewhere:
+- ``raft_log.RaftLog``: the replicated log (pysyncobj), applying records to an ``ElectionBook``;
+- ``election``: the pure election state machine and the vote rule;
+- ``state_sync.StateSync``: encoding after a cell, applying others' updates, checkpoints;
+- ``replies``: the reply contents (standby, all-yielded, executor failed).
+
+Threads: pysyncobj applies committed records on its tick thread; this class only records the
+commit time, queues updates and wakes the asyncio loop. Everything that touches the user
+namespace runs on the kernel's loop (or in a worker thread while no cell can run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+from traitlets import Bool, Float, Int, Unicode
+
+from . import replies
+from .election import Applied, Election, Phase, choose_vote
+from .gpu_glue import GpuGlue
+from .peers import parse_peers
+from .raft_log import RaftLog
+from .records import (
+    LEAD,
+    YIELD,
+    Abort,
+    Checkpointed,
+    Completion,
+    MemberAdded,
+    MemberRemoved,
+    Proposal,
+    Record,
+    Restored,
+    Vote,
+)
+from .state_sync import StateSync
+
+
+class ReplicaKernel(IPythonKernel):
+    """One replica of a NotebookOS distributed kernel."""
+
+    implementation = "notebookos"
+    implementation_version = "0.1.0"
+
+    replica_id = Int(1, help="This replica's id (unique within the kernel's group).").tag(config=True)
+    raft_address = Unicode("", help="host:port this replica's Raft listens on.").tag(config=True)
+    peers = Unicode(
+        "", help="The other replicas: comma-separated id=host:port (e.g. 2=10.0.0.2:7001)."
+    ).tag(config=True)
+    kernel_id = Unicode("", help="The distributed kernel's id (store keys, logs).").tag(config=True)
+    store_url = Unicode("", help="Large-object store URL (file://, redis://, s3://).").tag(config=True)
+    election_timeout = Float(
+        0.2, help="Seconds after the first committed LEAD before voting without missing proposals."
+    ).tag(config=True)
+    no_lead_timeout = Float(
+        1.0, help="Seconds after the first committed proposal before failing an election with no LEAD."
+    ).tag(config=True)
+    executor_dead_after = Float(
+        1.0, help="Seconds the executor may be unreachable mid-cell before the cell is aborted."
+    ).tag(config=True)
+    join = Bool(False, help="Join an existing group as a fresh replacement replica.").tag(config=True)
+    restore_from_checkpoint = Bool(
+        False, help="Rebuild the namespace from the store's checkpoint (all replicas were lost)."
+    ).tag(config=True)
+    sync_threshold_bytes = Int(1 << 20, help="Values larger than this go to the store.").tag(
+        config=True
+    )
+
+    msg_types = [*IPythonKernel.msg_types, "yield_request"]
+    control_msg_types = [
+        *IPythonKernel.control_msg_types,
+        "yield_request",
+        "add_replica_request",
+        "remove_replica_request",
+        "replica_status_request",
+    ]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not self.raft_address:
+            raise ValueError("--raft-address host:port is required")
+        self._peer_map = parse_peers(self.peers)
+        if self.replica_id in self._peer_map:
+            raise ValueError(f"--peers names this replica's own id {self.replica_id}")
+        members = {self.replica_id: self.raft_address, **self._peer_map}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._change = asyncio.Event()
+        self._first_lead_at: dict[str, float] = {}
+        self._first_proposal_at: dict[str, float] = {}
+        self._voted: set[str] = set()
+        self._aborts_sent: set[str] = set()
+        self._unreachable_since: dict[int, float] = {}
+        self._executed_here: set[str] = set()
+        self._replied: set[str] = set()
+        self._applies: deque[tuple[str, bytes]] = deque()
+        self._applies_pending = 0
+        self._apply_lock = threading.Lock()
+        self._restore_needed = False
+        self.restore_notes: list[str] = []
+        self._restoring = bool(self.restore_from_checkpoint)
+        self._raft_ready = threading.Event()
+        self.sync = StateSync(
+            store_url=self.store_url,
+            hmac_key=bytes(self.session.key or b""),
+            kernel_id=self.kernel_id or "kernel",
+            threshold_bytes=self.sync_threshold_bytes,
+            log=self.log,
+        )
+        self.gpu = GpuGlue(self.log)
+        self.raft = RaftLog(
+            self.raft_address,
+            list(self._peer_map.values()),
+            members,
+            kernel_key=bytes(self.session.key or b""),
+            on_commit=self._on_commit,
+            on_restore=self._on_snapshot,
+            on_ready=self._raft_ready.set,
+        )
+        self.log.info(
+            "NotebookOS replica %s of kernel %s: raft %s, peers %s",
+            self.replica_id, self.kernel_id, self.raft_address, self._peer_map,
+        )
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        super().start()
+        self._loop = asyncio.get_event_loop()
+        self.io_loop.add_callback(self._after_start)
+
+    async def _after_start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop.create_task(self._drain_applies())
+        if self.restore_from_checkpoint:
+            try:
+                await self._restore_from_store()
+            finally:
+                self._restoring = False
+                self._notify()
+
+    async def do_shutdown(self, restart: bool) -> dict:
+        self.raft.close()
+        self.sync.close()
+        return await super().do_shutdown(restart)
+
+    # ---- commits (pysyncobj tick thread) ------------------------------------------------------
+    def _on_commit(self, record: Record, applied: Applied) -> None:
+        now = time.monotonic()
+        if isinstance(record, Proposal):
+            self._first_proposal_at.setdefault(record.election_id, now)
+            if record.kind == LEAD:
+                self._first_lead_at.setdefault(record.election_id, now)
+        if applied.completed and applied.update is not None:
+            election = applied.election
+            if election is not None and election.executor != self.replica_id:
+                self.sync.prefetch(applied.update)
+                with self._apply_lock:
+                    self._applies.append((election.election_id, applied.update))
+                    self._applies_pending += 1
+        if applied.ignored_completion and isinstance(record, Completion):
+            if record.executor == self.replica_id:
+                # The group aborted this cell while it ran here: our namespace now holds effects
+                # nobody else has. Stop, so a replacement joins with the group's state.
+                self.log.error(
+                    "cell %s was aborted by the group while it ran here; exiting so this replica "
+                    "cannot diverge", record.election_id,
+                )
+                sys.stderr.flush()
+                os._exit(70)
+        self._wake()
+
+    def _on_snapshot(self) -> None:
+        self._restore_needed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._notify)
+
+    def _notify(self) -> None:
+        event, self._change = self._change, asyncio.Event()
+        event.set()
+
+    async def _wait_change(self, timeout: float) -> None:
+        event = self._change
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    # ---- applying others' state updates, in log order -----------------------------------------
+    async def _drain_applies(self) -> None:
+        while True:
+            if self._restore_needed:
+                self._restore_needed = False
+                await self._rebuild_after_snapshot()
+            with self._apply_lock:
+                item = self._applies.popleft() if self._applies else None
+            if item is None:
+                await self._wait_change(0.5)
+                continue
+            election_id, update = item
+            try:
+                await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
+            except Exception as exc:  # noqa: BLE001 - one bad update must not stop the others
+                self.log.error("could not apply state update of %s: %s", election_id, exc)
+            finally:
+                with self._apply_lock:
+                    self._applies_pending -= 1
+                self._notify()
+
+    async def _rebuild_after_snapshot(self) -> None:
+        with self.raft.lock:
+            checkpoint_count = self.raft.book.checkpoint_count
+            updates = [u for _c, _e, u in self.raft.book.updates]
+        with self._apply_lock:
+            self._applies.clear()
+            self._applies_pending = 0
+        if checkpoint_count:
+            await asyncio.to_thread(self.sync.restore_checkpoint, self.shell.user_ns)
+        for update in updates:
+            await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
+
+    async def _restore_from_store(self) -> None:
+        try:
+            count, failed = await asyncio.to_thread(
+                self.sync.restore_checkpoint, self.shell.user_ns
+            )
+        except Exception as exc:  # noqa: BLE001 - reported, the kernel starts empty
+            self.log.error("could not restore from the checkpoint: %s", exc)
+            self.restore_notes = [f"could not restore from the checkpoint: {exc}"]
+            return
+        self.restore_notes = [f"{name!r} could not be restored" for name in failed]
+        self.log.info("restored the namespace of cell %d from the checkpoint", count)
+        await self._wait_raft_ready(30.0)
+        self.raft.propose(Restored(count, self.replica_id, tuple(self.restore_notes)))
+
+    async def _wait_raft_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._raft_ready.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return self._raft_ready.is_set()
+
+    # ---- the election ------------------------------------------------------------------------
+    def _election(self, election_id: str) -> Election | None:
+        with self.raft.lock:
+            return self.raft.book.get(election_id)
+
+    def _expected_proposers(self) -> set[int]:
+        with self.raft.lock:
+            members = dict(self.raft.book.members)
+        return {rid for rid, addr in members.items() if self.raft.is_connected(addr)}
+
+    def _tend_open_elections(self) -> None:
+        """Vote where this replica can, and abort cells whose executor is gone."""
+        now = time.monotonic()
+        with self.raft.lock:
+            book = self.raft.book
+            open_ = book.open_elections()
+            last_executor = book.last_executor
+            members = dict(book.members)
+        expected: set[int] | None = None
+        for election in open_:
+            eid = election.election_id
+            if election.phase is Phase.PROPOSING and eid not in self._voted:
+                if expected is None:
+                    expected = self._expected_proposers()
+                choice = choose_vote(
+                    election, expected, last_executor, now,
+                    self._first_lead_at.get(eid), self._first_proposal_at.get(eid),
+                    self.election_timeout, self.no_lead_timeout,
+                )
+                if choice.ready and not self._should_vote(election, choice.candidate, now):
+                    continue
+                if choice.ready:
+                    self._voted.add(eid)
+                    self.raft.propose(Vote(eid, self.replica_id, choice.candidate))
+            elif election.phase is Phase.RUNNING and election.executor != self.replica_id:
+                self._watch_executor(election, members, now)
+
+    def _should_vote(self, election: Election, candidate: int | None, now: float) -> bool:
+        """LEAD proposers vote; others only to fail a LEAD-less election or to cover for a LEAD
+        proposer that went quiet (fewer records on the critical path)."""
+        if election.proposals.get(self.replica_id) == LEAD or candidate is None:
+            return True
+        first_lead = self._first_lead_at.get(election.election_id)
+        return first_lead is not None and now - first_lead >= 2 * self.election_timeout + 0.1
+
+    def _watch_executor(self, election: Election, members: dict[int, str], now: float) -> None:
+        executor = election.executor
+        assert executor is not None
+        address = members.get(executor)
+        if address is not None and self.raft.is_connected(address):
+            self._unreachable_since.pop(executor, None)
+            return
+        since = self._unreachable_since.setdefault(executor, now)
+        gone = address is None or now - since >= self.executor_dead_after
+        if gone and election.election_id not in self._aborts_sent:
+            self._aborts_sent.add(election.election_id)
+            reason = (
+                f"the replica executing this cell (replica {executor}) stopped responding "
+                f"mid-cell"
+            )
+            self.raft.propose(Abort(election.election_id, self.replica_id, reason))
+
+    async def _wait_until_quiet(self, election_id: str) -> None:
+        """Wait until every other election is settled and its state update applied here."""
+        await self._wait_raft_ready(30.0)
+        while True:
+            change = self._change
+            with self.raft.lock:
+                others = [e for e in self.raft.book.open_elections() if e.election_id != election_id]
+            with self._apply_lock:
+                pending = self._applies_pending
+            if not (others or pending or self._restore_needed or self._restoring):
+                return
+            self._tend_open_elections()
+            try:
+                await asyncio.wait_for(change.wait(), 0.02)
+            except TimeoutError:
+                pass
+
+    async def _wait_decided(self, election_id: str) -> Election:
+        while True:
+            change = self._change
+            election = self._election(election_id)
+            if election is not None and election.phase is not Phase.PROPOSING:
+                return election
+            self._tend_open_elections()
+            try:
+                await asyncio.wait_for(change.wait(), 0.02)
+            except TimeoutError:
+                pass
+
+    async def _wait_settled(self, election_id: str) -> Election:
+        while True:
+            change = self._change
+            election = self._election(election_id)
+            assert election is not None
+            with self._apply_lock:
+                pending = self._applies_pending
+            if election.phase.settled and not pending:
+                return election
+            self._tend_open_elections()
+            try:
+                await asyncio.wait_for(change.wait(), 0.02)
+            except TimeoutError:
+                pass
+
+    # ---- shell handlers ----------------------------------------------------------------------
+    async def execute_request(self, stream, ident, parent) -> None:  # noqa: D401
+        await self._elected_request(stream, ident, parent, lead=True)
+
+    async def yield_request(self, stream, ident, parent) -> None:
+        await self._elected_request(stream, ident, parent, lead=False)
+
+    async def _elected_request(self, stream, ident, parent, lead: bool) -> None:
+        try:
+            election_id = parent["header"]["msg_id"]
+            content = parent["content"]
+            code = content["code"]
+            silent = bool(content.get("silent", False))
+            metadata = parent.get("metadata") or {}
+        except (KeyError, TypeError):
+            self.log.error("dropping a malformed execute/yield request")
+            return
+        await self._wait_until_quiet(election_id)
+        election = self._election(election_id)
+        if election is None or (
+            election.phase is Phase.PROPOSING and self.replica_id not in election.proposals
+        ):
+            kind = LEAD if lead else YIELD
+            self.raft.propose(Proposal(election_id, self.replica_id, kind, silent))
+        election = await self._wait_decided(election_id)
+
+        if election.phase is Phase.FAILED:
+            self._send_execute_reply(stream, ident, parent, replies.all_yielded(election, self.replica_id))
+            return
+        if (
+            election.executor == self.replica_id
+            and election.phase is Phase.RUNNING
+            and election_id not in self._executed_here
+        ):
+            self._executed_here.add(election_id)
+            await self._execute_as_leader(stream, ident, parent, election, code, silent, metadata)
+            return
+        election = await self._wait_settled(election_id)
+        self.shell.execution_count = self._book_execution_count() + 1
+        if election.phase is Phase.ABORTED:
+            self._send_execute_reply(stream, ident, parent, replies.executor_failed(election, self.replica_id))
+        else:
+            self._send_execute_reply(
+                stream, ident, parent, replies.standby(election, self.replica_id)
+            )
+
+    def _book_execution_count(self) -> int:
+        with self.raft.lock:
+            return self.raft.book.execution_count
+
+    async def _execute_as_leader(
+        self, stream, ident, parent, election: Election, code: str, silent: bool, metadata: dict
+    ) -> None:
+        try:
+            await self._run_cell(stream, ident, parent, election, code, silent, metadata)
+        except Exception as exc:  # noqa: BLE001 - the group must always learn the outcome
+            self.log.exception("executing %s failed inside the replica", election.election_id)
+            failure = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc),
+                       "traceback": [], "execution_count": election.execution_count}
+            if election.election_id not in self._replied:
+                self._send_execute_reply(
+                    stream, ident, parent,
+                    (failure, replies.role_metadata("executor", self.replica_id, election)),
+                )
+            self.raft.propose(Completion(election.election_id, self.replica_id, "error"))
+
+    async def _run_cell(
+        self, stream, ident, parent, election: Election, code: str, silent: bool, metadata: dict
+    ) -> None:
+        content = parent["content"]
+        count = election.execution_count
+        if not silent:
+            self.shell.execution_count = count
+            self._publish_execute_input(code, parent, count)
+        self.gpu.bind(self.shell.user_ns, metadata)
+        try:
+            reply = await super().do_execute(
+                code,
+                silent,
+                content.get("store_history", not silent),
+                content.get("user_expressions", {}),
+                content.get("allow_stdin", False),
+                cell_meta=metadata,
+                cell_id=metadata.get("cellId"),
+            )
+        finally:
+            self.gpu.unbind(self.shell.user_ns)
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        if sys.stderr is not None:
+            sys.stderr.flush()
+        self.shell.execution_count = count + 1 if not silent else self.shell.execution_count
+        reply["execution_count"] = count
+        reply_metadata = replies.role_metadata("executor", self.replica_id, election)
+        self._send_execute_reply(stream, ident, parent, (reply, reply_metadata))
+        self._replied.add(election.election_id)
+        await self._sync_after_cell(parent, election, code, reply.get("status", "ok"))
+
+    async def _sync_after_cell(self, parent, election: Election, code: str, status: str) -> None:
+        """Encode what the cell changed, warn about what cannot be synced, propose COMPLETION."""
+        update_bytes, warnings = await self.sync.encode_cell(self.shell, code)
+        for warning in warnings:
+            self.session.send(
+                self.iopub_socket,
+                "stream",
+                {"name": "stderr", "text": f"{warning}\n"},
+                parent=parent,
+                ident=self._topic("stream"),
+            )
+        done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+
+        def committed(ok: bool, reason: str) -> None:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result((ok, reason)))
+
+        self.raft.propose(
+            Completion(election.election_id, self.replica_id, status, update_bytes, tuple(warnings)),
+            on_done=committed,
+        )
+        ok, reason = await done
+        if not ok:
+            self.log.error("COMPLETION of %s did not commit: %s", election.election_id, reason)
+            return
+        self.sync.checkpoint_in_background(
+            election.execution_count,
+            on_done=lambda: self.raft.propose(
+                Checkpointed(election.execution_count, election.election_id)
+            ),
+        )
+
+    def _send_execute_reply(self, stream, ident, parent, reply_and_metadata) -> None:
+        content, metadata = reply_and_metadata
+        self.session.send(
+            stream, "execute_reply", content, parent, metadata=metadata, ident=ident
+        )
+
+    # ---- control: membership ---------------------------------------------------------------------
+    async def add_replica_request(self, stream, ident, parent) -> None:
+        await self._membership_change(stream, ident, parent, add=True)
+
+    async def remove_replica_request(self, stream, ident, parent) -> None:
+        await self._membership_change(stream, ident, parent, add=False)
+
+    async def _membership_change(self, stream, ident, parent, add: bool) -> None:
+        msg_type = "add_replica_reply" if add else "remove_replica_reply"
+        try:
+            replica_id = int(parent["content"]["replica_id"])
+            address = str(parent["content"].get("raft_address", ""))
+            if add and not address:
+                raise ValueError("raft_address is required")
+        except (KeyError, TypeError, ValueError) as exc:
+            self.session.send(
+                stream, msg_type, {"status": "error", "ename": "ValueError", "evalue": str(exc),
+                                   "traceback": []}, parent, ident=ident,
+            )
+            return
+        if not add:
+            with self.raft.lock:
+                address = self.raft.book.members.get(replica_id, address)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def finished(ok: bool, reason: str) -> None:
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result((ok, reason)))
+
+        if add:
+            self.raft.add_node(address, finished)
+        else:
+            self.raft.remove_node(address, finished)
+        try:
+            ok, reason = await asyncio.wait_for(done, 15.0)
+        except TimeoutError:
+            ok, reason = False, "timed out waiting for the membership change to commit"
+        if ok:
+            record = MemberAdded(replica_id, address) if add else MemberRemoved(replica_id)
+            self.raft.propose(record)
+            content: dict[str, Any] = {"status": "ok", "replica_id": replica_id}
+        else:
+            content = {"status": "error", "ename": "NotebookOSMembershipChangeFailed",
+                       "evalue": reason, "traceback": []}
+        self.session.send(stream, msg_type, content, parent, ident=ident)
+
+    async def replica_status_request(self, stream, ident, parent) -> None:
+        with self.raft.lock:
+            book = self.raft.book
+            content = {
+                "status": "ok",
+                "replica_id": self.replica_id,
+                "members": {str(k): v for k, v in book.members.items()},
+                "term": book.term,
+                "execution_count": book.execution_count,
+                "last_executor": book.last_executor,
+                "raft_ready": self._raft_ready.is_set(),
+                "has_quorum": self.raft.has_quorum(),
+            }
+        self.session.send(stream, "replica_status_reply", content, parent, ident=ident)

@@ -1,0 +1,134 @@
+"""State sync on a replica: encode after a cell, apply others' updates, checkpoint to the store.
+
+Glue between the replica and the pure modules ``ast_effects`` (which names a cell changed) and
+``sync_codec`` (serialising them, large values to the store, applying updates, checkpoints).
+Sync needs a large-object store (``--store-url``); without one the replica still elects and runs
+cells, and every cell's output says that standbys did not receive its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+
+class StateSync:
+    def __init__(
+        self,
+        store_url: str,
+        hmac_key: bytes,
+        kernel_id: str,
+        threshold_bytes: int,
+        log: logging.Logger,
+    ) -> None:
+        self.log = log
+        self.kernel_id = kernel_id
+        self.store = None
+        self.disabled_reason = ""
+        self._encoder = None
+        self._applier = None
+        self._checkpoint_lock = threading.Lock()
+        if not store_url:
+            self.disabled_reason = "the replica was started without --store-url"
+            return
+        try:
+            from notebookos.store import open_store
+
+            from .sync_codec import StateApplier, StateEncoder, SyncState
+
+            self.store = open_store(store_url, hmac_key)
+            # one SyncState shared by encoder and applier: what this replica applied from others
+            # is what its encoder compares against (digests) and checkpoints (entries)
+            self._state = SyncState()
+            self._encoder = StateEncoder(
+                self.store, kernel_id, threshold_bytes=threshold_bytes, state=self._state
+            )
+            self._applier = StateApplier(self.store, state=self._state)
+        except Exception as exc:  # noqa: BLE001 - reported on every cell, never silent
+            self.disabled_reason = f"could not set up state sync: {exc}"
+            log.error("state sync disabled: %s", exc)
+
+    @property
+    def enabled(self) -> bool:
+        return self._encoder is not None
+
+    async def encode_cell(self, shell: Any, code: str) -> tuple[bytes | None, list[str]]:
+        """The cell's state update (bytes for the log) and user-facing warnings."""
+        if self._encoder is None:
+            return None, [f"state sync is off ({self.disabled_reason}); standbys lack this cell"]
+        from .ast_effects import analyze_cell
+
+        try:
+            source = shell.transform_cell(code)
+        except Exception:  # noqa: BLE001 - IPython could not transform: analyse the raw code
+            source = code
+        effects = analyze_cell(source)
+        encoder = self._encoder
+        try:
+            update = await asyncio.to_thread(encoder.encode, shell.user_ns, effects)
+        except Exception as exc:  # noqa: BLE001 - never hang or crash the kernel on sync
+            self.log.exception("state sync failed")
+            return None, [f"state sync failed, standbys lack this cell's changes: {exc}"]
+        return update.to_bytes(), list(update.warnings)
+
+    def prefetch(self, update: bytes) -> None:
+        """Start fetching the update's large objects (called on the Raft thread: cheap)."""
+        if self._applier is None:
+            return
+        from .sync_codec import SyncUpdate
+
+        try:
+            self._applier.prefetch(SyncUpdate.from_bytes(update))
+        except Exception as exc:  # noqa: BLE001 - apply() will report it
+            self.log.warning("prefetch failed: %s", exc)
+
+    def apply(self, namespace: MutableMapping[str, Any], update: bytes) -> None:
+        if self._applier is None:
+            raise RuntimeError(f"cannot apply a state update: {self.disabled_reason}")
+        from .sync_codec import SyncUpdate
+
+        self._applier.apply(namespace, SyncUpdate.from_bytes(update))
+
+    def checkpoint_in_background(self, execution_count: int, on_done: Callable[[], None]) -> None:
+        """Write a full checkpoint of the synced namespace, then call ``on_done``."""
+        if self._encoder is None or self.store is None:
+            return
+
+        def write() -> None:
+            from .sync_codec import write_checkpoint
+
+            with self._checkpoint_lock:
+                try:
+                    entries = self._encoder.snapshot_entries()
+                    write_checkpoint(self.store, self.kernel_id, entries, execution_count)
+                except Exception:  # noqa: BLE001 - next cell's checkpoint retries
+                    self.log.exception("checkpoint after cell %d failed", execution_count)
+                    return
+            on_done()
+
+        threading.Thread(target=write, name="notebookos-checkpoint", daemon=True).start()
+
+    def restore_checkpoint(self, namespace: MutableMapping[str, Any]) -> tuple[int, list[str]]:
+        """Load the store's checkpoint into ``namespace``.
+
+        Returns its execution_count and the names that could not be restored.
+        """
+        if self._applier is None or self.store is None:
+            raise RuntimeError(f"cannot restore: {self.disabled_reason}")
+        from .sync_codec import read_checkpoint, restore_namespace
+
+        checkpoint = read_checkpoint(self.store, self.kernel_id)
+        failed = restore_namespace(self.store, checkpoint, namespace, state=self._state)
+        return int(checkpoint.execution_count), failed
+
+    def close(self) -> None:
+        if self._applier is not None:
+            self._applier.close()
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001
+                pass

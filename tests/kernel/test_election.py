@@ -1,0 +1,127 @@
+"""The election state machine, fed committed records directly (no sockets)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from notebookos.kernel.election import ElectionBook, Phase, choose_vote
+from notebookos.kernel.records import (
+    LEAD,
+    YIELD,
+    Abort,
+    Checkpointed,
+    Completion,
+    MemberAdded,
+    MemberRemoved,
+    Proposal,
+    Restored,
+    Vote,
+)
+
+MEMBERS = {1: "a:1", 2: "a:2", 3: "a:3"}
+
+
+def book_with(*records) -> ElectionBook:
+    book = ElectionBook(MEMBERS)
+    for record in records:
+        book.apply(record)
+    return book
+
+
+def vote_now(book: ElectionBook, eid: str, expected=frozenset({1, 2, 3}), now=0.0,
+             lead_at=None, first_at=None):
+    return choose_vote(book.get(eid), set(expected), book.last_executor, now, lead_at, first_at,
+                       lead_timeout=0.2, no_lead_timeout=1.0)
+
+
+def test_first_committed_vote_decides_and_assigns_term_and_count():
+    book = book_with(Proposal("m1", 2, YIELD), Proposal("m1", 1, LEAD), Proposal("m1", 3, YIELD))
+    choice = vote_now(book, "m1")
+    assert choice.ready and choice.candidate == 1
+    book.apply(Vote("m1", 2, 1))
+    book.apply(Vote("m1", 3, None))  # a later vote cannot change the outcome
+    election = book.get("m1")
+    assert (election.phase, election.executor, election.term, election.execution_count) == (
+        Phase.RUNNING, 1, 1, 1)
+
+
+def test_waits_for_missing_proposals_until_the_lead_timeout():
+    book = book_with(Proposal("m1", 1, LEAD))
+    assert not vote_now(book, "m1", now=0.1, lead_at=0.0, first_at=0.0).ready
+    choice = vote_now(book, "m1", now=0.25, lead_at=0.0, first_at=0.0)
+    assert choice.ready and choice.candidate == 1
+    # a replica known to be down is not waited for
+    assert vote_now(book, "m1", expected={1}, now=0.0, lead_at=0.0).ready
+
+
+def test_sticky_previous_executor_wins_over_first_lead():
+    book = book_with(Proposal("m1", 3, LEAD), Proposal("m1", 1, YIELD), Proposal("m1", 2, YIELD),
+                     Vote("m1", 3, 3), Completion("m1", 3, "ok"))
+    book.apply(Proposal("m2", 1, LEAD))
+    assert vote_now(book, "m2", now=0.0, lead_at=0.0).ready is False  # 3 may still propose
+    book.apply(Proposal("m2", 3, LEAD))  # the previous executor's LEAD decides at once
+    assert (book.get("m2").phase, book.get("m2").executor) == (Phase.RUNNING, 3)
+    assert book.get("m2").execution_count == 2
+
+
+def test_a_vote_committed_before_the_sticky_lead_still_decides():
+    book = book_with(Proposal("m1", 3, LEAD), Vote("m1", 3, 3), Completion("m1", 3, "ok"),
+                     Proposal("m2", 1, LEAD), Vote("m2", 2, 1), Proposal("m2", 3, LEAD))
+    assert book.get("m2").executor == 1 and book.last_executor == 1
+
+
+@pytest.mark.parametrize("expected,now,ready", [({1, 2, 3}, 0.0, True), ({1, 2, 3, 4}, 0.5, False),
+                                                ({1, 2, 3, 4}, 1.5, True)])
+def test_all_yield_fails(expected, now, ready):
+    book = book_with(*(Proposal("m1", r, YIELD) for r in (1, 2, 3)))
+    choice = vote_now(book, "m1", expected=expected, now=now, first_at=0.0)
+    assert choice.ready is ready
+    if ready:
+        assert choice.candidate is None
+        book.apply(Vote("m1", 1, None))
+        assert book.get("m1").phase is Phase.FAILED
+        assert book.execution_count == 0
+
+
+def test_only_first_proposal_per_replica_counts_and_votes_for_non_leaders_are_ignored():
+    book = book_with(Proposal("m1", 1, YIELD), Proposal("m1", 1, LEAD), Vote("m1", 2, 1))
+    assert book.get("m1").phase is Phase.PROPOSING
+    assert book.get("m1").leads == []
+
+
+def test_silent_cells_take_no_execution_count():
+    book = book_with(Proposal("s", 1, LEAD, silent=True), Vote("s", 1, 1))
+    assert book.get("s").execution_count == 0 and book.execution_count == 0
+
+
+def test_abort_before_completion_wins_and_late_completion_is_ignored():
+    book = book_with(Proposal("m1", 1, LEAD), Vote("m1", 1, 1), Abort("m1", 2, "gone"))
+    applied = book.apply(Completion("m1", 1, "ok", b"update"))
+    assert applied.ignored_completion
+    assert book.get("m1").phase is Phase.ABORTED and book.updates == []
+
+
+def test_completion_keeps_updates_until_a_checkpoint_covers_them():
+    book = book_with(Proposal("m1", 1, LEAD), Vote("m1", 1, 1), Completion("m1", 1, "ok", b"u1"),
+                     Proposal("m2", 1, LEAD), Vote("m2", 1, 1), Completion("m2", 1, "ok", b"u2"))
+    assert [u for _c, _e, u in book.updates] == [b"u1", b"u2"]
+    book.apply(Checkpointed(1))
+    assert [u for _c, _e, u in book.updates] == [b"u2"]
+
+
+def test_membership_and_restore_and_snapshot_pickle():
+    book = book_with(MemberRemoved(3), MemberAdded(4, "a:4"), Restored(7))
+    assert book.members == {1: "a:1", 2: "a:2", 4: "a:4"}
+    book.apply(Proposal("m1", 1, LEAD))
+    book.apply(Vote("m1", 1, 1))
+    assert book.get("m1").execution_count == 8
+    clone = pickle.loads(pickle.dumps(book))
+    assert clone.get("m1").executor == 1 and clone.term == 1
+
+
+def test_replay_is_deterministic():
+    records = [Proposal("a", 2, LEAD), Proposal("a", 1, YIELD), Vote("a", 1, 2),
+               Completion("a", 2, "ok", b"x"), Proposal("b", 1, YIELD), Vote("b", 1, None)]
+    one, two = book_with(*records), book_with(*records)
+    assert pickle.dumps(one.__dict__) == pickle.dumps(two.__dict__)

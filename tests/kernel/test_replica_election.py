@@ -1,0 +1,114 @@
+"""Executor election across three real replica processes over real Raft (no mocks).
+
+One group serves the whole module (starting three replicas costs ~1.5 s); tests that need a
+particular executor say so through the target of their execute_request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from harness import ReplicaGroup
+
+from notebookos.kernel.replies import ALL_YIELDED
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory):
+    workdir: Path = tmp_path_factory.mktemp("replicas")
+    replicas = ReplicaGroup(workdir, store_url=f"file://{workdir}/store")
+    try:
+        replicas.start()
+        yield replicas
+    finally:
+        replicas.stop()
+
+
+def notebookos_meta(reply: dict) -> dict:
+    return reply["metadata"]["notebookos"]
+
+
+def test_lead_wins_and_standbys_agree_on_term_and_count(group: ReplicaGroup):
+    result = group.execute("lead_marker = 'ran'\nprint('hello from', lead_marker)", target=1)
+    assert result.executor() == 1, result.summary()
+    assert result.stdout() == "hello from ran\n"
+    executor_reply = result.reply(1)
+    assert executor_reply["content"]["status"] == "ok"
+    assert notebookos_meta(executor_reply)["role"] == "executor"
+    for rid in (2, 3):
+        reply = result.reply(rid)
+        assert reply["content"]["status"] == "ok"
+        assert notebookos_meta(reply)["role"] == "standby"
+        assert notebookos_meta(reply)["executor"] == 1
+    terms = {notebookos_meta(r)["term"] for r in result.replies.values()}
+    counts = {r["content"]["execution_count"] for r in result.replies.values()}
+    assert len(terms) == 1 and len(counts) == 1
+
+
+def test_yield_hands_off_to_another_replica_with_the_state(group: ReplicaGroup):
+    group.execute("handoff = [1, 2]", target=1)
+    result = group.execute("handoff.append(3)\nprint(handoff)", target=2)
+    assert result.executor() == 2, result.summary()
+    assert result.stdout() == "[1, 2, 3]\n"
+    assert notebookos_meta(result.reply(1))["role"] == "standby"
+
+
+def test_execution_count_is_continuous_across_executors(group: ReplicaGroup):
+    counts = []
+    for target in (1, 2, 3, 3, 1):
+        result = group.execute("pass", target=target)
+        assert result.executor() == target
+        counts.append(result.executor_reply()["content"]["execution_count"])
+    assert counts == list(range(counts[0], counts[0] + 5))
+
+
+def test_all_yield_fails_cleanly_and_nothing_runs(group: ReplicaGroup):
+    group.execute("side_effects = 0", target=1)
+    result = group.execute("side_effects += 1", target=None)
+    for reply in result.replies.values():
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == ALL_YIELDED
+    after = group.execute("print(side_effects)", target=3)
+    assert after.stdout() == "0\n"
+
+
+def test_progress_when_a_replica_never_gets_the_request_and_when_it_gets_it_late(
+    group: ReplicaGroup,
+):
+    result = group.execute("missed = 'by three'", target=1, to=[1, 2])
+    assert result.executor() == 1, result.summary()
+    msg = group.last_message
+    # the request reaches replica 3 only now, after the decision: it must not run the cell
+    group.send_copy(msg, 3, "execute_request")
+    late = group.collect(msg["header"]["msg_id"], [3], target=None)
+    assert notebookos_meta(late.reply(3))["role"] == "standby"
+    assert notebookos_meta(late.reply(3))["executor"] == 1
+    assert notebookos_meta(late.reply(3))["term"] == notebookos_meta(result.reply(1))["term"]
+    seen = group.execute("print(missed)", target=3)
+    assert seen.executor() == 3 and seen.stdout() == "by three\n"
+
+
+def test_a_late_execute_request_does_not_run_the_cell_twice(group: ReplicaGroup):
+    group.execute("runs = []", target=2)
+    result = group.execute("runs.append(1)", target=2, to=[2, 3])
+    msg = group.last_message
+    group.send_copy(msg, 1, "execute_request")
+    late = group.collect(msg["header"]["msg_id"], [1], target=None)
+    assert notebookos_meta(late.reply(1))["role"] == "standby"
+    assert result.executor() == 2
+    assert group.execute("print(len(runs))", target=1).stdout() == "1\n"
+
+
+def test_unpicklable_variable_warns_by_name_and_is_not_synced(group: ReplicaGroup):
+    result = group.execute("import threading\nlock_here = threading.Lock()\nok_value = 5", target=1)
+    assert result.reply(1)["content"]["status"] == "ok"
+    assert "lock_here" in result.stderr()
+    other = group.execute("print(ok_value, 'lock_here' in globals())", target=2)
+    assert other.stdout() == "5 False\n"
+
+
+def test_deletion_replicates(group: ReplicaGroup):
+    group.execute("doomed = 1", target=1)
+    group.execute("del doomed", target=1)
+    assert group.execute("print('doomed' in globals())", target=3).stdout() == "False\n"
