@@ -548,6 +548,7 @@ class ReplicaKernel(IPythonKernel):
                 "term": book.term,
                 "execution_count": book.execution_count,
                 "last_executor": book.last_executor,
+                "checkpoint_count": book.checkpoint_count,
                 "raft_ready": self._raft_ready.is_set(),
                 "has_quorum": self.raft.has_quorum(),
             }

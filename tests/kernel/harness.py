@@ -336,13 +336,14 @@ class ReplicaGroup:
         to: Iterable[int] | None = None,
         metadata: dict | None = None,
         timeout: float = 30.0,
+        allow_stdin: bool = False,
     ) -> ExecuteResult:
         """Run ``code`` the scheduler's way and return every addressed replica's reply.
 
         ``target`` gets execute_request, the others yield_request; ``None``: everyone yields.
         """
         ids = list(self.alive_ids() if to is None else to)
-        msg_id = self.send_execute(code, target, ids, metadata)
+        msg_id = self.send_execute(code, target, ids, metadata, allow_stdin=allow_stdin)
         return self.collect(msg_id, ids, target if target in ids else None, timeout)
 
     def drain_iopub(self) -> None:

@@ -6,11 +6,14 @@ particular executor say so through the target of their execute_request.
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
+import zmq
 from harness import ReplicaGroup
-
+from jupyter_client.session import Session
 from notebookos.kernel.replies import ALL_YIELDED
 
 
@@ -112,3 +115,57 @@ def test_deletion_replicates(group: ReplicaGroup):
     group.execute("doomed = 1", target=1)
     group.execute("del doomed", target=1)
     assert group.execute("print('doomed' in globals())", target=3).stdout() == "False\n"
+
+
+def test_stdin_works_on_the_executor(group: ReplicaGroup):
+    msg_id = group.send_execute("answer = input('who? ')", target=1, allow_stdin=True)
+    client = group.replicas[1].client
+    request = client.get_stdin_msg(timeout=10)
+    assert request["msg_type"] == "input_request" and request["content"]["prompt"] == "who? "
+    client.input("alice")
+    result = group.collect(msg_id, group.alive_ids(), target=1)
+    assert result.reply(1)["content"]["status"] == "ok", result.summary()
+    assert group.execute("print(answer)", target=2).stdout() == "alice\n"
+
+
+def test_interrupt_on_control_stops_the_executor_cell(group: ReplicaGroup):
+    msg_id = group.send_execute("import time\nstarted = 1\ntime.sleep(30)\nfinished = 1", target=2)
+    client = group.replicas[2].client
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait until the cell runs
+        msg = client.get_iopub_msg(timeout=10)
+        if msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
+            break
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    reply = group.control(2, "interrupt_request", {})
+    assert reply["content"]["status"] == "ok"
+    result = group.collect(msg_id, group.alive_ids(), target=2)
+    assert time.monotonic() - t0 < 5
+    assert result.reply(2)["content"]["ename"] == "KeyboardInterrupt"
+    assert notebookos_meta(result.reply(1))["executor_status"] == "error"
+    after = group.execute("print(started, 'finished' in globals())", target=3)
+    assert after.stdout() == "1 False\n"
+
+
+def test_unsigned_and_malformed_messages_are_dropped_without_a_crash(group: ReplicaGroup):
+    replica = group.replicas[1]
+    info = json.loads(replica.connection_file.read_text())
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"tcp://127.0.0.1:{info['shell_port']}")
+    try:
+        sock.send_multipart([b"garbage"])
+        sock.send_multipart([b"<IDS|MSG>", b"not-a-signature", b"{}", b"{}", b"{}", b"{}"])
+        forged = Session(key=b"wrong key", signature_scheme="hmac-sha256")
+        forged.send(sock, forged.msg("execute_request", {"code": "hacked = 1"}))
+        signed = Session(key=group.key.encode(), signature_scheme="hmac-sha256")
+        signed.send(sock, signed.msg("execute_request", {"no_code": True}))
+        signed.send(sock, signed.msg("yield_request", "not a dict"))
+        time.sleep(0.5)
+    finally:
+        sock.close()
+    assert replica.alive
+    result = group.execute("print('hacked' in globals())", target=1)
+    assert result.stdout() == "False\n", result.summary()
