@@ -1,0 +1,106 @@
+"""``notebookos simulate`` and ``notebookos trace`` end to end (in process, on generated traces)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from notebookos.cli import main
+from notebookos.simulator.progress import ProgressBar
+from notebookos.workload.generator import SenseiParams, generate_sensei
+from notebookos.workload.readers import read_trace
+from notebookos.workload.stats import trace_stats
+
+SUMMARY_KEYS = {
+    "policy", "jobs", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s",
+    "interactivity_p50_s", "interactivity_p90_s", "interactivity_p99_s", "immediate_fraction",
+    "executor_reuse_fraction", "migrations", "gpu_hours_provisioned", "gpu_hours_used",
+    "cost_usd", "revenue_usd", "wall_s",
+}
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "sensei.json"
+    assert main(["trace", "generate", "--kind", "sensei", "--hours", "6", "--seed", "3",
+                 "--out", str(path)]) == 0
+    return path
+
+
+def test_generator_is_deterministic_and_calibrated():
+    a = generate_sensei(SenseiParams(hours=200, seed=7))
+    assert a == generate_sensei(SenseiParams(hours=200, seed=7))
+    assert a != generate_sensei(SenseiParams(hours=200, seed=8))
+    durations = sorted(t["duration_in_ticks"] for s in a["sessions"] for t in s["trainings"])
+    median = durations[len(durations) // 2]
+    p75 = durations[int(len(durations) * 0.75)]
+    assert median == 2 and p75 == 5  # minutes: the Sensei CDF's 50th and 75th percentiles
+
+
+def test_stats_report_the_calibration_figures(trace, capsys):
+    stats = trace_stats(read_trace(trace, "template"))
+    assert stats["gap_min"]["min"] >= 4 and stats["gap_min"]["p50"] == pytest.approx(5, abs=1)
+    assert main(["trace", "stats", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "task_duration_min" in out and "Sensei" in out
+
+
+def test_simulate_writes_summary_tasks_timeline_and_plots(trace, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--format", "template", "--cluster", "3x8",
+                 "--policy", "notebookos", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary) and summary["policy"] == "notebookos"
+    with (out / "tasks.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == summary["jobs"] and {"submit_s", "start_s", "end_s", "host"} <= set(rows[0])
+    with (out / "timeline.csv").open() as handle:
+        header = next(csv.reader(handle))
+    assert "subscription_ratio" in header and "gpus_provisioned" in header
+    assert {p.name for p in out.glob("*.png")} == {
+        "cdf_interactivity_tct.png", "gpu_timeline.png", "subscription_migrations.png",
+        "cost.png"}
+
+
+def test_compare_is_deterministic_across_runs(trace, tmp_path):
+    args = ["simulate", "--trace", str(trace), "--format", "template", "--cluster", "3x8",
+            "--compare", "notebookos,reservation,batch,lcp", "--no-plots", "--quiet", "--out"]
+    assert main(args + [str(tmp_path / "a")]) == 0
+    assert main(args + [str(tmp_path / "b")]) == 0
+
+    def strip(path):
+        return [{k: v for k, v in s.items() if k != "wall_s"}
+                for s in json.loads((path / "compare.json").read_text())]
+
+    first = strip(tmp_path / "a")
+    assert first == strip(tmp_path / "b")
+    assert [s["policy"] for s in first] == ["notebookos", "reservation", "batch", "lcp"]
+    assert (tmp_path / "a" / "reservation" / "tasks.csv").read_bytes() == (
+        tmp_path / "b" / "reservation" / "tasks.csv").read_bytes()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--policy", "gandiva"], "unknown policy 'gandiva'"),
+    (["--cluster", "8"], "HOSTSxGPUS"),
+    (["--set", "warp=1"], "expected KEY=VALUE"),
+])
+def test_bad_arguments_get_a_clear_message(trace, capsys, extra, message):
+    assert main(["simulate", "--trace", str(trace), "--format", "template", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_trace_is_an_error_not_a_crash(tmp_path, capsys):
+    assert main(["simulate", "--trace", str(tmp_path / "none.csv"), "--format", "canonical"]) == 2
+    assert "no such trace file" in capsys.readouterr().err
+
+
+def test_progress_bar_is_silent_unless_enabled(capsys):
+    import io
+
+    stream = io.StringIO()
+    ProgressBar("x", stream=stream)(0.5)  # a StringIO is not a TTY
+    assert stream.getvalue() == ""
+    ProgressBar("x", stream=stream, enabled=True)(1.0)
+    assert "100.0%" in stream.getvalue()
