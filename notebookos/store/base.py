@@ -61,9 +61,7 @@ def validate_key(key: str) -> str:
     if len(key) > MAX_KEY_LENGTH:
         raise ValueError(f"store key is {len(key)} characters long; at most {MAX_KEY_LENGTH}")
     if not key.isascii() or not key.isprintable() or any(c.isspace() or c == "\\" for c in key):
-        raise ValueError(
-            f"store key {key!r} must be printable ASCII without spaces or backslashes"
-        )
+        raise ValueError(f"store key {key!r} must be printable ASCII without spaces or backslashes")
     if key.startswith("/"):
         raise ValueError(f"store key {key!r} must not start with '/'")
     for segment in key.split("/"):

@@ -45,7 +45,9 @@ class FileStore(AuthenticatedStore):
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"file store root {str(self.root)!r} cannot be created: {exc}") from exc
+            raise ValueError(
+                f"file store root {str(self.root)!r} cannot be created: {exc}"
+            ) from exc
 
     def path_of(self, key: str) -> Path:
         *dirs, name = validate_key(key).split("/")

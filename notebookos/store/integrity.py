@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 BLOCK_SIZE = 8 * 1024 * 1024
 MAC_SIZE = 32
+HASH_THREADS = 4
 DOMAIN = b"notebookos-store-v1\x00"
 
 
@@ -41,10 +45,17 @@ class ValueMac:
     def update(self, data: bytes | bytearray | memoryview) -> None:
         if self._final is not None:
             raise RuntimeError("ValueMac.update after digest")
+        if self._in_block < 0:
+            raise RuntimeError("ValueMac.update after a short block")
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         self.length += len(view)
+        if self._in_block == 0 and len(view) >= 2 * BLOCK_SIZE:
+            whole = len(view) - len(view) % BLOCK_SIZE
+            for digest in block_digests(view[:whole]):
+                self._add_digest(digest)
+            view = view[whole:]
         while view:
             take = min(len(view), BLOCK_SIZE - self._in_block)
             if take == len(view):
@@ -56,17 +67,32 @@ class ValueMac:
             if self._in_block == BLOCK_SIZE:
                 self._end_block()
 
+    def add_block_digests(self, digests: list[bytes], nbytes: int) -> None:
+        """Feed blocks hashed elsewhere (``block_digests``), e.g. in parallel worker threads.
+
+        Only at a block boundary; every block but the value's last must be full.
+        """
+        if self._in_block:
+            raise RuntimeError("add_block_digests needs the stream to be at a block boundary")
+        for digest in digests:
+            self._add_digest(digest)
+        self.length += nbytes
+        if nbytes % BLOCK_SIZE:
+            self._in_block = -1  # a short block ends the value: no more data may follow
+
     def _end_block(self) -> None:
-        digest = self._block.digest()
-        self._mac.update(digest)
-        if self.block_digests is not None:
-            self.block_digests.append(digest)
+        self._add_digest(self._block.digest())
         self._block = hashlib.sha256()
         self._in_block = 0
 
+    def _add_digest(self, digest: bytes) -> None:
+        self._mac.update(digest)
+        if self.block_digests is not None:
+            self.block_digests.append(digest)
+
     def digest(self) -> bytes:
         if self._final is None:
-            if self._in_block:
+            if self._in_block > 0:
                 self._end_block()
             self._mac.update(self.length.to_bytes(8, "big"))
             self._final = self._mac.digest()
@@ -74,6 +100,37 @@ class ValueMac:
 
     def matches(self, expected: bytes) -> bool:
         return hmac.compare_digest(self.digest(), expected)
+
+
+_hash_pool: ThreadPoolExecutor | None = None
+_hash_pool_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _hash_pool
+    with _hash_pool_lock:
+        if _hash_pool is None:
+            workers = max(1, min(HASH_THREADS, os.cpu_count() or 1))
+            _hash_pool = ThreadPoolExecutor(workers, thread_name_prefix="nbos-hash")
+        return _hash_pool
+
+
+def block_digests(data: bytes | bytearray | memoryview) -> list[bytes]:
+    """SHA-256 of each ``BLOCK_SIZE`` block of ``data`` (a block-aligned piece of a value).
+
+    Several blocks are hashed in parallel threads (hashlib releases the GIL).
+    """
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    offsets = range(0, len(view), BLOCK_SIZE)
+
+    def digest(offset: int) -> bytes:
+        return hashlib.sha256(view[offset : offset + BLOCK_SIZE]).digest()
+
+    if len(offsets) < 2 or threading.current_thread().name.startswith("nbos-hash"):
+        return [digest(offset) for offset in offsets]
+    return list(_pool().map(digest, offsets))
 
 
 def blocks_of(

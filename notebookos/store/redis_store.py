@@ -142,8 +142,8 @@ class RedisStore(AuthenticatedStore):
             raise
         except Exception as exc:
             cleaned = self._discard(gen, count + 1)
-            leftover = "" if cleaned else (
-                f"; its partial chunks expire within {self.pending_ttl} s"
+            leftover = (
+                "" if cleaned else (f"; its partial chunks expire within {self.pending_ttl} s")
             )
             raise self._error(
                 key, f"write to {self._where()} failed, nothing was stored{leftover}: {exc!r}"
@@ -243,7 +243,8 @@ class RedisStore(AuthenticatedStore):
                     yield from (bytes(b) for b in blocks_of(chunks, BLOCK_SIZE))
             except _ChunkGone as gone:
                 raise self._error(
-                    key, f"chunk {gone.index} vanished: the value was overwritten or deleted "
+                    key,
+                    f"chunk {gone.index} vanished: the value was overwritten or deleted "
                     "while it was being streamed",
                 ) from None
 

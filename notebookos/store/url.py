@@ -90,7 +90,8 @@ def open_store(url: str, hmac_key: bytes) -> LargeObjectStore:
     from notebookos.store.s3_store import S3Store
 
     s3_options: dict[str, object] = {
-        name: query[name] for name in ("endpoint_url", "access_key", "secret_key", "region")
+        name: query[name]
+        for name in ("endpoint_url", "access_key", "secret_key", "region")
         if name in query
     }
     if "part_size" in query:

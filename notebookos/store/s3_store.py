@@ -1,0 +1,428 @@
+"""S3 backend (boto3): AWS S3, SeaweedFS, MinIO.
+
+Layout: key ``k`` is the object ``<prefix>/k`` in the bucket. The object's body is the value
+followed by a 64-byte trailer (magic ``NBOSTRL1``, the value's length, its MAC). A trailer rather
+than object metadata lets a streamed put of unknown length write its MAC at the end.
+
+Atomicity: a value of at most ``part_size`` bytes is one ``put_object``; a larger one is a multipart
+upload whose parts go up in parallel (``threads``) and which becomes visible only when
+``complete_multipart_upload`` succeeds. Any failure aborts the upload, so nothing partial is ever
+readable under the key. Reads fetch parts in parallel with ranged GETs pinned to the first
+response's ETag (``If-Match``), so a value replaced mid-read is noticed instead of mixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import struct
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from notebookos.store.base import (
+    CHUNK_SIZE,
+    AuthenticatedStore,
+    KeyNotFound,
+    StoreError,
+    Value,
+    iter_value,
+    validate_key,
+)
+from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE, block_digests, blocks_of
+
+MAGIC = b"NBOSTRL1"
+TRAILER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
+DEFAULT_PART_SIZE = 2 * BLOCK_SIZE
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+class _ViewReader(io.RawIOBase):
+    """A read-only, seekable file over a memoryview, so boto3 can send a slice without a copy."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        size = min(len(buffer), len(self._view) - self._pos)
+        buffer[:size] = self._view[self._pos : self._pos + size]
+        self._pos += size
+        return size
+
+    def read(self, size: int = -1) -> bytes:
+        end = (
+            len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        )
+        data = bytes(self._view[self._pos : end])
+        self._pos = end
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
+class S3Store(AuthenticatedStore):
+    backend = "s3"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        hmac_key: bytes,
+        endpoint_url: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        region: str | None = None,
+        part_size: int = DEFAULT_PART_SIZE,
+        threads: int = 8,
+    ) -> None:
+        super().__init__(hmac_key)
+        if part_size < 5 * 1024 * 1024 or part_size % BLOCK_SIZE:
+            raise ValueError(
+                f"S3 part_size must be a multiple of {BLOCK_SIZE} bytes (and at least 5 MiB)"
+            )
+        if not 1 <= threads <= 64:
+            raise ValueError("S3 threads must be between 1 and 64")
+        if (access_key is None) != (secret_key is None):
+            raise ValueError("give both access_key and secret_key in the S3 URL, or neither")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.part_size = part_size
+        self.threads = threads
+        self.endpoint_url = endpoint_url
+        s3_options: dict[str, Any] = {"payload_signing_enabled": False}
+        if endpoint_url:
+            s3_options["addressing_style"] = "path"
+        config = Config(
+            max_pool_connections=threads + 2,
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=120,
+            s3=s3_options,
+            # Our HMAC covers every byte end to end; S3's own checksums would hash it again.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        session = boto3.session.Session()
+        self._client = session.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name=region or session.region_name or "us-east-1",
+            config=config,
+        )
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="nbos-s3")
+
+    def object_key(self, key: str) -> str:
+        key = validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _where(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix} at {self.endpoint_url or 'AWS'}"
+
+    def _failure(self, key: str, action: str, exc: BaseException) -> StoreError:
+        code = _error_code(exc)
+        if code == "NoSuchBucket":
+            return self._error(
+                key, f"{action}: bucket {self.bucket!r} does not exist ({self._where()})"
+            )
+        return self._error(key, f"{action} on {self._where()} failed: {exc!r}")
+
+    # -- writes ---------------------------------------------------------------------------
+    def put(self, key: str, value: Value) -> None:
+        object_key = self.object_key(key)
+        parts = blocks_of(iter_value(value, self.part_size), self.part_size)
+        mac = self._new_mac(key)
+        try:
+            first = next(parts, b"")
+            second = next(parts, None)
+        except TypeError:
+            raise
+        except Exception as exc:
+            raise self._error(
+                key, f"reading the value failed, nothing was stored: {exc!r}"
+            ) from exc
+        if second is None:  # small: one atomic put_object
+            mac.update(first)
+            body = bytes(first) + TRAILER.pack(MAGIC, mac.length, mac.digest())
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=object_key, Body=body)
+            except Exception as exc:
+                raise self._failure(key, "put (nothing was stored)", exc) from exc
+            return
+        self._put_multipart(key, object_key, mac, _chain(first, second, parts))
+
+    def _put_multipart(self, key: str, object_key: str, mac: Any, parts: Iterator[Any]) -> None:
+        try:
+            upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=object_key)[
+                "UploadId"
+            ]
+        except Exception as exc:
+            raise self._failure(key, "put (nothing was stored)", exc) from exc
+        in_flight: deque[Future] = deque()
+        done: list[dict[str, Any]] = []
+        try:
+            number = 0
+            pending = next(parts, None)
+            while pending is not None:
+                following = next(parts, None)
+                number += 1
+                if following is None:
+                    # The last part carries the trailer, whose MAC needs every earlier part's
+                    # digests first: settle them, then send it.
+                    while in_flight:
+                        done.append(self._settle(in_flight.popleft(), mac))
+                    mac.add_block_digests(block_digests(pending), len(pending))
+                    last = bytes(pending) + TRAILER.pack(MAGIC, mac.length, mac.digest())
+                    part, _, _ = self._upload_part(object_key, upload_id, number, last, False)
+                    done.append(part)
+                else:
+                    in_flight.append(
+                        self._pool.submit(
+                            self._upload_part, object_key, upload_id, number, pending, True
+                        )
+                    )
+                    while len(in_flight) > self.threads:
+                        done.append(self._settle(in_flight.popleft(), mac))
+                pending = following
+            self._client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=object_key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": sorted(done, key=lambda part: part["PartNumber"])},
+            )
+        except BaseException as exc:
+            for future in in_flight:
+                future.cancel()
+            with contextlib.suppress(Exception):
+                self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=object_key, UploadId=upload_id
+                )
+            if isinstance(exc, TypeError | KeyboardInterrupt):
+                raise
+            if isinstance(exc, Exception):
+                raise self._failure(
+                    key, "multipart put (aborted, nothing was stored)", exc
+                ) from exc
+            raise
+
+    def _upload_part(
+        self, object_key: str, upload_id: str, number: int, piece: Any, hash_it: bool
+    ) -> tuple[dict[str, Any], list[bytes] | None, int]:
+        digests = block_digests(piece) if hash_it else None
+        body = piece if isinstance(piece, bytes | bytearray) else _ViewReader(memoryview(piece))
+        response = self._client.upload_part(
+            Bucket=self.bucket, Key=object_key, UploadId=upload_id, PartNumber=number, Body=body
+        )
+        return {"PartNumber": number, "ETag": response["ETag"]}, digests, len(piece)
+
+    @staticmethod
+    def _settle(future: Future, mac: Any) -> dict[str, Any]:
+        part, digests, size = future.result()
+        if digests is not None:
+            mac.add_block_digests(digests, size)
+        return part
+
+    # -- reads ----------------------------------------------------------------------------
+    def exists(self, key: str) -> bool:
+        object_key = self.object_key(key)
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=object_key)
+            return True
+        except Exception as exc:
+            if _error_code(exc) in _MISSING:
+                return False
+            raise self._failure(key, "exists", exc) from exc
+
+    def delete(self, key: str) -> None:
+        object_key = self.object_key(key)
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=object_key)
+        except Exception as exc:
+            if _error_code(exc) in _MISSING:
+                return
+            raise self._failure(key, "delete", exc) from exc
+
+    def _ranged(self, key: str, object_key: str, start: int, end: int, etag: str | None) -> dict:
+        extra = {"IfMatch": etag} if etag else {}
+        try:
+            return self._client.get_object(
+                Bucket=self.bucket, Key=object_key, Range=f"bytes={start}-{end - 1}", **extra
+            )
+        except Exception as exc:
+            code = _error_code(exc)
+            if code in _MISSING:
+                raise KeyNotFound(self.backend, key) from None
+            if code in ("PreconditionFailed", "412"):
+                raise _Replaced() from None
+            raise self._failure(key, "get", exc) from exc
+
+    def _read_range(self, key: str, object_key: str, start: int, end: int, etag: str) -> bytes:
+        response = self._ranged(key, object_key, start, end, etag)
+        try:
+            data = response["Body"].read()
+        except Exception as exc:
+            raise self._failure(key, "get", exc) from exc
+        if len(data) != end - start:
+            raise self._integrity_error(key, f"short read: {len(data)} of {end - start} bytes")
+        return data
+
+    def _head(self, key: str) -> tuple[str, int, bytes, int, bytes]:
+        """First ranged GET: (etag, value length, mac, object size, the bytes it brought)."""
+        object_key = self.object_key(key)
+        response = self._ranged(key, object_key, 0, self.part_size, None)
+        try:
+            head = response["Body"].read()
+        except Exception as exc:
+            raise self._failure(key, "get", exc) from exc
+        etag = response["ETag"]
+        total = _total_size(response, len(head))
+        if total < TRAILER.size:
+            raise self._integrity_error(key, "object is shorter than its trailer (truncated)")
+        if total <= len(head):
+            trailer = head[total - TRAILER.size : total]
+        else:
+            trailer = self._read_range(key, object_key, total - TRAILER.size, total, etag)
+        magic, length, mac = TRAILER.unpack(trailer)
+        if magic != MAGIC:
+            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
+        if length != total - TRAILER.size:
+            raise self._integrity_error(
+                key, f"object holds {total - TRAILER.size} value bytes, trailer says {length}"
+            )
+        return etag, length, mac, total, head
+
+    def get(self, key: str) -> bytes:
+        for _attempt in range(3):
+            try:
+                return self._get_once(key)
+            except _Replaced:
+                continue
+        raise self._error(key, "value kept changing while being read (3 attempts)")
+
+    def _get_once(self, key: str) -> bytes:
+        """One plain GET: on a busy host one stream beats parallel ranges; hashing is parallel."""
+        object_key = self.object_key(key)
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=object_key)
+        except Exception as exc:
+            if _error_code(exc) in _MISSING:
+                raise KeyNotFound(self.backend, key) from None
+            raise self._failure(key, "get", exc) from exc
+        total = int(response["ContentLength"])
+        if total < TRAILER.size:
+            raise self._integrity_error(key, "object is shorter than its trailer (truncated)")
+        body = response["Body"]
+        try:
+            value = body.read(total - TRAILER.size)
+            trailer = body.read()
+        except Exception as exc:
+            raise self._failure(key, "get", exc) from exc
+        finally:
+            body.close()
+        if len(value) + len(trailer) != total or len(trailer) != TRAILER.size:
+            raise self._integrity_error(key, "object ended early (truncated)")
+        magic, length, expected = TRAILER.unpack(trailer)
+        if magic != MAGIC:
+            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
+        if length != len(value):
+            raise self._integrity_error(
+                key, f"object holds {len(value)} value bytes, trailer says {length}"
+            )
+        mac = self._new_mac(key)
+        mac.update(value)
+        self._check_mac(key, mac, expected)
+        return value
+
+    def _fetch_part(
+        self, key: str, object_key: str, start: int, end: int, etag: str
+    ) -> tuple[bytes, list[bytes]]:
+        data = self._read_range(key, object_key, start, end, etag)
+        return data, block_digests(data)
+
+    def get_stream(self, key: str) -> Iterator[bytes]:
+        etag, length, expected, _total, head = self._head(key)
+        if length <= CHUNK_SIZE:
+            return iter((self.get(key),))
+        object_key = self.object_key(key)
+
+        def read_blocks() -> Iterator[bytes]:
+            try:
+                yield from self._prefetch(
+                    lambda start: self._read_range(
+                        key, object_key, start, min(start + BLOCK_SIZE, length), etag
+                    ),
+                    range(0, length, BLOCK_SIZE),
+                )
+            except _Replaced:
+                raise self._error(
+                    key, "the value was overwritten while it was being streamed"
+                ) from None
+
+        return self._verified_stream(key, expected, read_blocks)
+
+    def _prefetch(self, fetch: Callable[[int], bytes], starts: range) -> Iterator[bytes]:
+        window: deque[Future] = deque()
+        pending = iter(starts)
+        try:
+            for start in pending:
+                window.append(self._pool.submit(fetch, start))
+                if len(window) >= self.threads:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        finally:
+            for future in window:
+                future.cancel()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(Exception):
+            self._client.close()
+
+
+class _Replaced(Exception):
+    """The object's ETag changed between two ranged GETs of one read."""
+
+
+def _chain(first: Any, second: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield second
+    yield from rest
+
+
+def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _total_size(response: dict, received: int) -> int:
+    content_range = response.get("ContentRange") or ""
+    if "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        if total.isdigit():
+            return int(total)
+    return received  # no Content-Range: the server sent the whole object
