@@ -24,6 +24,7 @@ Rules (issue 3):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -209,6 +210,7 @@ class VoteChoice:
 
 def choose_vote(
     election: Election,
+    members: Iterable[int],
     expected: set[int],
     last_executor: int | None,
     now: float,
@@ -219,7 +221,10 @@ def choose_vote(
 ) -> VoteChoice:
     """Whether this replica should vote now, and for whom.
 
-    ``expected`` are the replicas whose proposals are worth waiting for (members believed alive);
+    ``members`` are all current members; ``expected`` those whose proposals are worth waiting for
+    before choosing among LEADs (members believed alive). Failing for want of a LEAD needs a YIELD
+    from every member, or ``no_lead_timeout``: a member that merely looks unreachable may still
+    be the one that got execute_request.
     the times are this replica's monotonic clock when it saw the first committed LEAD/proposal.
     """
     if election.phase is not Phase.PROPOSING:
@@ -235,8 +240,8 @@ def choose_vote(
         if last_executor is not None and last_executor in election.leads:
             return VoteChoice(ready=True, candidate=last_executor)
         return VoteChoice(ready=True, candidate=election.leads[0])
-    if all_in and election.proposals:
-        return VoteChoice(ready=True, candidate=None)
+    if election.proposals and set(members).issubset(election.proposals.keys()):
+        return VoteChoice(ready=True, candidate=None)  # every member yielded
     if first_proposal_at is not None and now - first_proposal_at >= no_lead_timeout:
         return VoteChoice(ready=True, candidate=None)
     return VoteChoice(ready=False)

@@ -149,6 +149,12 @@ class RaftLog:
             address, callback=lambda _r, err: on_done(err == FAIL_REASON.SUCCESS, _fail_name(err))
         )
 
+    def raft_members(self) -> set[str]:
+        """The addresses pysyncobj currently counts in the cluster (self included)."""
+        prefix = "partner_node_status_server_"
+        status = self._sync.getStatus()
+        return {k[len(prefix):] for k in status if k.startswith(prefix)} | {self.self_address}
+
     def status(self) -> dict:
         return dict(self._sync.getStatus())
 

@@ -275,7 +275,7 @@ class ReplicaKernel(IPythonKernel):
                 if expected is None:
                     expected = self._expected_proposers()
                 choice = choose_vote(
-                    election, expected, last_executor, now,
+                    election, members, expected, last_executor, now,
                     self._first_lead_at.get(eid), self._first_proposal_at.get(eid),
                     self.election_timeout, self.no_lead_timeout,
                 )
@@ -515,20 +515,7 @@ class ReplicaKernel(IPythonKernel):
         if not add:
             with self.raft.lock:
                 address = self.raft.book.members.get(replica_id, address)
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def finished(ok: bool, reason: str) -> None:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result((ok, reason)))
-
-        if add:
-            self.raft.add_node(address, finished)
-        else:
-            self.raft.remove_node(address, finished)
-        try:
-            ok, reason = await asyncio.wait_for(done, 15.0)
-        except TimeoutError:
-            ok, reason = False, "timed out waiting for the membership change to commit"
+        ok, reason = await self._change_raft_membership(address, add)
         if ok:
             record = MemberAdded(replica_id, address) if add else MemberRemoved(replica_id)
             self.raft.propose(record)
@@ -537,6 +524,36 @@ class ReplicaKernel(IPythonKernel):
             content = {"status": "error", "ename": "NotebookOSMembershipChangeFailed",
                        "evalue": reason, "traceback": []}
         self.session.send(stream, msg_type, content, parent, ident=ident)
+
+    async def _change_raft_membership(self, address: str, add: bool) -> tuple[bool, str]:
+        """Ask Raft for the change, retrying while the group elects a new Raft leader."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + 20.0
+        ok, reason = False, "timed out waiting for the membership change to commit"
+        while time.monotonic() < deadline:
+            done = loop.create_future()
+
+            def finished(success: bool, why: str, done=done) -> None:
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result((success, why)))
+
+            if add:
+                self.raft.add_node(address, finished)
+            else:
+                self.raft.remove_node(address, finished)
+            try:
+                ok, reason = await asyncio.wait_for(done, max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                return False, "timed out waiting for the membership change to commit"
+            if ok:
+                return ok, reason
+            # a retry after LEADER_CHANGED may find the first attempt committed after all
+            if (address in self.raft.raft_members()) == add:
+                return True, "already applied"
+            if reason not in ("LEADER_CHANGED", "MISSING_LEADER", "NOT_LEADER", "DISCARDED",
+                              "REQUEST_DENIED"):  # denied: another change is still in flight
+                return ok, reason
+            await asyncio.sleep(0.2)
+        return ok, reason
 
     async def replica_status_request(self, stream, ident, parent) -> None:
         with self.raft.lock:

@@ -124,6 +124,7 @@ class ReplicaGroup:
         extra_args: Iterable[str] = (),
     ) -> None:
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
         self.store_url = store_url
         self.kernel_id = kernel_id or f"k-{uuid.uuid4().hex[:8]}"
         self.key = key or uuid.uuid4().hex

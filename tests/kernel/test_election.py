@@ -31,7 +31,8 @@ def book_with(*records) -> ElectionBook:
 
 def vote_now(book: ElectionBook, eid: str, expected=frozenset({1, 2, 3}), now=0.0,
              lead_at=None, first_at=None):
-    return choose_vote(book.get(eid), set(expected), book.last_executor, now, lead_at, first_at,
+    return choose_vote(book.get(eid), book.members, set(expected), book.last_executor, now,
+                       lead_at, first_at,
                        lead_timeout=0.2, no_lead_timeout=1.0)
 
 
@@ -71,10 +72,12 @@ def test_a_vote_committed_before_the_sticky_lead_still_decides():
     assert book.get("m2").executor == 1 and book.last_executor == 1
 
 
-@pytest.mark.parametrize("expected,now,ready", [({1, 2, 3}, 0.0, True), ({1, 2, 3, 4}, 0.5, False),
-                                                ({1, 2, 3, 4}, 1.5, True)])
-def test_all_yield_fails(expected, now, ready):
-    book = book_with(*(Proposal("m1", r, YIELD) for r in (1, 2, 3)))
+@pytest.mark.parametrize("yielders,now,ready", [((1, 2, 3), 0.0, True), ((1, 2), 0.5, False),
+                                                ((1, 2), 1.5, True)])
+def test_all_yield_fails(yielders, now, ready):
+    # replica 3 may be unreachable, yet it is waited for: it may be the one with execute_request
+    book = book_with(*(Proposal("m1", r, YIELD) for r in yielders))
+    expected = {1, 2}
     choice = vote_now(book, "m1", expected=expected, now=now, first_at=0.0)
     assert choice.ready is ready
     if ready:

@@ -1,0 +1,100 @@
+"""Replica failures on real processes: SIGKILL between and mid-cell, replacement, full rebuild.
+
+Each test owns its group (the failures are destructive); a group starts in about 1.5 s.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from harness import ReplicaGroup
+from notebookos.kernel.replies import EXECUTOR_FAILED
+
+
+@pytest.fixture
+def group(tmp_path: Path):
+    replicas = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
+    try:
+        replicas.start()
+        yield replicas
+    finally:
+        replicas.stop()
+
+
+def test_executor_killed_between_cells(group: ReplicaGroup):
+    first = group.execute("import numpy as np\nstate = {'a': 1}\narr = np.arange(10)", target=1)
+    count = first.executor_reply()["content"]["execution_count"]
+    group.kill(1)
+    t0 = time.monotonic()
+    result = group.execute("state['b'] = 2\nprint(sorted(state), int(arr.sum()))", target=2)
+    failover = time.monotonic() - t0
+    assert result.executor() == 2, result.summary()
+    assert result.stdout() == "['a', 'b'] 45\n"
+    assert result.executor_reply()["content"]["execution_count"] == count + 1
+    assert failover < 5.0
+    again = group.execute("print(state)", target=3)
+    assert again.stdout() == "{'a': 1, 'b': 2}\n"
+    assert again.executor_reply()["content"]["execution_count"] == count + 2
+
+
+def test_executor_killed_mid_cell_fails_the_cell_and_keeps_the_previous_namespace(
+    group: ReplicaGroup,
+):
+    group.execute("value = 'before'", target=1)
+    msg_id = group.send_execute("value = 'during'\nimport time\ntime.sleep(60)", target=1)
+    client = group.replicas[1].client
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=10)
+        if msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
+            break
+    time.sleep(0.3)
+    group.kill(1)
+    result = group.collect(msg_id, [2, 3], target=None, timeout=20)
+    for rid in (2, 3):
+        content = result.reply(rid)["content"]
+        assert content["status"] == "error" and content["ename"] == EXECUTOR_FAILED
+        assert "replica 1" in content["evalue"] and "last completed cell" in content["evalue"]
+    after = group.execute("print(value)", target=2)
+    assert after.executor() == 2 and after.stdout() == "before\n"
+
+
+def test_replacement_replica_catches_up_and_can_execute(group: ReplicaGroup):
+    group.execute("import numpy as np\nbig = np.ones(300_000)\nsmall = [1, 2, 3]", target=1)
+    group.execute("small.append(4)\ndef twice(v):\n    return 2 * v", target=2)
+    group.kill(3)
+    removed = group.remove(3, via=1)
+    assert removed["content"]["status"] == "ok", removed["content"]
+    replacement = group.add_replacement(via=1)
+    rid = replacement.replica_id
+    result = group.execute("print(small, twice(int(big.sum())))", target=rid)
+    assert result.executor() == rid, result.summary()
+    assert result.stdout() == "[1, 2, 3, 4] 600000\n"
+    status = group.status()
+    assert set(status[1]["members"]) == {"1", "2", str(rid)}
+
+
+def test_all_replicas_killed_kernel_rebuilt_from_checkpoint(tmp_path: Path):
+    store_url = f"file://{tmp_path}/store"
+    first = ReplicaGroup(tmp_path / "a", store_url=store_url)
+    try:
+        first.start()
+        first.execute("import numpy as np\nweights = np.arange(5.0)\nnote = 'kept'", target=1)
+        last = first.execute("note += '!'", target=2)
+        count = last.executor_reply()["content"]["execution_count"]
+        first.wait_status(lambda s: all(x["checkpoint_count"] == count for x in s.values()))
+        for rid in (1, 2, 3):
+            first.kill(rid)
+    finally:
+        first.stop()
+    second = ReplicaGroup(tmp_path / "b", store_url=store_url, kernel_id=first.kernel_id,
+                          key=first.key)
+    try:
+        second.start("--restore-from-checkpoint")
+        result = second.execute("print(note, weights.tolist())", target=3)
+        assert result.stdout() == "kept! [0.0, 1.0, 2.0, 3.0, 4.0]\n", result.summary()
+        assert result.executor_reply()["content"]["execution_count"] == count + 1
+    finally:
+        second.stop()
