@@ -135,8 +135,9 @@ class SyncEntry:
         def bad(why: str) -> ValueError:
             return ValueError(f"malformed sync entry for {self.name!r}: {why}")
 
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"malformed sync entry: name {self.name!r} is not an identifier")
+        if not isinstance(self.name, str) or not self.name:
+            # Not necessarily an identifier: globals()["a-b"] = 1 is a legal namespace key.
+            raise ValueError(f"malformed sync entry: name {self.name!r} is not a non-empty str")
         if self.kind not in KINDS:
             raise bad(f"unknown kind {self.kind!r}")
         if not isinstance(self.digest, str) or not isinstance(self.size, int):
@@ -302,14 +303,15 @@ class SyncState:
 # ---------------------------------------------------------------------------- serialisation
 
 
-def _serialise_tensor(tensor: Any) -> bytes:
+def _serialise_tensor(tensor: Any) -> memoryview:
+    """``torch.save`` bytes, as a view of the buffer (no copy of a large tensor's bytes)."""
     torch = _torch()
     assert torch is not None
     if tensor._base is not None:  # a view: save only its elements, not the whole base storage
         tensor = tensor.detach().clone().requires_grad_(tensor.requires_grad)
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
-    return buffer.getvalue()
+    return buffer.getbuffer()
 
 
 def _deserialise_tensor(blob: bytes) -> Any:
@@ -478,7 +480,8 @@ class StateEncoder:
             names = set(namespace) | set(self.state.entries)
         else:
             names = set(effects.bound | effects.deleted | effects.mutated)
-            names |= _names_reached_by_calls(namespace, effects.called)
+            # Functions passed as arguments (map(step, xs)) may be called too.
+            names |= _names_reached_by_calls(namespace, effects.called | effects.mutated)
         return sorted(n for n in names if not is_internal_name(n))
 
     def encode(self, namespace: Mapping[str, Any], effects: CellEffects) -> SyncUpdate:
@@ -559,13 +562,13 @@ class StateEncoder:
             return token, record
         blob = _serialise_tensor(tensor)
         digest = _sha256(blob)
-        if len(blob) > TENSOR_INLINE_LIMIT:
+        if blob.nbytes > TENSOR_INLINE_LIMIT:
             key = object_key(self.kernel_id, digest)
             if key not in self._known_objects:
                 uploads[key] = blob
             state.remember(token, tensor, digest, None, key)
         else:
-            state.remember(token, tensor, digest, blob, None)
+            state.remember(token, tensor, digest, bytes(blob), None)
         return token, state.record(token)  # type: ignore[return-value]
 
     def _upload(self, uploads: Mapping[str, bytes | memoryview]) -> None:

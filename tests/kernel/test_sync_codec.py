@@ -112,7 +112,10 @@ SYNC_FORMS = [
     ("passed_to_function", "data = []\ndef fill(x):\n    x.extend([1, 2])", "fill(data)", ["data"]),
     ("mutated_through_called_function", "out = []\ndef step():\n    out.append(len(out))",
      "step()", ["out"]),
+    ("function_passed_as_argument", "seen = []\ndef visit(v):\n    seen.append(v)",
+     "list(map(visit, [1, 2]))", ["seen"]),
     ("star_import_rescan", "", "from string import *", ["ascii_letters", "digits"]),
+    ("globals_store_rescan", "", "globals()['odd-name'] = 5", ["odd-name"]),
 ]
 
 
