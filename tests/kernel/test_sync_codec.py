@@ -468,3 +468,30 @@ def test_encode_buffer_helpers_accept_memoryview_records(pair: Pair) -> None:
     update = pair.run("x = [1, 2]")
     assert SyncUpdate.from_bytes(memoryview(update.to_bytes())).entries[0].name == "x"
     assert SyncUpdate.from_bytes(bytearray(io.BytesIO(update.to_bytes()).getvalue())).entries
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_record_bytes_are_rejected_cleanly(tail: bytes) -> None:
+    for data in (tail, b"NBSYNC\x01" + tail):
+        try:
+            SyncUpdate.from_bytes(data)
+        except ValueError:
+            pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.sampled_from(["v", "e", "w"]),
+                       st.one_of(st.integers(), st.lists(st.dictionaries(
+                           st.sampled_from(list("nkdpszmt")),
+                           st.one_of(st.none(), st.integers(), st.text(max_size=5),
+                                     st.binary(max_size=5), st.dictionaries(st.text(max_size=3),
+                                                                            st.integers())),
+                       ), max_size=3), st.text(max_size=5))))
+def test_structurally_wrong_records_are_rejected_cleanly(plain: dict) -> None:
+    try:
+        update = SyncUpdate.from_bytes(b"NBSYNC\x01" + pickle.dumps(plain))
+    except ValueError:
+        return
+    for entry in update.entries:  # whatever decodes is well-formed
+        entry.validate()
