@@ -63,7 +63,9 @@ class S3Server:
             f"-volume.port={ports['volume']}", f"-volume.port.grpc={grpc_ports['volume']}",
             f"-filer.port={ports['filer']}", f"-filer.port.grpc={grpc_ports['filer']}",
             f"-s3.port={self.s3_port}", f"-s3.port.grpc={grpc_ports['s3']}",
-            f"-s3.config={config}", "-volume.max=0", "-master.volumeSizeLimitMB=1024",
+            f"-s3.config={config}", "-master.volumeSizeLimitMB=1024",
+            # every bucket is a collection that grows its own volumes: allow many buckets
+            "-volume.max=1000",
             # side services with fixed default ports would collide between two servers
             "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip

@@ -1,0 +1,310 @@
+"""The large-object store against its real backends: a directory, a live Redis, a live S3 server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from notebookos.store import (
+    CHUNK_SIZE,
+    IntegrityError,
+    KeyNotFound,
+    LargeObjectStore,
+    StoreError,
+    open_store,
+    validate_key,
+)
+from notebookos.store.integrity import BLOCK_SIZE
+
+HMAC_KEY = b"test-kernel-hmac-key"
+BACKENDS = ["file", "redis", "s3"]
+
+
+@pytest.fixture
+def redis_store_url(redis_url: str) -> Iterator[str]:
+    prefix = f"nbos-test-{uuid.uuid4().hex[:8]}"
+    yield f"{redis_url}?prefix={prefix}"
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def _url(backend: str, request: pytest.FixtureRequest, tmp_path) -> str:
+    if backend == "file":
+        return f"file://{tmp_path}/store"
+    if backend == "redis":
+        return request.getfixturevalue("redis_store_url")
+    return request.getfixturevalue("s3_store_url")
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[LargeObjectStore]:
+    opened = open_store(_url(request.param, request, tmp_path), HMAC_KEY)
+    yield opened
+    opened.close()
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic, non-repeating bytes (so misplaced chunks cannot compare equal)."""
+    return hashlib.shake_256(f"{seed}:{size}".encode()).digest(size) if size else b""
+
+
+SIZES = [0, 1, 1000, BLOCK_SIZE - 1, BLOCK_SIZE, BLOCK_SIZE + 1, 3 * BLOCK_SIZE + 7]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_round_trip_bytes(store: LargeObjectStore, size: int) -> None:
+    data = payload(size)
+    key = f"kernel-{size}/objects/{hashlib.sha256(data).hexdigest()}"
+    assert not store.exists(key)
+    store.put(key, data)
+    assert store.exists(key)
+    assert store.get(key) == data
+    assert b"".join(store.get_stream(key)) == data
+
+
+def test_round_trip_bigger_than_chunk_size_streams(store: LargeObjectStore) -> None:
+    data = payload(CHUNK_SIZE + BLOCK_SIZE + 3)
+    pieces = [data[i : i + 5_000_001] for i in range(0, len(data), 5_000_001)]
+    store.put("k/objects/big", iter(pieces))  # a generator of odd-sized chunks
+    assert store.get("k/objects/big") == data
+    chunks = list(store.get_stream("k/objects/big"))
+    assert len(chunks) > 1 and all(len(c) <= CHUNK_SIZE for c in chunks)
+    assert b"".join(chunks) == data
+
+
+def test_iterable_and_buffer_inputs(store: LargeObjectStore) -> None:
+    store.put("k/a", [b"ab", b"", bytearray(b"cd"), memoryview(b"ef")])
+    assert store.get("k/a") == b"abcdef"
+    store.put("k/b", bytearray(b"xyz"))
+    assert store.get("k/b") == b"xyz"
+    with pytest.raises(TypeError):
+        store.put("k/c", "text is not bytes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        store.put("k/c", [b"ok", 5])  # type: ignore[list-item]
+    assert not store.exists("k/c")
+
+
+def test_overwrite_and_delete(store: LargeObjectStore) -> None:
+    store.put("k/x", payload(2 * BLOCK_SIZE + 1, seed=1))
+    store.put("k/x", b"short")
+    assert store.get("k/x") == b"short"
+    store.delete("k/x")
+    assert not store.exists("k/x")
+    store.delete("k/x")  # deleting a missing key is fine
+    with pytest.raises(KeyNotFound):
+        store.get("k/x")
+
+
+def test_missing_key_names_backend_and_key(store: LargeObjectStore) -> None:
+    with pytest.raises(KeyNotFound) as caught:
+        store.get("nobody/objects/missing")
+    assert caught.value.backend == store.backend
+    assert store.backend in str(caught.value) and "nobody/objects/missing" in str(caught.value)
+    with pytest.raises(KeyError):  # KeyNotFound is also a KeyError
+        store.get_stream("nobody/objects/missing")
+    assert not store.exists("nobody/objects/missing")
+
+
+def test_wrong_hmac_key_is_refused(store: LargeObjectStore, request, tmp_path) -> None:
+    store.put("k/v", b"secret state")
+    backend = request.node.callspec.params["store"]
+    other = open_store(_url(backend, request, tmp_path), b"another kernel's key")
+    try:
+        with pytest.raises(IntegrityError, match="HMAC"):
+            other.get("k/v")
+    finally:
+        other.close()
+
+
+def test_value_cannot_move_to_another_key(store: LargeObjectStore, tmp_path) -> None:
+    """The MAC binds the key: a value copied under another key does not verify."""
+    store.put("k/one", b"value one")
+    tamper_copy(store, "k/one", "k/two")
+    with pytest.raises(IntegrityError):
+        store.get("k/two")
+
+
+@pytest.mark.parametrize("size", [100, CHUNK_SIZE + BLOCK_SIZE])
+def test_tampered_value_is_refused_before_any_byte(store: LargeObjectStore, size: int) -> None:
+    store.put("k/t", payload(size, seed=2))
+    flip_byte(store, "k/t", offset=size - 50)
+    with pytest.raises(IntegrityError) as caught:
+        store.get("k/t")
+    assert store.backend in str(caught.value) and "k/t" in str(caught.value)
+    with pytest.raises(IntegrityError):
+        store.get_stream("k/t")  # refused before the first chunk is handed out
+
+
+def test_truncated_value_is_refused(store: LargeObjectStore) -> None:
+    store.put("k/t", payload(3 * BLOCK_SIZE, seed=3))
+    truncate(store, "k/t")
+    with pytest.raises(IntegrityError):
+        store.get("k/t")
+
+
+@pytest.mark.parametrize(
+    "key", ["", "/abs", "a/../b", "..", "a//b", "a/./b", "sp ace", "tab\tkey", "é", "a/", "a\\b"]
+)
+def test_bad_keys_are_rejected(store: LargeObjectStore, key: str) -> None:
+    with pytest.raises(ValueError, match="key"):
+        store.put(key, b"x")
+    with pytest.raises(ValueError, match="key"):
+        store.get(key)
+
+
+def test_validate_key_accepts_object_keys() -> None:
+    key = f"kernel-1234/objects/{'ab' * 32}"
+    assert validate_key(key) == key
+    with pytest.raises(TypeError):
+        validate_key(b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at most"):
+        validate_key("a" * 1000)
+
+
+@pytest.mark.parametrize(
+    "url, fragment",
+    [
+        ("ftp://host/x", "unknown scheme"),
+        ("file://relative/path", "three slashes"),
+        ("file:///tmp/x?fsync=maybe", "not a boolean"),
+        ("file:///tmp/x?colour=blue", "unknown option"),
+        ("redis:///0", "needs a host"),
+        ("redis://127.0.0.1:6379/0?chunk_size=lots", "not a size"),
+        ("s3:///prefix", "s3://bucket/prefix"),
+        ("s3://bucket/p?part_size=1MiB", "part_size"),
+        ("s3://bucket/p?access_key=a", "both access_key and secret_key"),
+    ],
+)
+def test_bad_urls_say_what_is_allowed(url: str, fragment: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        open_store(url, HMAC_KEY)
+    assert fragment in str(caught.value)
+    assert url in str(caught.value) or "part_size" in fragment or "access_key" in fragment
+
+
+def test_hmac_key_is_required(tmp_path) -> None:
+    with pytest.raises(ValueError, match="hmac_key"):
+        open_store(f"file://{tmp_path}", b"")
+    with pytest.raises(TypeError, match="hmac_key"):
+        open_store(f"file://{tmp_path}", "str key")  # type: ignore[arg-type]
+
+
+def test_file_layout_and_fsync_option(tmp_path) -> None:
+    store = open_store(f"file://{tmp_path}?fsync=1", HMAC_KEY)
+    store.put("a", b"1")
+    store.put("a/b", b"2")  # 'a' as a value and as a directory do not collide
+    assert (store.get("a"), store.get("a/b")) == (b"1", b"2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.d", "a.v"]
+
+
+def test_s3_credentials_in_url(s3_server) -> None:
+    bucket = s3_server.new_bucket()
+    store = open_store(s3_server.store_url(bucket, credentials=True), HMAC_KEY)
+    store.put("k/v", b"value")
+    assert store.get("k/v") == b"value"
+    wrong = s3_server.store_url(bucket, credentials=True).replace("notebookos-secret", "wrong")
+    with pytest.raises(StoreError, match="s3 store, key 'k/v'"):
+        open_store(wrong, HMAC_KEY).get("k/v")
+
+
+def test_redis_overwrite_leaves_no_old_chunks(redis_store_url: str) -> None:
+    store = open_store(redis_store_url, HMAC_KEY)
+    store.put("k/v", payload(3 * BLOCK_SIZE, seed=4))
+    store.put("k/v", payload(2 * BLOCK_SIZE, seed=5))
+    client = store._client  # type: ignore[attr-defined]
+    chunks = list(client.scan_iter(f"{store.prefix}:c:*"))  # type: ignore[attr-defined]
+    assert len(chunks) == 2
+    assert all(client.ttl(c) == -1 for c in chunks)  # published chunks do not expire
+    store.delete("k/v")
+    assert not list(client.scan_iter(f"{store.prefix}:*"))  # type: ignore[attr-defined]
+
+
+# -- tampering with each backend's representation ------------------------------------------------
+def flip_byte(store: LargeObjectStore, key: str, offset: int) -> None:
+    if store.backend == "file":
+        path = store.path_of(key)  # type: ignore[attr-defined]
+        with open(path, "r+b") as f:
+            f.seek(64 + offset)
+            byte = f.read(1)
+            f.seek(64 + offset)
+            f.write(bytes([byte[0] ^ 1]))
+    elif store.backend == "redis":
+        client = store._client  # type: ignore[attr-defined]
+        manifest = client.hgetall(store.manifest_key(key))  # type: ignore[attr-defined]
+        size = int(manifest[b"chunk_size"])
+        chunk_key = store.chunk_key(manifest[b"gen"].decode(), offset // size)  # type: ignore[attr-defined]
+        chunk = bytearray(client.get(chunk_key))
+        chunk[offset % size] ^= 1
+        client.set(chunk_key, bytes(chunk))
+    else:
+        s3 = store._client  # type: ignore[attr-defined]
+        object_key = store.object_key(key)  # type: ignore[attr-defined]
+        body = bytearray(s3.get_object(Bucket=store.bucket, Key=object_key)["Body"].read())  # type: ignore[attr-defined]
+        body[offset] ^= 1
+        s3.put_object(Bucket=store.bucket, Key=object_key, Body=bytes(body))  # type: ignore[attr-defined]
+
+
+def truncate(store: LargeObjectStore, key: str) -> None:
+    if store.backend == "file":
+        path = store.path_of(key)  # type: ignore[attr-defined]
+        os.truncate(path, path.stat().st_size - 1000)
+    elif store.backend == "redis":
+        client = store._client  # type: ignore[attr-defined]
+        manifest = client.hgetall(store.manifest_key(key))  # type: ignore[attr-defined]
+        last = int(manifest[b"chunks"]) - 1
+        client.delete(store.chunk_key(manifest[b"gen"].decode(), last))  # type: ignore[attr-defined]
+    else:
+        s3 = store._client  # type: ignore[attr-defined]
+        object_key = store.object_key(key)  # type: ignore[attr-defined]
+        body = s3.get_object(Bucket=store.bucket, Key=object_key)["Body"].read()  # type: ignore[attr-defined]
+        s3.put_object(Bucket=store.bucket, Key=object_key, Body=body[:-1000] + body[-64:])  # type: ignore[attr-defined]
+
+
+def tamper_copy(store: LargeObjectStore, source: str, target: str) -> None:
+    if store.backend == "file":
+        target_path = store.path_of(target)  # type: ignore[attr-defined]
+        target_path.write_bytes(store.path_of(source).read_bytes())  # type: ignore[attr-defined]
+    elif store.backend == "redis":
+        client = store._client  # type: ignore[attr-defined]
+        manifest = client.hgetall(store.manifest_key(source))  # type: ignore[attr-defined]
+        client.hset(store.manifest_key(target), mapping=manifest)  # type: ignore[attr-defined]
+    else:
+        s3 = store._client  # type: ignore[attr-defined]
+        body = s3.get_object(Bucket=store.bucket, Key=store.object_key(source))["Body"].read()  # type: ignore[attr-defined]
+        s3.put_object(Bucket=store.bucket, Key=store.object_key(target), Body=body)  # type: ignore[attr-defined]
+
+
+# -- the largest values --------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_round_trip_one_gib(store: LargeObjectStore) -> None:
+    size = 1 << 30
+    block = payload(BLOCK_SIZE, seed=9)
+    expected = hashlib.sha256()
+
+    def source() -> Iterator[bytes]:  # 1 GiB without holding it twice: 128 distinct blocks
+        for i in range(size // BLOCK_SIZE):
+            piece = i.to_bytes(8, "big") + block[8:]
+            expected.update(piece)
+            yield piece
+
+    store.put("k/objects/gib", source())
+    streamed = hashlib.sha256()
+    total = 0
+    for chunk in store.get_stream("k/objects/gib"):
+        streamed.update(chunk)
+        total += len(chunk)
+    assert total == size and streamed.digest() == expected.digest()
+    value = store.get("k/objects/gib")
+    assert len(value) == size and hashlib.sha256(value).digest() == expected.digest()
+    del value
+    store.delete("k/objects/gib")
+    assert not store.exists("k/objects/gib")
