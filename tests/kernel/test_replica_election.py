@@ -169,3 +169,28 @@ def test_unsigned_and_malformed_messages_are_dropped_without_a_crash(group: Repl
     assert replica.alive
     result = group.execute("print('hacked' in globals())", target=1)
     assert result.stdout() == "False\n", result.summary()
+
+
+def test_gpu_device_ids_are_exposed_to_the_cell_and_released_after(group: ReplicaGroup):
+    pytest.importorskip("notebookos.kernel.gpu_binding")
+    cell = "from notebookos.kernel.gpu_binding import assigned_gpus\nprint(assigned_gpus())"
+    result = group.execute(cell, target=1, metadata={"gpu_device_ids": [2, 5]})
+    assert result.stdout() == "(2, 5)\n", result.summary()
+    after = group.execute("print(assigned_gpus())", target=1)
+    assert after.stdout() == "()\n"
+
+
+@pytest.mark.gpu
+def test_torch_state_is_on_the_assigned_gpu_during_the_cell_and_on_host_after(
+    group: ReplicaGroup,
+):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("notebookos.kernel.gpu_binding")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    group.execute("import torch\ngpu_net = torch.nn.Linear(2, 2)", target=1)
+    during = group.execute("print(next(gpu_net.parameters()).device)", target=1,
+                           metadata={"gpu_device_ids": [0]})
+    assert during.stdout() == "cuda:0\n"
+    after = group.execute("print(next(gpu_net.parameters()).device)", target=2)
+    assert after.stdout() == "cpu\n"
