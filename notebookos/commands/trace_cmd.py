@@ -28,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="median session life in hours (default 72)")
     gen.add_argument("--idle-sessions", type=float, default=None, metavar="FRACTION",
                      help="share of sessions that never train (default 0.3)")
+    gen.add_argument("--break-probability", type=float, default=None, metavar="P",
+                     help="chance that the user leaves for a while after a cell (default 0.05)")
+    gen.add_argument("--break-hours", type=float, default=None, metavar="MEAN",
+                     help="mean length of such a break in hours (default 3)")
     gen.set_defaults(func=run_generate)
     stats = actions.add_parser("stats", help="print a trace's calibration statistics")
     stats.add_argument("file", type=Path)
@@ -42,7 +46,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in (("session_rate_per_hour", args.session_rate),
                                    ("session_hours_median", args.session_hours),
-                                   ("idle_session_fraction", args.idle_sessions)) if v is not None}
+                                   ("idle_session_fraction", args.idle_sessions),
+                                   ("break_probability", args.break_probability),
+                                   ("break_hours_mean", args.break_hours)) if v is not None}
     try:
         params = SenseiParams(hours=args.hours, seed=args.seed, **overrides)
     except ValueError as exc:

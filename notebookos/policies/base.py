@@ -213,11 +213,14 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         return MigrationDecision(victim.replica_id, None, "no host can commit the request now")
 
     def scaling(self, view: ScalingView) -> ScalingDecision:
-        """Expected capacity = (committed + waiting GPUs) x scale_factor, in hosts, plus a buffer
-        of spare hosts; scale out when below, release up to ``max_release_per_tick`` idle hosts
-        when above."""
+        """Expected capacity = committed GPUs x scale_factor, in hosts, plus whole hosts for the
+        GPUs of waiting requests, plus a buffer of spare hosts; scale out when below, release up
+        to ``max_release_per_tick`` idle hosts when above."""
         gph = max(1, view.gpus_per_host)
-        target = math.ceil((view.committed_gpus + view.waiting_gpus) * self.scale_factor / gph)
+        # Waiting requests count in whole new hosts: the GPUs free on existing hosts did not fit
+        # them (fragmentation), so counting them against existing capacity could starve them.
+        target = math.ceil(view.committed_gpus * self.scale_factor / gph) + math.ceil(
+            view.waiting_gpus / gph)
         target = max(self.min_hosts, target + self.buffer_hosts, self.subscription_hosts(view))
         if view.hosts < target:
             return ScalingDecision(add_hosts=target - view.hosts)

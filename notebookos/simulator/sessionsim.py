@@ -8,6 +8,7 @@ docs/simulator.md lists the semantics.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections import deque
@@ -71,6 +72,7 @@ class SessionSimulator:
         self.waiting_subscriptions = 0
         self.warm: dict[str, int] = {}  # per host: prewarm (notebookos) or warm (lcp) containers
         self.active_sessions = 0
+        self.maybe_empty = True  # something may have left a host since the last look
         self.running_tasks = 0
         self.live_sessions = len(self.sessions)
         self.per_cell = policy.container_lifetime is ContainerLifetime.CELL
@@ -131,17 +133,20 @@ class SessionSimulator:
             return False
         changed = False
         gph = self.config.gpus_per_host
-        releasable = [
-            h.host_id for h in placement.most_idle_first(self.cluster, min_idle=gph, limit=64)
-            if not h.owners
-        ][: self.policy.max_release_per_tick]
+        floor = self.config.hosts  # --cluster is the initial and the smallest cluster
         view = ScalingView(
             hosts=len(self.cluster.hosts) + self.provisioning, gpus_per_host=gph,
             committed_gpus=self.cluster.committed_gpus, waiting_gpus=self.waiting_gpus,
-            subscribed_gpus=self.cluster.subscribed_gpus + self.waiting_subscriptions,
-            releasable_host_ids=tuple(releasable))
+            subscribed_gpus=self.cluster.subscribed_gpus + self.waiting_subscriptions)
         decision = self.policy.scaling(view)
-        floor = self.config.hosts  # --cluster is the initial and the smallest cluster
+        if decision.add_hosts == 0 and view.hosts > floor and self.maybe_empty:
+            # Only now look for empty hosts (a bounded walk of the idle-GPU index), and only if
+            # something left a host since the last look found none.
+            releasable = self._empty_hosts(self.policy.max_release_per_tick)
+            self.maybe_empty = bool(releasable)
+            if releasable:
+                decision = self.policy.scaling(
+                    dataclasses.replace(view, releasable_host_ids=tuple(releasable)))
         add = max(decision.add_hosts, floor - view.hosts)
         if add > 0:
             add = min(add, self.config.max_hosts - view.hosts)
@@ -167,6 +172,16 @@ class SessionSimulator:
             changed = True
         return changed
 
+    def _empty_hosts(self, count: int) -> list[str]:
+        found = []
+        gph = self.config.gpus_per_host
+        for host in placement.most_idle_first(self.cluster, min_idle=gph, limit=64):
+            if host.subscribed.is_zero and not host.owners:
+                found.append(host.host_id)
+                if len(found) == count:
+                    break
+        return found
+
     # -- waiting -----------------------------------------------------------------------------------
 
     def _enter_wait(self, sess: _Sess, gpus: int, subscriptions: int, now: float) -> None:
@@ -176,6 +191,25 @@ class SessionSimulator:
             self.waiting_gpus += gpus
             self.waiting_subscriptions += subscriptions
             self._autoscale(now)
+            self._provision_for_waiting(now)
+
+    def _provision_for_waiting(self, now: float) -> None:
+        """A request that fits no host gets new hosts at once (a failed placement asks the
+        provider for hosts, as the prototype does), whatever the capacity count says: free GPUs
+        scattered over busy hosts do not fit it."""
+        if not self.config.autoscale:
+            return
+        gph = self.config.gpus_per_host
+        short = self.waiting_gpus - self.provisioning * gph
+        add = min(-(-short // gph), self.config.max_hosts - len(self.cluster.hosts)
+                  - self.provisioning)
+        if add > 0:
+            self._books(now)
+            self.provisioning += add
+            self.record.scale_outs += add
+            for _ in range(add):
+                self._push(now + self.config.host_provision_s, HOST_READY, None)
+            self._refresh_books()
 
     def _leave_wait(self, sess: _Sess, gpus: int, subscriptions: int) -> None:
         sess.waiting = False
@@ -256,6 +290,7 @@ class SessionSimulator:
                 self._add_standby(-sess.s.request.gpus * len(sess.kernel.replicas))
             self.cluster.remove_kernel(sess.kernel.kernel_id)
             sess.kernel = None
+            self.maybe_empty = True
             self._refresh_books()
         self._drain(now)
 
@@ -312,6 +347,7 @@ class SessionSimulator:
         self._books(now)
         rid = migration.replica_id
         self.cluster.remove_replica(kernel.kernel_id, rid)
+        self.maybe_empty = True
         replica = self.cluster.place_replica(kernel.kernel_id, rid, migration.target_host_id)
         host = self.cluster.hosts[migration.target_host_id]
         host.reserve(replica.owner, request)
@@ -382,6 +418,7 @@ class SessionSimulator:
         self._books(now)
         if self.per_cell:
             self.cluster.remove_kernel(run.container)
+            self.maybe_empty = True
             if self.pool_size and run.host_id in self.warm:
                 self.warm[run.host_id] = min(self.pool_size, self.warm[run.host_id] + 1)
         elif not self.reserve:
