@@ -280,6 +280,11 @@ class SyncState:
             tokens[tensor] = token
         return token
 
+    def peek(self, token: str) -> _TensorRecord | None:
+        """The record, without taking the lock or pruning (safe from any thread)."""
+        record = self._records.get(token)
+        return record if record is not None and record.ref() is not None else None
+
     def record(self, token: str) -> _TensorRecord | None:
         record = self._records.get(token)
         if record is not None and record.ref() is None:
@@ -648,20 +653,23 @@ class StateApplier:
         self._closed = False
 
     def prefetch(self, update: SyncUpdate) -> None:
-        """Start fetching the update's store objects that this replica does not hold yet."""
+        """Start fetching the update's store objects that this replica does not hold yet.
+
+        Returns at once and never blocks on an ``apply`` in progress (call it from the Raft thread).
+        """
         for key in self._keys_needed(update):
             self._fetch(key)
 
     def _keys_needed(self, update: SyncUpdate) -> list[str]:
+        # No state lock here: prefetch runs on the Raft thread and must never wait for an apply.
         keys = []
-        with self.state.lock:
-            for entry in update.entries:
-                if entry.kind == "pointer" and entry.store_key:
-                    keys.append(entry.store_key)
-                for token, key in entry.tensors.items():
-                    record = self.state.record(token)
-                    if record is None or record.digest != _digest_of_key(key):
-                        keys.append(key)
+        for entry in update.entries:
+            if entry.kind == "pointer" and entry.store_key:
+                keys.append(entry.store_key)
+            for token, key in entry.tensors.items():
+                record = self.state.peek(token)
+                if record is None or record.digest != _digest_of_key(key):
+                    keys.append(key)
         return keys
 
     def _fetch(self, key: str) -> Future[bytes]:

@@ -495,3 +495,62 @@ def test_structurally_wrong_records_are_rejected_cleanly(plain: dict) -> None:
         return
     for entry in update.entries:  # whatever decodes is well-formed
         entry.validate()
+
+
+def test_prefetch_never_waits_for_an_apply_in_progress(pair: Pair) -> None:
+    import threading
+    import time
+
+    exec("import torch\nbig = torch.randn(256, 256)", pair.executor)
+    update = SyncUpdate.from_bytes(
+        pair.encoder.encode(pair.executor, analyze_cell("import torch\nbig = 1")).to_bytes())
+    held, release = threading.Event(), threading.Event()
+
+    def busy_apply() -> None:  # stands for a long apply holding the replica's sync state
+        with pair.standby_state.lock:
+            held.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=busy_apply)
+    worker.start()
+    try:
+        assert held.wait(5)
+        started = time.monotonic()
+        pair.applier.prefetch(update)
+        assert time.monotonic() - started < 1.0
+    finally:
+        release.set()
+        worker.join()
+    pair.applier.apply(pair.standby, update)
+    assert torch.equal(pair.standby["big"], pair.executor["big"])
+
+
+def test_with_a_real_ipython_shell(file_store: LargeObjectStore) -> None:
+    """The executor is a real IPython shell: magics, output caching, history variables."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    encoder = StateEncoder(file_store, "ipython-kernel")
+    standby: dict[str, Any] = new_namespace()
+    cells = [
+        "x = 20", "x", "%time y = x + 1", "import numpy as np", "arr = np.arange(3)",
+        "def f():\n    return y * 2", "files = !echo hi", "del x", "arr += 1",
+    ]
+    with StateApplier(file_store) as applier:
+        for cell in cells:
+            assert shell.run_cell(cell).success, cell
+            effects = analyze_cell(shell.transform_cell(cell))
+            update = SyncUpdate.from_bytes(encoder.encode(shell.user_ns, effects).to_bytes())
+            assert update.warnings == [], update.warnings
+            applier.prefetch(update)
+            applier.apply(standby, update)
+    try:
+        assert standby["y"] == 21 and standby["f"]() == 42
+        assert standby["np"] is numpy and list(standby["arr"]) == [1, 2, 3]
+        assert list(standby["files"]) == ["hi"]
+        assert "x" not in standby
+        leaked = {"_", "__", "_i1", "_2", "In", "Out", "_oh", "_ih", "_dh", "get_ipython", "exit"}
+        assert not leaked & set(standby)
+    finally:
+        for name in ("y", "np", "arr", "f", "files"):
+            shell.user_ns.pop(name, None)
