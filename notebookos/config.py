@@ -118,6 +118,9 @@ class GlobalSchedulerSettings:
                                         _at_least(0))
     min_hosts: int = setting(3, "The autoscaler never goes below this many hosts.", _at_least(0))
     max_hosts: int = setting(32, "The autoscaler never goes above this many hosts.", _at_least(1))
+    replica_start_timeout_s: float = setting(
+        120.0, "How long a new replica may take to answer before its start fails.",
+        _at_least(1.0))
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,11 @@ class LocalSchedulerSettings:
     prewarm_pool_size: int = setting(1, "Prewarmed replica processes kept ready on this host.",
                                      _at_least(0))
     heartbeat_interval_s: float = setting(2.0, "Seconds between heartbeats.", _at_least(0.1))
+    host_id: str = setting("", "This host's id in the cluster; empty means <hostname>-<grpc port>.")
+    replica_module: str = setting(
+        "notebookos.kernel", "Python module a replica process runs (`python -m MODULE -f FILE`).")
+    stop_grace_period_s: float = setting(
+        5.0, "Seconds a stopped replica gets between SIGTERM and SIGKILL.", _at_least(0.0))
 
 
 @dataclass(frozen=True)

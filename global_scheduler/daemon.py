@@ -1,0 +1,101 @@
+"""The Global Scheduler daemon: the gRPC service, the host liveness monitor, the registry."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from notebookos.global_scheduler.registry_store import (
+    FileRegistryStore,
+    RedisRegistryStore,
+    RegistryStore,
+)
+from notebookos.global_scheduler.service import GlobalSchedulerService
+
+from notebookos.config import Config
+from notebookos.policies import get_policy
+from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+
+log = logging.getLogger(__name__)
+
+
+def make_policy(config: Config):  # noqa: ANN201 - a notebookos.policies.Policy
+    name = config.cluster.policy
+    gs = config.global_scheduler
+    params = {"scale_factor": gs.scaling_factor, "buffer_hosts": gs.scaling_buffer_hosts,
+              "min_hosts": gs.min_hosts}
+    if name == "notebookos":
+        params["max_subscription_ratio"] = max(1.0, config.cluster.max_subscription_ratio)
+        if config.cluster.max_subscription_ratio < 1.0:
+            params["subscription_ratio_limit"] = config.cluster.max_subscription_ratio
+    return get_policy(name, **params)
+
+
+def make_store(config: Config) -> RegistryStore:
+    url = config.global_scheduler.registry_redis_url
+    if url:
+        return RedisRegistryStore(url)
+    return FileRegistryStore(Path(config.state_path) / "global_scheduler" / "registry.json")
+
+
+class GlobalSchedulerDaemon:
+    def __init__(self, config: Config) -> None:
+        gs = config.global_scheduler
+        self.config = config
+        self.policy = make_policy(config)
+        self.service = GlobalSchedulerService(
+            self.policy, make_store(config), ip=gs.host, store_url=config.store_url,
+            replicas_per_kernel=(config.cluster.replicas_per_kernel
+                                 if self.policy.replicas_per_kernel > 1 else 1),
+            oversubscription=config.cluster.oversubscription,
+            heartbeat_interval_s=config.local_scheduler.heartbeat_interval_s,
+            heartbeat_timeout_s=gs.heartbeat_timeout_s,
+            start_timeout_s=gs.replica_start_timeout_s,
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, self.server)
+        port = self.server.add_insecure_port(f"{gs.host}:{gs.grpc_port}")
+        if port == 0:
+            raise OSError(f"cannot bind the Global Scheduler's gRPC port {gs.host}:{gs.grpc_port}")
+        self.address = f"{gs.host}:{port}"
+        self._stopped = threading.Event()
+        self._monitor = threading.Thread(target=self._monitor_hosts, daemon=True,
+                                         name="host-monitor")
+
+    def start(self) -> None:
+        self.service.restore()
+        self.server.start()
+        self._monitor.start()
+        log.info("Global Scheduler listening on %s (policy %s)", self.address, self.policy.name)
+
+    def _monitor_hosts(self) -> None:
+        interval = max(0.2, min(1.0, self.service.heartbeat_timeout_s / 4))
+        while not self._stopped.wait(interval):
+            try:
+                self.service.check_hosts()
+            except Exception:  # noqa: BLE001 - the monitor must keep running
+                log.exception("host check failed")
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.server.stop(grace=1)
+        self.service.close()
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+
+def run(config: Config) -> int:
+    daemon = GlobalSchedulerDaemon(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: threading.Thread(target=daemon.stop, daemon=True).start())
+    daemon.start()
+    print(f"notebookos global-scheduler listening on {daemon.address}", flush=True)
+    daemon.wait()
+    return 0

@@ -1,0 +1,399 @@
+"""A distributed kernel's front: the five ZMQ sockets Jupyter Server talks to, and the routing.
+
+To Jupyter Server the front *is* the kernel. Each front runs one thread that owns all its sockets:
+the five bound front sockets (shell, control, stdin: ROUTER; iopub: XPUB; hb: REP echo) and, per
+replica, DEALER sockets to its shell/control/stdin and a SUB socket on its iopub.
+
+Routing (DESIGN section 3):
+- ``execute_request``: ``hooks.place_execute`` picks the executor and commits its GPUs; the
+  executor gets ``execute_request`` with ``metadata.gpu_device_ids``, every other replica gets
+  ``yield_request``; each copy is re-signed with the kernel key. The client sees the executor's
+  reply and IOPub only (one busy, one idle); the GPUs are released on the reply.
+- other shell requests go to one live replica; ``interrupt_request``/``shutdown_request`` on control
+  go to every replica (first reply forwarded); other control requests to one replica.
+- stdin: ``input_request`` from the executor goes to the client; the ``input_reply`` goes back.
+Messages with a bad signature (either side) are dropped and counted; nothing here raises out of the
+loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+from jupyter_client.session import Session
+
+log = logging.getLogger(__name__)
+
+FRONT_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
+BROADCAST_CONTROL = ("interrupt_request", "shutdown_request")
+
+
+class PlacementFailed(Exception):
+    """No replica can run the request now; the message says why."""
+
+
+@dataclass(frozen=True)
+class ReplicaEndpoint:
+    replica_id: int
+    ip: str
+    shell_port: int
+    iopub_port: int
+    stdin_port: int
+    control_port: int
+
+
+class FrontHooks(Protocol):
+    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        """(executor replica id, committed GPU device ids); raises PlacementFailed."""
+
+    def release_execute(self, kernel_id: str, msg_id: str) -> None: ...
+
+    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None: ...
+
+
+@dataclass
+class _ReplicaSockets:
+    endpoint: ReplicaEndpoint
+    shell: zmq.Socket
+    control: zmq.Socket
+    stdin: zmq.Socket
+    iopub: zmq.Socket
+
+    def close(self) -> None:
+        for s in (self.shell, self.control, self.stdin, self.iopub):
+            s.close(linger=0)
+
+
+@dataclass
+class _Pending:
+    channel: str
+    idents: list[bytes]
+    msg_type: str
+    source: int | None  # replica whose reply and IOPub the client sees (None: first to answer)
+    asked: set[int] = field(default_factory=set)
+    answered: set[int] = field(default_factory=set)
+    last_reply: list[bytes] | None = None
+    sent_unix: float = field(default_factory=time.time)
+
+
+class KernelFront:
+    def __init__(
+        self,
+        kernel_id: str,
+        key: str,
+        signature_scheme: str,
+        hooks: FrontHooks,
+        *,
+        ip: str = "127.0.0.1",
+        ports: dict[str, int] | None = None,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.hooks = hooks
+        self.ip = ip
+        self.session = Session(key=key.encode(), signature_scheme=signature_scheme,
+                               username="notebookos-gs")
+        self.context = zmq.Context.instance()
+        self.identity = f"gs-{kernel_id}-{uuid.uuid4().hex[:8]}".encode()
+        self.bad_signatures = 0
+        self.malformed = 0
+        self.ports: dict[str, int] = {}
+        self._sockets: dict[str, zmq.Socket] = {}
+        self._replicas: dict[int, _ReplicaSockets] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._iopub_source: OrderedDict[str, int] = OrderedDict()  # msg_id -> replica
+        self._input_source: OrderedDict[str, int] = OrderedDict()  # input_request -> replica
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.preferred_replica: int | None = None
+        self._bind(ports or {})
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _bind(self, ports: dict[str, int]) -> None:
+        kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER,
+                 "iopub": zmq.XPUB, "hb": zmq.REP}
+        try:
+            for name in FRONT_CHANNELS:
+                sock = self.context.socket(kinds[name])
+                sock.linger = 0
+                if name in ("shell", "control", "stdin"):
+                    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                port = ports.get(f"{name}_port", 0)
+                if port:
+                    sock.bind(f"tcp://{self.ip}:{port}")
+                else:
+                    port = sock.bind_to_random_port(f"tcp://{self.ip}")
+                self._sockets[name] = sock
+                self.ports[f"{name}_port"] = port
+        except zmq.ZMQError:
+            for sock in self._sockets.values():
+                sock.close(linger=0)
+            raise
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"front-{self.kernel_id}")
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for sock in self._sockets.values():
+            sock.close(linger=0)
+        for r in self._replicas.values():
+            r.close()
+        self._replicas.clear()
+
+    def set_replicas(self, endpoints: list[ReplicaEndpoint], wait: bool = False) -> None:
+        """Connect to these replicas (and drop any other); runs on the front's thread, in order
+        with the messages it routes. ``wait`` blocks until applied."""
+        done = threading.Event()
+
+        def apply() -> None:
+            wanted = {e.replica_id: e for e in endpoints}
+            for rid in list(self._replicas):
+                if rid not in wanted or self._replicas[rid].endpoint != wanted[rid]:
+                    self._replicas.pop(rid).close()
+            for rid, e in wanted.items():
+                if rid not in self._replicas:
+                    self._replicas[rid] = self._connect(e)
+            done.set()
+
+        if self._thread is None or not self._thread.is_alive():
+            apply()
+        else:
+            self._commands.put(apply)
+            if wait:
+                done.wait(timeout=5)
+
+    def _connect(self, e: ReplicaEndpoint) -> _ReplicaSockets:
+        def dealer(port: int) -> zmq.Socket:
+            s = self.context.socket(zmq.DEALER)
+            s.linger = 0
+            s.setsockopt(zmq.IDENTITY, self.identity)
+            s.connect(f"tcp://{e.ip}:{port}")
+            return s
+
+        sub = self.context.socket(zmq.SUB)
+        sub.linger = 0
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://{e.ip}:{e.iopub_port}")
+        return _ReplicaSockets(e, dealer(e.shell_port), dealer(e.control_port),
+                               dealer(e.stdin_port), sub)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        poller_sockets: dict[Any, tuple[str, int | None]] = {}
+        while not self._stop.is_set():
+            while True:
+                try:
+                    self._commands.get_nowait()()
+                except queue.Empty:
+                    break
+            poller = zmq.Poller()
+            poller_sockets.clear()
+            for name in ("shell", "control", "stdin", "hb"):
+                poller.register(self._sockets[name], zmq.POLLIN)
+                poller_sockets[self._sockets[name]] = (name, None)
+            for rid, r in self._replicas.items():
+                for name in ("shell", "control", "stdin", "iopub"):
+                    sock = getattr(r, name)
+                    poller.register(sock, zmq.POLLIN)
+                    poller_sockets[sock] = (f"replica-{name}", rid)
+            try:
+                events = poller.poll(50)
+            except zmq.ZMQError:
+                continue
+            for sock, _ in events:
+                name, rid = poller_sockets[sock]
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                try:
+                    self._dispatch(name, rid, frames)
+                except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
+                    self.malformed += 1
+                    log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
+
+    def _dispatch(self, name: str, rid: int | None, frames: list[bytes]) -> None:
+        if name == "hb":
+            self._sockets["hb"].send_multipart(frames)
+        elif name in ("shell", "control", "stdin"):
+            self._from_client(name, frames)
+        elif name == "replica-iopub":
+            self._from_replica_iopub(rid, frames)
+        else:
+            self._from_replica(name.removeprefix("replica-"), rid, frames)
+
+    def _verify(self, msg_list: list[bytes]) -> dict | None:
+        try:
+            return self.session.deserialize(msg_list, content=True)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.bad_signatures += 1
+            log.warning("kernel %s: dropped a message: %s", self.kernel_id, str(exc)[:120])
+            return None
+
+    # -- client -> replicas -----------------------------------------------------------------
+
+    def _from_client(self, channel: str, frames: list[bytes]) -> None:
+        idents, msg_list = self.session.feed_identities(frames, copy=True)
+        msg = self._verify(msg_list)
+        if msg is None:
+            return
+        msg_id = msg["header"].get("msg_id", "")
+        msg_type = msg["header"].get("msg_type", "")
+        if channel == "stdin":
+            rid = self._input_source.get(msg["parent_header"].get("msg_id", ""))
+            target = self._replicas.get(rid) if rid is not None else None
+            if target is not None:
+                target.stdin.send_multipart([b"<IDS|MSG>", *msg_list])
+            return
+        live = sorted(self._replicas)
+        if not live:
+            self._reply_error(channel, idents, msg, "NoReplicas",
+                              "the kernel has no live replica right now; retry shortly")
+            return
+        if channel == "shell" and msg_type == "execute_request":
+            self._route_execute(idents, msg, msg_list, msg_id)
+            return
+        if channel == "control" and msg_type in BROADCAST_CONTROL:
+            targets = live
+            source = None
+        else:
+            pick = self.preferred_replica if self.preferred_replica in self._replicas else live[0]
+            targets = [pick]
+            source = pick
+            self._remember(self._iopub_source, msg_id, pick)
+        self._pending[msg_id] = _Pending(channel, idents, msg_type, source, asked=set(targets))
+        for rid in targets:
+            getattr(self._replicas[rid], channel).send_multipart([b"<IDS|MSG>", *msg_list])
+
+    def _route_execute(self, idents: list[bytes], msg: dict, msg_list: list[bytes],
+                       msg_id: str) -> None:
+        try:
+            executor, device_ids = self.hooks.place_execute(
+                self.kernel_id, msg_id, dict(msg.get("metadata") or {}))
+        except PlacementFailed as exc:
+            self._reply_error("shell", idents, msg, "NotebookOSNoGPUs", str(exc))
+            return
+        if executor not in self._replicas:
+            self.hooks.release_execute(self.kernel_id, msg_id)
+            self._reply_error("shell", idents, msg, "NotebookOSNoGPUs",
+                              f"replica {executor} chosen for the cell is not connected")
+            return
+        self.preferred_replica = executor
+        self._pending[msg_id] = _Pending("shell", idents, "execute_request", executor,
+                                         asked=set(self._replicas))
+        self._remember(self._iopub_source, msg_id, executor)
+        for rid, r in self._replicas.items():
+            copy = {
+                "header": dict(msg["header"]),
+                "parent_header": msg["parent_header"],
+                "metadata": dict(msg.get("metadata") or {}),
+                "content": msg["content"],
+                "buffers": msg.get("buffers", []),
+            }
+            notebookos_md = dict(copy["metadata"].get("notebookos") or {})
+            notebookos_md["target_replica_id"] = executor
+            copy["metadata"]["notebookos"] = notebookos_md
+            if rid == executor:
+                copy["metadata"]["gpu_device_ids"] = list(device_ids)
+            else:
+                copy["header"]["msg_type"] = "yield_request"
+            self.session.send(r.shell, copy)
+
+    def _reply_error(self, channel: str, idents: list[bytes], parent: dict, ename: str,
+                     evalue: str) -> None:
+        """Answer the client directly (busy, error reply, idle) when no replica can."""
+        reply_type = parent["header"]["msg_type"].replace("_request", "_reply")
+        content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": [
+            f"{ename}: {evalue}"]}
+        if reply_type == "execute_reply":
+            content["execution_count"] = None
+        iopub = self._sockets["iopub"]
+        self.session.send(iopub, "status", {"execution_state": "busy"}, parent=parent,
+                          ident=b"kernel.notebookos.status")
+        if reply_type == "execute_reply":
+            self.session.send(iopub, "error", {k: content[k] for k in ("ename", "evalue",
+                                                                        "traceback")},
+                              parent=parent, ident=b"kernel.notebookos.error")
+        self.session.send(self._sockets[channel], reply_type, content, parent=parent,
+                          ident=idents)
+        self.session.send(iopub, "status", {"execution_state": "idle"}, parent=parent,
+                          ident=b"kernel.notebookos.status")
+
+    # -- replicas -> client -----------------------------------------------------------------
+
+    def _from_replica(self, channel: str, rid: int, frames: list[bytes]) -> None:
+        idents, msg_list = self.session.feed_identities(frames, copy=True)
+        msg = self._verify(msg_list)
+        if msg is None:
+            return
+        parent_id = msg["parent_header"].get("msg_id", "")
+        if channel == "stdin":
+            pending = self._pending.get(parent_id)
+            if pending is not None and rid == pending.source:
+                self._remember(self._input_source, msg["header"]["msg_id"], rid)
+                self._sockets["stdin"].send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
+            return
+        pending = self._pending.get(parent_id)
+        if pending is None:
+            return
+        pending.answered.add(rid)
+        role = ((msg.get("metadata") or {}).get("notebookos") or {}).get("role")
+        forward = False
+        if pending.msg_type == "execute_request":
+            if role == "executor" or (role is None and rid == pending.source):
+                if rid != pending.source:
+                    self._remember(self._iopub_source, parent_id, rid)
+                forward = True
+            else:
+                pending.last_reply = msg_list
+                if pending.answered >= pending.asked:
+                    msg_list = pending.last_reply  # nobody executed: the client gets the reason
+                    forward = True
+        elif pending.source is None or rid == pending.source:
+            forward = True
+        if not forward:
+            return
+        del self._pending[parent_id]
+        self._sockets[pending.channel].send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
+        if pending.msg_type == "execute_request":
+            self.hooks.release_execute(self.kernel_id, parent_id)
+            self.hooks.execute_finished(self.kernel_id, rid, parent_id)
+
+    def _from_replica_iopub(self, rid: int, frames: list[bytes]) -> None:
+        idents, msg_list = self.session.feed_identities(frames, copy=True)
+        msg = self._verify(msg_list)
+        if msg is None:
+            return
+        parent_id = msg["parent_header"].get("msg_id", "")
+        source = self._iopub_source.get(parent_id)
+        if source is None:
+            pending = self._pending.get(parent_id)
+            source = pending.source if pending is not None else None
+            if pending is not None and source is None:  # broadcast: the first replica speaks
+                source = rid
+                self._remember(self._iopub_source, parent_id, rid)
+        if source != rid:
+            return
+        self._sockets["iopub"].send_multipart([*idents, b"<IDS|MSG>", *msg_list])
+
+    @staticmethod
+    def _remember(table: OrderedDict, key: str, value: int, limit: int = 4096) -> None:
+        table[key] = value
+        while len(table) > limit:
+            table.popitem(last=False)

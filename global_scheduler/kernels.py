@@ -1,0 +1,63 @@
+"""A distributed kernel as the Global Scheduler runs it: its key, front, replicas' endpoints."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from notebookos.global_scheduler.front import KernelFront, ReplicaEndpoint
+
+
+@dataclass
+class ReplicaLink:
+    replica_id: int
+    host_id: str
+    endpoint: ReplicaEndpoint
+    raft_address: str
+    pid: int
+    ready: bool = False
+    from_prewarm_pool: bool = False
+
+    def to_doc(self) -> dict[str, Any]:
+        e = self.endpoint
+        return {"replica_id": self.replica_id, "host_id": self.host_id, "pid": self.pid,
+                "raft_address": self.raft_address, "ip": e.ip, "shell_port": e.shell_port,
+                "iopub_port": e.iopub_port, "stdin_port": e.stdin_port,
+                "control_port": e.control_port}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> ReplicaLink:
+        endpoint = ReplicaEndpoint(doc["replica_id"], doc["ip"], doc["shell_port"],
+                                   doc["iopub_port"], doc["stdin_port"], doc["control_port"])
+        return cls(doc["replica_id"], doc["host_id"], endpoint, doc["raft_address"], doc["pid"],
+                   ready=True)
+
+
+@dataclass
+class KernelEntry:
+    kernel_id: str
+    key: str
+    signature_scheme: str
+    kernel_name: str
+    env: dict[str, str]
+    front: KernelFront | None = None
+    replicas: dict[int, ReplicaLink] = field(default_factory=dict)
+    next_replica_id: int = 1
+    state: str = "starting"  # starting, idle, busy, degraded, stopping, failed
+    message: str = ""
+    created_unix: float = field(default_factory=time.time)
+    executions: dict[str, tuple[int, str]] = field(default_factory=dict)  # msg -> (replica, host)
+    raft_removals: list[int] = field(default_factory=list)  # lost members still in the group
+
+    def endpoints(self) -> list[ReplicaEndpoint]:
+        return [r.endpoint for r in self.replicas.values()]
+
+    def to_doc(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {"kernel_id": self.kernel_id, "key": self.key,
+                "signature_scheme": self.signature_scheme, "kernel_name": self.kernel_name,
+                "env": self.env, "request": request,
+                "front_ports": dict(self.front.ports) if self.front else {},
+                "replicas": [r.to_doc() for r in self.replicas.values()],
+                "next_replica_id": self.next_replica_id, "created_unix": self.created_unix,
+                "raft_removals": list(self.raft_removals)}

@@ -1,0 +1,156 @@
+"""The Local Scheduler's link to the Global Scheduler: registration, heartbeats, replica events.
+
+Registration is retried until the GS answers; a heartbeat answered with ``reregister`` (the GS
+restarted or dropped this host) registers again with the replicas still running. Replica events
+are queued and re-sent until acknowledged (the GS de-duplicates them by sequence number).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import uuid
+
+import grpc
+from notebookos.local_scheduler.service import LocalSchedulerService
+
+from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+from notebookos.proto.convert import resource_spec_to_proto
+
+log = logging.getLogger(__name__)
+
+
+class GlobalSchedulerLink:
+    def __init__(self, service: LocalSchedulerService, gs_address: str,
+                 heartbeat_interval_s: float, prewarm_pool_size: int) -> None:
+        self.service = service
+        self.gs_address = gs_address
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.prewarm_pool_size = prewarm_pool_size
+        self.instance_id = uuid.uuid4().hex
+        service.instance_id = self.instance_id
+        self.channel = grpc.insecure_channel(gs_address)
+        self.stub = gs_grpc.GlobalSchedulerStub(self.channel)
+        self._events: queue.Queue[global_scheduler_pb2.ReplicaEvent] = queue.Queue()
+        self._event_seq = itertools.count(1)
+        self._hb_seq = itertools.count(1)
+        self._stop = threading.Event()
+        self._registered = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._heartbeat_loop, daemon=True, name="gs-heartbeat"),
+            threading.Thread(target=self._event_loop, daemon=True, name="gs-events"),
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def report(self, event: global_scheduler_pb2.ReplicaEvent) -> None:
+        event.sequence = next(self._event_seq)
+        self._events.put(event)
+
+    def close(self, deregister: bool, reason: str = "shutdown") -> None:
+        self._stop.set()
+        if deregister and self._registered.is_set():
+            try:
+                self.stub.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(
+                    host_id=self.service.host.host_id, instance_id=self.instance_id,
+                    reason=reason), timeout=3)
+            except grpc.RpcError as exc:
+                log.warning("deregistration failed: %s", exc.details())
+        self.channel.close()
+
+    def _set_registered(self, value: bool) -> None:
+        self.service.registered = value
+        if value:
+            self._registered.set()
+        else:
+            self._registered.clear()
+
+    def register(self) -> bool:
+        host = self.service.host
+        status = self.service.host_status()
+        request = global_scheduler_pb2.RegisterHostRequest(
+            host_id=host.host_id, address=host.address, instance_id=self.instance_id,
+            capacity=resource_spec_to_proto(host.capacity),
+            gpus=[common_pb2.GpuDevice(device_id=g.device_id, name=g.name, vram_gb=g.vram_gb)
+                  for g in host.gpus],
+            virtual_gpus=host.virtual_gpus, prewarm_pool_size=status.prewarm_pool_size,
+            replicas=self.service.replica_statuses(),
+        )
+        try:
+            response = self.stub.RegisterHost(request, timeout=5)
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
+                log.error("the Global Scheduler refused host %s: %s", host.host_id, exc.details())
+            else:
+                log.debug("registration failed: %s", exc.details())
+            self._set_registered(False)
+            return False
+        if response.heartbeat_interval_s > 0:
+            self.heartbeat_interval_s = response.heartbeat_interval_s
+        if response.prewarm_pool_target != self.service.pool.target:
+            self.service.pool.set_target(response.prewarm_pool_target)
+        self.service.forget_stale(list(response.stale_replicas))
+        self._set_registered(True)
+        log.info("registered host %s with the Global Scheduler at %s", host.host_id,
+                 self.gs_address)
+        return True
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._registered.is_set():
+                if not self.register():
+                    self._stop.wait(min(1.0, self.heartbeat_interval_s))
+                    continue
+            self._heartbeat()
+            self._stop.wait(self.heartbeat_interval_s)
+
+    def _heartbeat(self) -> None:
+        svc = self.service
+        committed = svc.binder.committed_ids()
+        request = global_scheduler_pb2.HeartbeatRequest(
+            host_id=svc.host.host_id, instance_id=self.instance_id, sequence=next(self._hb_seq),
+            subscribed=resource_spec_to_proto(svc.subscribed()),
+            in_use=common_pb2.ResourceSpec(gpus=len(committed)),
+            committed_gpu_device_ids=committed, replicas=svc.replica_statuses(),
+            prewarm_pool_size=svc.pool.status()[1],
+        )
+        try:
+            response = self.stub.Heartbeat(request, timeout=5)
+        except grpc.RpcError as exc:
+            log.debug("heartbeat failed: %s", exc.details())
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self._set_registered(False)
+            return
+        if response.reregister:
+            log.info("the Global Scheduler does not know this host: registering again")
+            self._set_registered(False)
+            self.register()
+
+    def _event_loop(self) -> None:
+        pending: global_scheduler_pb2.ReplicaEvent | None = None
+        while not self._stop.is_set():
+            if pending is None:
+                try:
+                    pending = self._events.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+            if not self._registered.wait(timeout=0.5):
+                continue
+            try:
+                self.stub.ReportReplicaEvent(pending, timeout=5)
+                pending = None
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    self._set_registered(False)
+                    self.register()
+                elif exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    log.error("the Global Scheduler refused event %s: %s", pending,
+                              exc.details())
+                    pending = None
+                else:
+                    self._stop.wait(0.5)

@@ -1,0 +1,185 @@
+"""Launching replica processes: the ``Launcher`` interface and the process launcher.
+
+A launcher starts one replica with its connection file and Raft settings, reports its exit through
+``on_exit`` the moment it happens, and stops or interrupts it. The process launcher starts each
+replica in its own process group (so a stop reaches everything it spawned), either cold
+(``python -m MODULE ...``) or by promoting a prewarmed process from the pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from notebookos.local_scheduler import spawn
+from notebookos.local_scheduler.ports import free_ports
+from notebookos.local_scheduler.prewarm import PrewarmedProcess
+
+PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    kernel_id: str
+    replica_id: int
+    raft_address: str
+    peers: tuple[tuple[int, str], ...]
+    store_url: str
+    key: str
+    signature_scheme: str
+    join: bool = False
+    restore_from_checkpoint: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    kernel_name: str = ""
+
+    @property
+    def owner(self) -> str:
+        return f"{self.kernel_id}/{self.replica_id}"
+
+
+@dataclass
+class LaunchedReplica:
+    spec: ReplicaSpec
+    pid: int
+    ip: str
+    ports: dict[str, int]
+    raft_address: str
+    from_prewarm_pool: bool
+    log_path: Path
+    process: subprocess.Popen
+    started_unix: float = field(default_factory=time.time)
+
+
+ExitCallback = Callable[[LaunchedReplica, int], None]
+
+
+class Launcher(ABC):
+    """Starts, stops and watches replica processes of one host."""
+
+    @abstractmethod
+    def launch(
+        self, spec: ReplicaSpec, prewarmed: PrewarmedProcess | None = None
+    ) -> LaunchedReplica: ...
+
+    @abstractmethod
+    def stop(self, replica: LaunchedReplica, grace_period_s: float) -> int: ...
+
+    @abstractmethod
+    def interrupt(self, replica: LaunchedReplica) -> None: ...
+
+
+class ProcessLauncher(Launcher):
+    """Replicas as local processes: ``python -m <module> -f <connection file> --Class.trait=...``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        on_exit: ExitCallback,
+        *,
+        ip: str = "127.0.0.1",
+        module: str = "notebookos.kernel",
+        kernel_class: str = "ReplicaKernel",
+        python: str = sys.executable,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.on_exit = on_exit
+        self.ip = ip
+        self.module = module
+        self.kernel_class = kernel_class
+        self.python = python
+
+    def argv(self, spec: ReplicaSpec, connection_file: Path) -> list[str]:
+        """The replica's arguments after ``python -m MODULE`` (the kernel's documented flags)."""
+        c = self.kernel_class
+        peers = ",".join(f"{rid}={addr}" for rid, addr in spec.peers)
+        args = [
+            "-f", str(connection_file),
+            f"--{c}.kernel_id={spec.kernel_id}",
+            f"--{c}.replica_id={spec.replica_id}",
+            f"--{c}.raft_address={spec.raft_address}",
+            f"--{c}.peers={peers}",
+            f"--{c}.store_url={spec.store_url}",
+        ]
+        if spec.join:
+            args.append(f"--{c}.join=True")
+        if spec.restore_from_checkpoint:
+            args.append(f"--{c}.restore_from_checkpoint=True")
+        return args
+
+    def launch(
+        self, spec: ReplicaSpec, prewarmed: PrewarmedProcess | None = None
+    ) -> LaunchedReplica:
+        ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), self.ip), strict=True))
+        name = f"{spec.kernel_id}-{spec.replica_id}-{int(time.time() * 1000)}"
+        connection_file = self.workdir / f"{name}.json"
+        connection_file.write_text(json.dumps({
+            "ip": self.ip, "transport": "tcp", **ports, "key": spec.key,
+            "signature_scheme": spec.signature_scheme, "kernel_name": spec.kernel_name,
+        }))
+        connection_file.chmod(0o600)
+        log_path = self.workdir / f"{name}.log"
+        argv = self.argv(spec, connection_file)
+        env = dict(spec.env)
+        if prewarmed is not None:
+            process = prewarmed.promote(argv, env, log_path)
+        else:
+            with open(log_path, "ab") as log:
+                process = spawn.popen(
+                    [self.python, "-m", "notebookos.local_scheduler.child", self.module, *argv],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env={**os.environ, **env},
+                )
+        replica = LaunchedReplica(spec, process.pid, self.ip, ports, spec.raft_address,
+                                  prewarmed is not None, log_path, process)
+        threading.Thread(target=self._watch, args=(replica,), daemon=True,
+                         name=f"watch-{spec.owner}").start()
+        return replica
+
+    def _watch(self, replica: LaunchedReplica) -> None:
+        code = replica.process.wait()
+        try:
+            self.on_exit(replica, code)
+        except Exception:  # noqa: BLE001 - a failing callback must not kill the watcher silently
+            import logging
+
+            logging.getLogger(__name__).exception("exit callback failed for %s",
+                                                  replica.spec.owner)
+
+    def stop(self, replica: LaunchedReplica, grace_period_s: float) -> int:
+        proc = replica.process
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_period_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        return proc.returncode
+
+    def interrupt(self, replica: LaunchedReplica) -> None:
+        if replica.process.poll() is None:
+            os.kill(replica.pid, signal.SIGINT)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(path: Path, limit: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""

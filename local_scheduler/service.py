@@ -1,0 +1,375 @@
+"""The LocalScheduler gRPC service: the replicas of one host, their GPUs, the prewarm pool."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from notebookos.local_scheduler.binding import GpuBinder
+from notebookos.local_scheduler.gpus import Gpu
+from notebookos.local_scheduler.launcher import LaunchedReplica, Launcher, ReplicaSpec, log_tail
+from notebookos.local_scheduler.ports import free_ports
+from notebookos.local_scheduler.prewarm import PrewarmPool
+
+from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.proto.convert import resource_spec_from_proto, resource_spec_to_proto
+from notebookos.resources import InvalidResourceSpec, ResourceSpec
+
+log = logging.getLogger(__name__)
+
+RS = common_pb2.ReplicaState
+SUPPORTED_SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha1", "hmac-md5")
+RUNNING_STATES = (RS.REPLICA_STATE_IDLE, RS.REPLICA_STATE_EXECUTING, RS.REPLICA_STATE_STANDBY,
+                  RS.REPLICA_STATE_MIGRATING)
+
+
+@dataclass
+class ReplicaEntry:
+    launched: LaunchedReplica
+    resources: ResourceSpec
+    state: int = RS.REPLICA_STATE_STARTING
+    stopping: bool = False
+    last_cell_device_ids: list[int] = field(default_factory=list)
+
+    @property
+    def spec(self) -> ReplicaSpec:
+        return self.launched.spec
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    host_id: str
+    address: str
+    millicpus: int
+    memory_mb: int
+    gpus: list[Gpu]
+    virtual_gpus: bool
+
+    @property
+    def capacity(self) -> ResourceSpec:
+        vram = max((g.vram_gb for g in self.gpus), default=0.0)
+        return ResourceSpec(self.millicpus, self.memory_mb, len(self.gpus), vram)
+
+
+EventSink = Callable[[global_scheduler_pb2.ReplicaEvent], None]
+
+
+class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
+    def __init__(
+        self,
+        host: HostInfo,
+        launcher_factory: Callable[[Callable[[LaunchedReplica, int], None]], Launcher],
+        pool: PrewarmPool,
+        report_event: EventSink,
+        *,
+        stop_grace_period_s: float = 5.0,
+        ready_timeout_s: float = 120.0,
+        on_shutdown: Callable[[str], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.launcher = launcher_factory(self._replica_exited)
+        self.pool = pool
+        self.binder = GpuBinder([g.device_id for g in host.gpus])
+        self.report_event = report_event
+        self.stop_grace_period_s = stop_grace_period_s
+        self.ready_timeout_s = ready_timeout_s
+        self.on_shutdown = on_shutdown
+        self.draining = False
+        self.registered = False
+        self.instance_id = ""
+        self._replicas: dict[tuple[str, int], ReplicaEntry] = {}
+        self._lock = threading.RLock()
+
+    # -- views ------------------------------------------------------------------------------
+
+    def replica_statuses(self) -> list[common_pb2.ReplicaStatus]:
+        with self._lock:
+            entries = list(self._replicas.values())
+        return [self._status_of(e) for e in entries]
+
+    def _status_of(self, e: ReplicaEntry) -> common_pb2.ReplicaStatus:
+        return common_pb2.ReplicaStatus(
+            kernel_id=e.spec.kernel_id, replica_id=e.spec.replica_id, host_id=self.host.host_id,
+            pid=e.launched.pid, state=e.state, raft_address=e.launched.raft_address,
+            resources=resource_spec_to_proto(e.resources),
+            last_cell_gpu_device_ids=e.last_cell_device_ids,
+            committed_gpu_device_ids=self.binder.committed_to(e.spec.owner),
+        )
+
+    def subscribed(self) -> ResourceSpec:
+        with self._lock:
+            total = ResourceSpec()
+            for e in self._replicas.values():
+                total = total + e.resources
+            return total
+
+    def host_status(self) -> common_pb2.HostStatus:
+        h = self.host
+        target, ready, _, _ = self.pool.status()
+        sub = self.subscribed()
+        sr = sub.gpus / (h.capacity.gpus * 3) if h.capacity.gpus else 0.0
+        return common_pb2.HostStatus(
+            host_id=h.host_id, address=h.address, capacity=resource_spec_to_proto(h.capacity),
+            subscribed=resource_spec_to_proto(sub),
+            gpus=[common_pb2.GpuDevice(device_id=g.device_id, name=g.name, vram_gb=g.vram_gb)
+                  for g in h.gpus],
+            virtual_gpus=h.virtual_gpus, gpus_committed=h.capacity.gpus - self.binder.idle,
+            subscription_ratio=sr, prewarm_pool_size=ready, draining=self.draining,
+        )
+
+    # -- replica life cycle -----------------------------------------------------------------
+
+    def _entry(self, kernel_id: str, replica_id: int, context: grpc.ServicerContext) -> ReplicaEntry:
+        with self._lock:
+            entry = self._replicas.get((kernel_id, replica_id))
+        if entry is None:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"no replica {replica_id} of kernel {kernel_id!r} on host "
+                          f"{self.host.host_id}")
+        return entry
+
+    def StartReplica(self, request, context):  # noqa: N802 - gRPC method name
+        def bad(msg: str) -> None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartReplicaRequest.{msg}")
+
+        if not request.kernel_id:
+            bad("kernel_id must not be empty")
+        if request.replica_id < 1:
+            bad(f"replica_id={request.replica_id} must be >= 1")
+        if not request.key:
+            bad("key must not be empty")
+        if not request.raft_address or ":" not in request.raft_address:
+            bad(f"raft_address={request.raft_address!r} must be host:port")
+        scheme = request.signature_scheme or "hmac-sha256"
+        if scheme not in SUPPORTED_SCHEMES:
+            bad(f"signature_scheme={scheme!r} is not supported; use one of {SUPPORTED_SCHEMES}")
+        if any(p.replica_id == request.replica_id for p in request.raft_peers):
+            bad(f"raft_peers lists the replica's own id {request.replica_id}")
+        try:
+            resources = resource_spec_from_proto(request.resources, "StartReplicaRequest.resources")
+        except InvalidResourceSpec as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self.draining:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"host {self.host.host_id} is draining and takes no new replicas")
+        if resources.gpus > self.host.capacity.gpus:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"gpus: {resources.gpus} requested, host {self.host.host_id} has "
+                          f"{self.host.capacity.gpus}")
+        raft_host, _, raft_port = request.raft_address.rpartition(":")
+        if raft_port == "0":
+            raft_address = f"{raft_host}:{free_ports(1, raft_host or '127.0.0.1')[0]}"
+        else:
+            raft_address = request.raft_address
+        spec = ReplicaSpec(
+            kernel_id=request.kernel_id, replica_id=request.replica_id,
+            raft_address=raft_address,
+            peers=tuple((p.replica_id, p.address) for p in request.raft_peers),
+            store_url=request.store_url, key=request.key, signature_scheme=scheme,
+            join=request.join_existing_group,
+            restore_from_checkpoint=request.restore_from_checkpoint,
+            env=dict(request.env), kernel_name=request.kernel_name,
+        )
+        with self._lock:
+            for (kid, rid) in self._replicas:
+                if kid == request.kernel_id:
+                    context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                  f"host {self.host.host_id} already runs replica {rid} of kernel "
+                                  f"{kid!r} (one replica of a kernel per host)")
+            prewarmed = self.pool.take() if request.use_prewarmed else None
+            if request.use_prewarmed and request.require_prewarmed and prewarmed is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"host {self.host.host_id} has no prewarmed process ready")
+            try:
+                launched = self.launcher.launch(spec, prewarmed)
+            except OSError as exc:
+                context.abort(grpc.StatusCode.INTERNAL, f"could not start the replica: {exc}")
+            entry = ReplicaEntry(launched, resources)
+            self._replicas[(spec.kernel_id, spec.replica_id)] = entry
+        threading.Thread(target=self._await_ready, args=(entry,), daemon=True).start()
+        log.info("started replica %s pid %d (prewarmed=%s)", spec.owner, launched.pid,
+                 launched.from_prewarm_pool)
+        return local_scheduler_pb2.StartReplicaResponse(
+            connection=common_pb2.ConnectionInfo(ip=launched.ip, transport="tcp",
+                                                 **launched.ports),
+            pid=launched.pid, from_prewarm_pool=launched.from_prewarm_pool,
+            raft_address=raft_address,
+        )
+
+    def _await_ready(self, entry: ReplicaEntry) -> None:
+        """A replica is ready once its shell socket accepts connections; report STARTED."""
+        launched = entry.launched
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline and launched.process.poll() is None:
+            try:
+                with socket.create_connection((launched.ip, launched.ports["shell_port"]), 0.5):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            return  # exited (reported by the watcher) or never bound (the GS times out)
+        with self._lock:
+            if entry.state == RS.REPLICA_STATE_STARTING:
+                entry.state = RS.REPLICA_STATE_IDLE
+        self._emit(entry, global_scheduler_pb2.REPLICA_EVENT_KIND_STARTED, 0, "")
+
+    def _replica_exited(self, launched: LaunchedReplica, code: int) -> None:
+        key = (launched.spec.kernel_id, launched.spec.replica_id)
+        with self._lock:
+            entry = self._replicas.get(key)
+            if entry is None or entry.launched is not launched:
+                return
+            del self._replicas[key]
+        self.binder.release_owner(launched.spec.owner)
+        if entry.stopping:
+            kind = global_scheduler_pb2.REPLICA_EVENT_KIND_EXITED
+            message = ""
+        else:
+            kind = global_scheduler_pb2.REPLICA_EVENT_KIND_DIED
+            message = log_tail(launched.log_path, 1500)
+            log.warning("replica %s (pid %d) died with exit code %d", launched.spec.owner,
+                        launched.pid, code)
+        self._emit(entry, kind, code, message)
+
+    def _emit(self, entry: ReplicaEntry, kind: int, code: int, message: str) -> None:
+        self.report_event(global_scheduler_pb2.ReplicaEvent(
+            host_id=self.host.host_id, kernel_id=entry.spec.kernel_id,
+            replica_id=entry.spec.replica_id, kind=kind, pid=entry.launched.pid,
+            exit_code=code, message=message, time_unix=time.time(),
+        ))
+
+    def stop_replica(self, entry: ReplicaEntry, grace_period_s: float = 0.0) -> int:
+        with self._lock:
+            entry.stopping = True
+            entry.state = RS.REPLICA_STATE_STOPPING
+        return self.launcher.stop(entry.launched, grace_period_s or self.stop_grace_period_s)
+
+    def StopReplica(self, request, context):  # noqa: N802
+        entry = self._entry(request.kernel_id, request.replica_id, context)
+        if request.grace_period_s < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "StopReplicaRequest.grace_period_s must be >= 0")
+        code = self.stop_replica(entry, request.grace_period_s)
+        return local_scheduler_pb2.StopReplicaResponse(exit_code=code)
+
+    def InterruptReplica(self, request, context):  # noqa: N802
+        entry = self._entry(request.kernel_id, request.replica_id, context)
+        if entry.state not in RUNNING_STATES:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"replica {entry.spec.owner} is not running")
+        self.launcher.interrupt(entry.launched)
+        return local_scheduler_pb2.InterruptReplicaResponse()
+
+    def PrepareReplicaToMigrate(self, request, context):  # noqa: N802
+        """Stop giving the replica GPUs and wait for its running cell. The replica keeps its Raft
+        membership; its replacement catches up from the group (join), so no flush is needed here
+        and ``checkpoint_ref`` stays empty."""
+        entry = self._entry(request.kernel_id, request.replica_id, context)
+        if entry.state not in RUNNING_STATES:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"replica {entry.spec.owner} is not running (state "
+                          f"{RS.Name(entry.state)})")
+        timeout = request.timeout_s or 30.0
+        previous = entry.state
+        entry.state = RS.REPLICA_STATE_MIGRATING
+        deadline = time.monotonic() + timeout
+        while self.binder.committed_to(entry.spec.owner):
+            if time.monotonic() > deadline:
+                entry.state = previous
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"replica {entry.spec.owner} still runs a cell after {timeout:g}s")
+            time.sleep(0.05)
+        return local_scheduler_pb2.PrepareReplicaToMigrateResponse()
+
+    # -- GPUs -------------------------------------------------------------------------------
+
+    def CommitGpus(self, request, context):  # noqa: N802
+        if not request.request_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "CommitGpusRequest.request_id must not be empty")
+        if request.gpus < 0 or request.gpus > self.binder.total:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"CommitGpusRequest.gpus={request.gpus}: host {self.host.host_id} has "
+                          f"{self.binder.total} GPU(s)")
+        entry = self._entry(request.kernel_id, request.replica_id, context)
+        if entry.state == RS.REPLICA_STATE_MIGRATING:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"replica {entry.spec.owner} is migrating")
+        if entry.state not in RUNNING_STATES and entry.state != RS.REPLICA_STATE_STARTING:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"replica {entry.spec.owner} is not running")
+        result = self.binder.commit(entry.spec.owner, request.request_id, request.gpus,
+                                    list(request.preferred_device_ids))
+        if result.committed:
+            entry.state = RS.REPLICA_STATE_EXECUTING
+            entry.last_cell_device_ids = list(result.device_ids)
+        return local_scheduler_pb2.CommitGpusResponse(
+            committed=result.committed, device_ids=result.device_ids, reason=result.reason,
+            gpus_idle=result.gpus_idle)
+
+    def ReleaseGpus(self, request, context):  # noqa: N802
+        entry = self._entry(request.kernel_id, request.replica_id, context)
+        released = self.binder.release(request.request_id)
+        if entry.state == RS.REPLICA_STATE_EXECUTING:
+            entry.state = RS.REPLICA_STATE_IDLE
+        return local_scheduler_pb2.ReleaseGpusResponse(released_device_ids=released)
+
+    # -- pool, status, shutdown -------------------------------------------------------------
+
+    def SetPrewarmPool(self, request, context):  # noqa: N802
+        if request.target_size < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "SetPrewarmPoolRequest.target_size must be >= 0")
+        if self.draining and request.target_size > 0:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"host {self.host.host_id} is draining")
+        self.pool.set_target(request.target_size)
+        return self.pool_status()
+
+    def pool_status(self) -> local_scheduler_pb2.PrewarmPoolStatus:
+        target, ready, starting, message = self.pool.status()
+        return local_scheduler_pb2.PrewarmPoolStatus(target_size=target, ready=ready,
+                                                     starting=starting, message=message)
+
+    def GetHostStatus(self, request, context):  # noqa: N802
+        return local_scheduler_pb2.LocalHostStatus(
+            host=self.host_status(), replicas=self.replica_statuses(),
+            prewarm_pool=self.pool_status(), instance_id=self.instance_id,
+            registered=self.registered)
+
+    def Shutdown(self, request, context):  # noqa: N802
+        with self._lock:
+            entries = list(self._replicas.values())
+            if entries and not request.force:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"host {self.host.host_id} still runs {len(entries)} replica(s); "
+                              "migrate them first or pass force")
+            self.draining = True
+        self.pool.set_target(0)
+        for entry in entries:
+            self.stop_replica(entry)
+        if self.on_shutdown is not None:
+            threading.Thread(target=self.on_shutdown, args=(request.reason or "shutdown",),
+                             daemon=True).start()
+        return local_scheduler_pb2.ShutdownResponse(replicas_stopped=len(entries))
+
+    def stop_all(self) -> None:
+        with self._lock:
+            entries = list(self._replicas.values())
+        for entry in entries:
+            self.stop_replica(entry, 2.0)
+
+    def forget_stale(self, refs: list[global_scheduler_pb2.ReplicaRef]) -> None:
+        """Stop replicas the GS no longer knows (their kernel was stopped meanwhile)."""
+        for ref in refs:
+            with self._lock:
+                entry = self._replicas.get((ref.kernel_id, ref.replica_id))
+            if entry is not None:
+                log.info("stopping stale replica %s", entry.spec.owner)
+                self.stop_replica(entry)

@@ -1,0 +1,100 @@
+"""``notebookos status [--json]``: hosts and kernels as the Global Scheduler sees them.
+
+The JSON keys are a stable contract: ``hosts`` (``id``, ``address``, ``gpus`` with ``total``/
+``committed``/``pending``, ``subscription_ratio``) and ``kernels`` (``id``, ``replicas`` with
+``replica_id``/``host_id``/``pid``/``state``, ``executor``). Other keys may be added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import grpc
+
+from notebookos.config import ConfigError, load_config
+from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status", help="show hosts, GPUs and kernels of a running cluster",
+        description="Ask the Global Scheduler for hosts (GPUs total/committed/pending, "
+                    "subscription ratio) and kernels (replicas, executor).",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--global-scheduler", metavar="HOST:PORT",
+                        help="the Global Scheduler's gRPC address (default from the config)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
+    parser.set_defaults(func=run)
+
+
+def status_document(status: global_scheduler_pb2.ClusterStatus) -> dict[str, Any]:
+    hosts = [{
+        "id": h.host_id,
+        "address": h.address,
+        "gpus": {"total": h.capacity.gpus, "committed": h.gpus_committed,
+                 "pending": h.gpus_pending, "subscribed": h.subscribed.gpus,
+                 "virtual": h.virtual_gpus},
+        "subscription_ratio": round(h.subscription_ratio, 6),
+        "prewarm_pool_size": h.prewarm_pool_size,
+        "draining": h.draining,
+    } for h in status.hosts]
+    kernels = [{
+        "id": k.kernel_id,
+        "state": common_pb2.KernelState.Name(k.state).removeprefix("KERNEL_STATE_").lower(),
+        "replicas": [{
+            "replica_id": r.replica_id, "host_id": r.host_id, "pid": r.pid,
+            "state": common_pb2.ReplicaState.Name(r.state).removeprefix("REPLICA_STATE_").lower(),
+        } for r in k.replicas],
+        "executor": k.executor_replica_id or None,
+        "message": k.message,
+    } for k in status.kernels]
+    return {"hosts": hosts, "kernels": kernels, "policy": status.policy,
+            "gpus": {"total": status.gpus_total, "committed": status.gpus_committed,
+                     "pending": status.gpus_pending},
+            "subscription_ratio_limit": status.subscription_ratio_limit}
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    lines = [f"policy {doc['policy']}; GPUs {doc['gpus']['committed']} committed, "
+             f"{doc['gpus']['pending']} pending of {doc['gpus']['total']}", "", "HOSTS"]
+    lines.append(f"  {'id':<24} {'address':<22} {'gpus':>5} {'comm':>5} {'pend':>5} {'SR':>6}")
+    for h in doc["hosts"]:
+        g = h["gpus"]
+        lines.append(f"  {h['id']:<24} {h['address']:<22} {g['total']:>5} {g['committed']:>5} "
+                     f"{g['pending']:>5} {h['subscription_ratio']:>6.3f}")
+    lines += ["", "KERNELS"]
+    for k in doc["kernels"]:
+        lines.append(f"  {k['id']} ({k['state']}) executor={k['executor']}"
+                     + (f"  {k['message']}" if k["message"] else ""))
+        for r in k["replicas"]:
+            lines.append(f"    replica {r['replica_id']} on {r['host_id']} pid {r['pid']} "
+                         f"{r['state']}")
+    if not doc["kernels"]:
+        lines.append("  (none)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"notebookos: {exc}", file=sys.stderr)
+        return 2
+    address = args.global_scheduler or f"{config.global_scheduler.host}:" \
+        f"{config.global_scheduler.grpc_port}"
+    with grpc.insecure_channel(address) as channel:
+        try:
+            status = gs_grpc.GlobalSchedulerStub(channel).GetClusterStatus(
+                global_scheduler_pb2.GetClusterStatusRequest(), timeout=args.timeout)
+        except grpc.RpcError as exc:
+            print(f"notebookos status: cannot reach the Global Scheduler at {address}: "
+                  f"{exc.details()}", file=sys.stderr)
+            return 1
+    doc = status_document(status)
+    print(json.dumps(doc, indent=2) if args.json else render_text(doc))
+    return 0

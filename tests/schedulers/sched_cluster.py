@@ -1,0 +1,156 @@
+"""A real loopback cluster for scheduler tests: one Global Scheduler, N Local Schedulers, real
+replica processes (``python -m notebookos.kernel``), each daemon in its own process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from conftest import free_port, kill_group, wait_for_port
+from jupyter_client import BlockingKernelClient
+
+from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+from notebookos.proto.convert import connection_info_to_dict
+
+NOTEBOOKOS = [sys.executable, "-m", "notebookos.cli"]
+
+
+class Cluster:
+    def __init__(self, workdir: Path, env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.gs_port = free_port()
+        self.gs_address = f"127.0.0.1:{self.gs_port}"
+        self.env = {
+            **os.environ,
+            "NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S": "0.3",
+            "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "3",
+            "NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICA_START_TIMEOUT_S": "60",
+            **(env or {}),
+        }
+        self.gs: subprocess.Popen | None = None
+        self.ls: dict[str, subprocess.Popen] = {}
+        self.procs: list[subprocess.Popen] = []
+        self._channel = grpc.insecure_channel(self.gs_address)
+        self.stub = gs_grpc.GlobalSchedulerStub(self._channel)
+        self.clients: list[BlockingKernelClient] = []
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test
+        proc = subprocess.Popen([*NOTEBOOKOS, *args], stdout=log, stderr=subprocess.STDOUT,
+                                env=self.env, start_new_session=True, cwd=self.workdir)
+        self.procs.append(proc)
+        return proc
+
+    def start_gs(self, *extra: str) -> subprocess.Popen:
+        self.gs = self._spawn("gs", ["global-scheduler", "--port", str(self.gs_port),
+                                     "--state-dir", str(self.workdir / "state"), *extra])
+        assert wait_for_port(self.gs_port, 30, self.gs), self.log("gs")
+        return self.gs
+
+    def start_ls(self, host_id: str, gpus: int = 2, prewarm: int = 0) -> subprocess.Popen:
+        proc = self._spawn(host_id, [
+            "local-scheduler", "--host-id", host_id, "--port", "0",
+            "--global-scheduler", self.gs_address, "--virtual-gpus", str(gpus),
+            "--prewarm", str(prewarm), "--state-dir", str(self.workdir / "state")])
+        self.ls[host_id] = proc
+        return proc
+
+    def status(self) -> global_scheduler_pb2.ClusterStatus:
+        return self.stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(),
+                                          timeout=10)
+
+    def wait_hosts(self, count: int, timeout: float = 30) -> None:
+        self.wait(lambda: len(self.status().hosts) == count, timeout,
+                  f"{count} registered hosts")
+
+    def wait(self, predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                if predicate():
+                    return
+            except grpc.RpcError as exc:
+                last = exc
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what} ({last})\n{self.log('gs')}")
+
+    def start_kernel(self, gpus: int = 1, kernel_id: str | None = None,
+                     timeout: float = 90) -> tuple[str, BlockingKernelClient]:
+        kernel_id = kernel_id or f"k-{uuid.uuid4().hex[:8]}"
+        response = self.stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
+            kernel_id=kernel_id, key=uuid.uuid4().hex,
+            resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=128, gpus=gpus)),
+            timeout=timeout)
+        return kernel_id, self.client(response.connection)
+
+    def client(self, connection: common_pb2.ConnectionInfo) -> BlockingKernelClient:
+        kc = BlockingKernelClient()
+        kc.load_connection_info(connection_info_to_dict(connection))
+        kc.start_channels()
+        self.clients.append(kc)
+        return kc
+
+    def kernel(self, kernel_id: str) -> common_pb2.KernelStatus:
+        return self.stub.GetKernelStatus(
+            global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
+
+    def log(self, name: str) -> str:
+        try:
+            return (self.workdir / f"{name}.log").read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        for kc in self.clients:
+            kc.stop_channels()
+        self._channel.close()
+        for proc in reversed(self.procs):  # Local Schedulers take their replicas with them
+            kill_group(proc)
+
+
+def run_cell(kc: BlockingKernelClient, code: str, timeout: float = 60) -> dict[str, Any]:
+    """Execute ``code``; returns {"reply", "outputs", "statuses"} as the client saw them."""
+    outputs: list[dict] = []
+    statuses: list[str] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] == "status":
+            statuses.append(msg["content"]["execution_state"])
+        elif msg["msg_type"] in ("execute_result", "stream", "error", "display_data"):
+            outputs.append(msg)
+
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    return {"reply": reply, "outputs": outputs, "statuses": statuses}
+
+
+def result_text(run: dict[str, Any]) -> str:
+    for msg in run["outputs"]:
+        if msg["msg_type"] == "execute_result":
+            return msg["content"]["data"]["text/plain"]
+    return json.dumps([m["content"] for m in run["outputs"]])[:2000]
+
+
+@pytest.fixture(name="make_cluster")
+def make_cluster_fixture(tmp_path: Path) -> Iterator:
+    """``make_cluster(env=None)`` -> a ``Cluster`` closed (every process killed) after the test."""
+    made: list[Cluster] = []
+
+    def make(env: dict[str, str] | None = None) -> Cluster:
+        cluster = Cluster(tmp_path, env)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.close()
