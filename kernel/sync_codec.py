@@ -299,6 +299,11 @@ class SyncState:
             token, weakref.ref(tensor), _tensor_fingerprint(tensor), digest, blob, store_key
         )
 
+    def forget_objects(self, store_keys: set[str]) -> None:
+        """Forget tensors stored under these keys (their upload failed)."""
+        for token in [t for t, r in self._records.items() if r.store_key in store_keys]:
+            del self._records[token]
+
     def prune(self) -> None:
         """Forget tensors that no longer exist."""
         for token in [t for t, r in self._records.items() if r.ref() is None]:
@@ -493,6 +498,8 @@ class StateEncoder:
         """Entries for every candidate name whose value changed, was deleted or became unsyncable.
 
         Never raises for a bad value: an unserialisable one yields a warning naming it instead.
+        Raises ``StoreError`` when large objects cannot be stored; nothing is then recorded as
+        synced, so the next encode sends those names again.
         """
         update = SyncUpdate()
         uploads: dict[str, bytes | memoryview] = {}
@@ -512,7 +519,12 @@ class StateEncoder:
                     continue
                 if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
                     update.entries.append(entry)
-            self._upload(uploads)
+            try:
+                self._upload(uploads)
+            except Exception:
+                # Tensors whose bytes did not reach the store must be serialised again next time.
+                self.state.forget_objects(set(uploads) - self._known_objects)
+                raise
             for entry in update.entries:
                 if entry.kind == "deleted":
                     self.state.entries.pop(entry.name, None)

@@ -554,3 +554,32 @@ def test_with_a_real_ipython_shell(file_store: LargeObjectStore) -> None:
     finally:
         for name in ("y", "np", "arr", "f", "files"):
             shell.user_ns.pop(name, None)
+
+
+def test_failed_upload_is_retried_by_the_next_encode(tmp_path: Path) -> None:
+    from notebookos.store import StoreError
+    from notebookos.store.file_store import FileStore
+
+    class FlakyStore(FileStore):
+        """A real file store whose writes fail while `down` is set (a store outage)."""
+
+        down = False
+
+        def put(self, key, value):
+            if self.down:
+                raise StoreError("file", key, "injected outage")
+            return super().put(key, value)
+
+    store = FlakyStore(tmp_path / "flaky", HMAC_KEY)
+    p = Pair(store)
+    try:
+        exec("import torch\nbig = torch.randn(300, 300)", p.executor)
+        store.down = True
+        with pytest.raises(StoreError):
+            p.encoder.encode(p.executor, analyze_cell("big = 1"))
+        assert "big" not in p.encoder.snapshot_entries()
+        store.down = False
+        p.replicate(analyze_cell("big = 1"))  # same tensor, unchanged: must be uploaded now
+        assert torch.equal(p.standby["big"], p.executor["big"])
+    finally:
+        p.close()
