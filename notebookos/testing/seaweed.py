@@ -33,6 +33,9 @@ class S3Server:
     def __init__(self, workdir: Path) -> None:
         self.workdir = Path(workdir)
         self.s3_port = free_port()
+        # Chosen once, so that start() after kill() brings the same server back on its data.
+        self.ports = {name: free_port() for name in ("master", "volume", "filer")}
+        self.grpc_ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
         self.proc: subprocess.Popen | None = None
         self.access_key = "notebookos"
         self.secret_key = "notebookos-secret"
@@ -54,8 +57,7 @@ class S3Server:
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }
         config.write_text(json.dumps({"identities": [identity]}))
-        ports = {name: free_port() for name in ("master", "volume", "filer")}
-        grpc_ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
+        ports, grpc_ports = self.ports, self.grpc_ports
         cmd = [
             binary, "server", "-s3", "-filer",
             f"-dir={self.workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
