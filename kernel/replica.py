@@ -45,6 +45,12 @@ from .records import (
 from .state_sync import StateSync
 
 
+def applied_members(raft: RaftLog) -> dict[int, str]:
+    """The book's member map (called on the tick thread, which holds no lock here)."""
+    with raft.lock:
+        return dict(raft.book.members)
+
+
 class ReplicaKernel(IPythonKernel):
     """One replica of a NotebookOS distributed kernel."""
 
@@ -165,8 +171,17 @@ class ReplicaKernel(IPythonKernel):
                 with self._apply_lock:
                     self._applies.append((election.election_id, applied.update))
                     self._applies_pending += 1
+        if applied.decided and applied.election is not None:
+            executor = applied.election.executor
+            if executor is not None and executor in applied_members(self.raft):
+                self.raft.transfer_leadership_to(applied_members(self.raft)[executor])
         if applied.ignored_completion and isinstance(record, Completion):
-            if record.executor == self.replica_id:
+            election = applied.election
+            if (
+                record.executor == self.replica_id
+                and election is not None
+                and election.phase is Phase.ABORTED
+            ):
                 # The group aborted this cell while it ran here: our namespace now holds effects
                 # nobody else has. Stop, so a replacement joins with the group's state.
                 self.log.error(

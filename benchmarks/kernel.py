@@ -1,0 +1,204 @@
+"""Benchmark the distributed kernel against a plain ipykernel, in the same run, same client.
+
+    python benchmarks/kernel.py [--json] [--cells 200] [--large-mib 1024] [--skip-large]
+
+Measures (see docs/performance.md, "Distributed kernel"):
+- roundtrip_p50/p99_ms: a trivial cell on a 3-replica group, from sending the execute/yield
+  requests to receiving the executor's execute_reply; plain_p50/p99_ms: the same cell, same
+  jupyter_client client code, on a plain ipykernel started the same way.
+- sync_p50/p99_ms: from the executor's reply to the moment every standby has applied the cell's
+  small-state update (a standby replies only after applying it: the last standby reply).
+- large_write_s / large_read_s: a tensor of --large-mib MiB through S3 (a local SeaweedFS):
+  write = executor reply -> executor idle (serialise, upload, commit); read = executor idle ->
+  last standby reply (fetch, deserialise). raw_write_s / raw_read_s: boto3 alone, same bytes.
+- failover_s: SIGKILL the executor, then send the next cell to a survivor: kill -> that cell's
+  execute_input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "kernel"))  # the replica-group harness lives with tests
+
+from harness import ReplicaGroup, kill_group  # noqa: E402
+from jupyter_client import BlockingKernelClient  # noqa: E402
+from jupyter_client.connect import write_connection_file  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def wait_reply(getter, msg_id: str, timeout: float = 60.0) -> dict[str, Any]:
+    return ReplicaGroup._wait_reply(getter, msg_id, timeout)
+
+
+def wait_idle(client: BlockingKernelClient, msg_id: str, timeout: float = 60.0) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=timeout)
+        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"):
+            return time.perf_counter()
+    raise TimeoutError("no idle")
+
+
+def plain_kernel(workdir: Path, cells: int) -> list[float]:
+    cf = workdir / "plain.json"
+    write_connection_file(str(cf), ip="127.0.0.1", key=b"plain-key")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ipykernel_launcher", "-f", str(cf),
+         "--HistoryManager.enabled=False"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    client = BlockingKernelClient(connection_file=str(cf))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(60)
+        samples = []
+        for i in range(cells + 10):
+            t0 = time.perf_counter()
+            msg_id = client.execute("1")
+            wait_reply(client.get_shell_msg, msg_id)
+            if i >= 10:
+                samples.append(time.perf_counter() - t0)
+            wait_idle(client, msg_id)
+        return samples
+    finally:
+        client.stop_channels()
+        kill_group(proc)
+
+
+def distributed_roundtrip(group: ReplicaGroup, cells: int) -> tuple[list[float], list[float]]:
+    """Trivial cell; returns (executor reply latencies, sync latencies) in seconds."""
+    roundtrip, sync = [], []
+    executor = group.replicas[1].client
+    for i in range(cells + 10):
+        t0 = time.perf_counter()
+        msg_id = group.send_execute(f"bench_state = {i}", target=1)
+        wait_reply(executor.get_shell_msg, msg_id)
+        t_reply = time.perf_counter()
+        for rid in (2, 3):
+            wait_reply(group.replicas[rid].client.get_shell_msg, msg_id)
+        t_synced = time.perf_counter()
+        wait_idle(executor, msg_id)
+        if i >= 10:
+            roundtrip.append(t_reply - t0)
+            sync.append(t_synced - t_reply)
+    group.drain_iopub()
+    return roundtrip, sync
+
+
+def failover(group: ReplicaGroup) -> float:
+    group.execute("before_failover = 1", target=1)
+    survivor = group.replicas[2].client
+    group.kill(1)
+    t0 = time.perf_counter()
+    msg_id = group.send_execute("after_failover = before_failover + 1", target=2, to=[2, 3])
+    while True:
+        msg = survivor.get_iopub_msg(timeout=30)
+        if msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
+            elapsed = time.perf_counter() - t0
+            break
+    result = group.collect(msg_id, [2, 3], target=None)
+    assert result.reply(2)["content"]["status"] == "ok", result.summary()
+    return elapsed
+
+
+def large_objects(workdir: Path, mib: int) -> dict[str, float]:
+    from notebookos.testing.seaweed import S3Server
+
+    server = S3Server(workdir / "weed").start()
+    try:
+        bucket = server.new_bucket()
+        data = os.urandom(1 << 20) * mib
+        s3 = server.client()
+        t0 = time.perf_counter()
+        s3.put_object(Bucket=bucket, Key="raw/blob", Body=data)
+        raw_write = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        body = s3.get_object(Bucket=bucket, Key="raw/blob")["Body"].read()
+        raw_read = time.perf_counter() - t0
+        assert len(body) == len(data)
+        del body, data
+        group = ReplicaGroup(workdir / "large", store_url=server.store_url(bucket, credentials=True))
+        try:
+            group.start()
+            group.execute("import torch", target=1, timeout=120)
+            elements = mib * (1 << 20) // 4
+            msg_id = group.send_execute(
+                f"huge = torch.ones({elements}, dtype=torch.float32)", target=1
+            )
+            executor = group.replicas[1].client
+            wait_reply(executor.get_shell_msg, msg_id, 600)
+            t_reply = time.perf_counter()
+            t_idle = wait_idle(executor, msg_id, 600)
+            for rid in (2, 3):
+                wait_reply(group.replicas[rid].client.get_shell_msg, msg_id, 600)
+            t_read = time.perf_counter()
+            check = group.execute("print(int(huge.sum()))", target=2, timeout=120)
+            assert check.stdout().strip() == str(elements), check.summary()
+        finally:
+            group.stop()
+        return {"large_write_s": t_idle - t_reply, "large_read_s": t_read - t_idle,
+                "raw_write_s": raw_write, "raw_read_s": raw_read, "large_mib": mib}
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--cells", type=int, default=200)
+    parser.add_argument("--large-mib", type=int, default=1024)
+    parser.add_argument("--skip-large", action="store_true")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="nbos-bench-") as tmp:
+        workdir = Path(tmp)
+        plain = plain_kernel(workdir, args.cells)
+        group = ReplicaGroup(workdir / "group", store_url=f"file://{workdir}/store")
+        try:
+            t0 = time.perf_counter()
+            group.start()
+            results["group_start_s"] = time.perf_counter() - t0
+            roundtrip, sync = distributed_roundtrip(group, args.cells)
+            results["failover_s"] = failover(group)
+        finally:
+            group.stop()
+        results.update({
+            "roundtrip_p50_ms": percentile(roundtrip, 50) * 1e3,
+            "roundtrip_p99_ms": percentile(roundtrip, 99) * 1e3,
+            "plain_p50_ms": percentile(plain, 50) * 1e3,
+            "plain_p99_ms": percentile(plain, 99) * 1e3,
+            "sync_p50_ms": percentile(sync, 50) * 1e3,
+            "sync_p99_ms": percentile(sync, 99) * 1e3,
+        })
+        results["overhead_p50_ms"] = results["roundtrip_p50_ms"] - results["plain_p50_ms"]
+        if not args.skip_large:
+            results.update(large_objects(workdir, args.large_mib))
+    results["cells"] = args.cells
+    results["cpus"] = os.cpu_count()
+    if args.json:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                          for k, v in results.items()}))
+    else:
+        for key, value in results.items():
+            print(f"{key:>20}: {value:.3f}" if isinstance(value, float) else f"{key:>20}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
