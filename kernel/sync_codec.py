@@ -27,6 +27,7 @@ been checked. See docs/state-sync.md.
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import importlib
 import io
@@ -378,6 +379,11 @@ class _ValuePickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj: Any) -> Any:
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
             return (_tensor_ref, (self._on_tensor(obj),))  # type: ignore[misc]
+        if (isinstance(obj, type) and "__slotnames__" not in obj.__dict__
+                and not cloudpickle_internals._should_pickle_by_reference(obj)):
+            # Pickling an instance caches __slotnames__ on its class; do it now so that a
+            # notebook class serialises the same before and after its first instance is synced.
+            copyreg._slotnames(obj)
         return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:

@@ -583,3 +583,35 @@ def test_failed_upload_is_retried_by_the_next_encode(tmp_path: Path) -> None:
         assert torch.equal(p.standby["big"], p.executor["big"])
     finally:
         p.close()
+
+
+def test_nothing_is_resent_when_nothing_changed(pair: Pair) -> None:
+    """Serialisation is stable: re-checking unchanged values of every common sort sends nothing."""
+    cell = """
+        import functools, torch, numpy as np
+        g = 1
+        def f(a=1):
+            return a + g
+        class C:
+            def m(self):
+                return f()
+        class Slotted:
+            __slots__ = ("a",)
+        obj = C()
+        slotted = Slotted()
+        slotted.a = 3
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        words = {"alpha", "beta", "gamma", "delta"}
+        arr = np.ones(10)
+        lam = lambda x: x + g
+        part = functools.partial(f, 2)
+    """
+    first = pair.run(cell)
+    assert len(first.entries) == 15 and first.warnings == []
+    every_name = frozenset(e.name for e in first.entries)
+    again = pair.replicate(CellEffects(every_name, frozenset(), frozenset(), ()))
+    assert again.entries == []
+    assert pair.standby["obj"].m() == 2 and pair.standby["part"]() == 3
