@@ -739,6 +739,12 @@ class StateApplier:
             namespace.pop(entry.name, None)
             self.state.entries.pop(entry.name, None)
             return
+        current = self.state.entries.get(entry.name)
+        if (current is not None and current.kind == entry.kind and current.digest == entry.digest
+                and entry.name in namespace):
+            # This replica already holds exactly this value (it encoded it itself, or the update
+            # is replayed): keep the object, and with it every alias of it.
+            return
         if entry.kind == "module":
             assert entry.module is not None
             namespace[entry.name] = importlib.import_module(entry.module)

@@ -621,3 +621,23 @@ def test_nothing_is_resent_when_nothing_changed(pair: Pair) -> None:
     assert again.entries == []
     pair.applier.apply(pair.standby, first)
     assert pair.standby["obj"].m() == 2 and pair.standby["part"]() == 3
+
+
+def test_applying_an_update_where_it_was_made_keeps_the_objects(pair: Pair) -> None:
+    """The executor applying its own committed update (or a replay) must not swap its objects."""
+    exec("shared = [1]\nalias = shared\nconfig = {'lr': 0.1}", pair.executor)
+    update = pair.encoder.encode(pair.executor, analyze_cell("shared = alias = config = 1"))
+    own = StateApplier(pair.store, state=pair.executor_state)
+    try:
+        before = dict(pair.executor)
+        own.apply(pair.executor, SyncUpdate.from_bytes(update.to_bytes()))
+        assert all(pair.executor[k] is before[k] for k in before)
+        pair.executor["shared"].append(2)
+        assert pair.executor["alias"] == [1, 2]
+    finally:
+        own.close()
+    replay = SyncUpdate.from_bytes(update.to_bytes())
+    pair.applier.apply(pair.standby, replay)
+    first = pair.standby["config"]
+    pair.applier.apply(pair.standby, replay)
+    assert pair.standby["config"] is first
