@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import hmac
 from collections.abc import Callable, Iterable, Iterator
 
-from notebookos.store.integrity import BLOCK_SIZE, ValueMac, check_hmac_key
+from notebookos.store.integrity import BLOCK_SIZE, BackgroundMac, ValueMac, check_hmac_key
 
 CHUNK_SIZE = 64 * 1024 * 1024  # values larger than this are streamed in chunks
 MAX_KEY_LENGTH = 512
@@ -141,14 +142,20 @@ class AuthenticatedStore(LargeObjectStore):
     def _new_mac(self, key: str, keep_block_digests: bool = False) -> ValueMac:
         return ValueMac(self._hmac_key, key, keep_block_digests)
 
+    def _writer_mac(self, key: str, value: Value) -> ValueMac | BackgroundMac:
+        """The MAC for a put: hashed on a worker thread, overlapping the writes, for big values."""
+        if isinstance(value, bytes | bytearray | memoryview) and len(value) < 2 * BLOCK_SIZE:
+            return self._new_mac(key)
+        return BackgroundMac(self._new_mac(key))
+
     def _error(self, key: str, reason: str) -> StoreError:
         return StoreError(self.backend, key, reason)
 
     def _integrity_error(self, key: str, reason: str) -> IntegrityError:
         return IntegrityError(self.backend, key, reason)
 
-    def _check_mac(self, key: str, mac: ValueMac, expected: bytes) -> None:
-        if not mac.matches(expected):
+    def _check_mac(self, key: str, mac: ValueMac | BackgroundMac, expected: bytes) -> None:
+        if not hmac.compare_digest(mac.digest(), expected):
             raise self._integrity_error(
                 key,
                 "HMAC mismatch: the value was tampered with, truncated, or written with another "

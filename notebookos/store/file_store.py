@@ -56,7 +56,7 @@ class FileStore(AuthenticatedStore):
     def put(self, key: str, value: Value) -> None:
         path = self.path_of(key)
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-        mac = self._new_mac(key)
+        mac = self._writer_mac(key, value)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb", buffering=0) as out:
@@ -72,9 +72,11 @@ class FileStore(AuthenticatedStore):
             if self.fsync:
                 _fsync_dir(path.parent)
         except TypeError:
+            mac.close()
             _unlink_quietly(tmp)
             raise
         except BaseException as exc:
+            mac.close()
             _unlink_quietly(tmp)
             if isinstance(exc, Exception):
                 raise self._error(key, f"write failed, nothing was stored: {exc!r}") from exc

@@ -14,8 +14,9 @@ import hashlib
 import hmac
 import os
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 BLOCK_SIZE = 8 * 1024 * 1024
 MAC_SIZE = 32
@@ -98,6 +99,9 @@ class ValueMac:
             self._final = self._mac.digest()
         return self._final
 
+    def close(self) -> None:
+        """Nothing to release (the same interface as ``BackgroundMac``)."""
+
     def matches(self, expected: bytes) -> bool:
         return hmac.compare_digest(self.digest(), expected)
 
@@ -151,3 +155,37 @@ def blocks_of(
             del pending[:size]
     if pending:
         yield bytes(pending)
+
+
+class BackgroundMac:
+    """A ``ValueMac`` fed from a worker thread, so hashing overlaps the caller's I/O.
+
+    ``update`` queues the piece (it must not be mutated until ``digest``) and returns; at most
+    ``max_pending`` pieces wait, which bounds memory for streamed inputs. ``digest`` waits for all.
+    """
+
+    def __init__(self, mac: ValueMac, max_pending: int = 4) -> None:
+        self._mac = mac
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="nbos-mac")
+        self._pending: deque[Future] = deque()
+        self._max_pending = max_pending
+        self.length = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self.length += len(data)
+        self._pending.append(self._worker.submit(self._mac.update, data))
+        while len(self._pending) > self._max_pending:
+            self._pending.popleft().result()
+
+    def digest(self) -> bytes:
+        while self._pending:
+            self._pending.popleft().result()
+        self._worker.shutdown(wait=False)
+        return self._mac.digest()
+
+    def close(self) -> None:
+        """Drop queued work (after a failed write)."""
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._worker.shutdown(wait=False, cancel_futures=True)

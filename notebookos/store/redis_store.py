@@ -31,7 +31,7 @@ from notebookos.store.base import (
     iter_value,
     validate_key,
 )
-from notebookos.store.integrity import BLOCK_SIZE, blocks_of
+from notebookos.store.integrity import BLOCK_SIZE, BackgroundMac, blocks_of
 
 FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = BLOCK_SIZE
@@ -118,7 +118,7 @@ class RedisStore(AuthenticatedStore):
         if not isinstance(value, bytes | bytearray | memoryview):
             pieces = blocks_of(pieces, self.chunk_size)
         gen = uuid.uuid4().hex
-        mac = self._new_mac(key)
+        mac = self._writer_mac(key, value)
         count = 0
         try:
             for piece in pieces:
@@ -138,9 +138,11 @@ class RedisStore(AuthenticatedStore):
                 args += [name, field]
             self._publish(keys=[manifest_key], args=args)
         except TypeError:
+            mac.close()
             self._discard(gen, count + 1)
             raise
         except Exception as exc:
+            mac.close()
             cleaned = self._discard(gen, count + 1)
             leftover = (
                 "" if cleaned else (f"; its partial chunks expire within {self.pending_ttl} s")
@@ -211,13 +213,22 @@ class RedisStore(AuthenticatedStore):
     def get(self, key: str) -> bytes:
         for _attempt in range(3):
             manifest = self._manifest(key)
-            mac = self._new_mac(key)
+            # Several chunks: hash each on a worker thread while the next one is fetched.
+            mac = (
+                self._new_mac(key)
+                if int(manifest["chunks"]) < 2
+                else BackgroundMac(self._new_mac(key))
+            )
             chunks: list[bytes] = []
             try:
                 for chunk in self._chunks(key, manifest):
                     mac.update(chunk)
                     chunks.append(chunk)
-            except _ChunkGone as gone:
+            except BaseException as exc:
+                mac.close()
+                if not isinstance(exc, _ChunkGone):
+                    raise
+                gone = exc
                 if self._replaced(key, manifest):
                     continue  # overwritten or deleted while we read: start from the new manifest
                 raise self._integrity_error(key, f"chunk {gone.index} is missing") from None
