@@ -44,6 +44,7 @@ class ReplicaKernelApp(IPKernelApp):
         "store-url": "ReplicaKernel.store_url",
         "election-timeout": "ReplicaKernel.election_timeout",
         "executor-dead-after": "ReplicaKernel.executor_dead_after",
+        "raft-compaction-entries": "ReplicaKernel.raft_compaction_entries",
     })
     flags = Dict({
         **kernel_flags,

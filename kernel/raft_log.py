@@ -1,8 +1,8 @@
 """The replicated log of one kernel, on pysyncobj.
 
 One ``RaftLog`` per replica. ``propose(record)`` appends a typed record (``records.py``); every
-committed record is applied to the replica's ``ElectionBook`` on pysyncobj's tick thread, under
-``lock``, and then handed to ``on_commit`` (which must only schedule work, never block).
+committed record is applied to the replica's ``ElectionBook`` on pysyncobj's tick thread and handed
+to ``on_commit``, both under ``lock`` (so ``on_commit`` must only schedule work, never block).
 
 Configuration, on purpose (notes/ecosystem.md section 3):
 - ``password`` derived from the kernel's HMAC key, so Raft traffic is encrypted and authenticated
@@ -51,16 +51,16 @@ class _BookConsumer(SyncObjConsumer):
 
     @replicated
     def commit(self, record: Record) -> bool:
-        with self.lock:
+        with self.lock:  # the handler runs under the lock too: book and handler stay in step
             try:
                 applied = self.book.apply(record)
             except Exception:  # noqa: BLE001 - a bad record must not kill the tick thread
                 log.exception("could not apply log record %r", record)
                 return False
-        try:
-            self._on_commit(record, applied)
-        except Exception:  # noqa: BLE001
-            log.exception("commit handler failed for %r", record)
+            try:
+                self._on_commit(record, applied)
+            except Exception:  # noqa: BLE001
+                log.exception("commit handler failed for %r", record)
         return True
 
     def _deserialize(self, data):  # a snapshot from the leader replaces the whole book
@@ -86,6 +86,7 @@ class RaftLog:
         on_ready: Callable[[], None] | None = None,
         raft_min_timeout: float = 0.25,
         raft_max_timeout: float = 0.6,
+        compaction_entries: int = 5000,
     ) -> None:
         self.self_address = self_address
         self._closed = False
@@ -107,6 +108,7 @@ class RaftLog:
             leaderFallbackTimeout=5.0,
             commandsWaitLeader=True,
             onReady=on_ready,
+            logCompactionMinEntries=compaction_entries,  # then a joiner gets a snapshot
         )
         self._sync = SyncObj(self_address, peer_addresses, conf, consumers=[self._consumer])
 

@@ -77,6 +77,9 @@ class ReplicaKernel(IPythonKernel):
     restore_from_checkpoint = Bool(
         False, help="Rebuild the namespace from the store's checkpoint (all replicas were lost)."
     ).tag(config=True)
+    raft_compaction_entries = Int(
+        5000, help="Compact the Raft log (in-memory snapshot) beyond this many entries."
+    ).tag(config=True)
     sync_threshold_bytes = Int(1 << 20, help="Values larger than this go to the store.").tag(
         config=True
     )
@@ -111,6 +114,7 @@ class ReplicaKernel(IPythonKernel):
         self._applies_pending = 0
         self._apply_lock = threading.Lock()
         self._restore_needed = False
+        self._rebuilding = False
         self.restore_notes: list[str] = []
         self._restoring = bool(self.restore_from_checkpoint)
         self._raft_ready = threading.Event()
@@ -130,6 +134,7 @@ class ReplicaKernel(IPythonKernel):
             on_commit=self._on_commit,
             on_restore=self._on_snapshot,
             on_ready=self._raft_ready.set,
+            compaction_entries=self.raft_compaction_entries,
         )
         self.log.info(
             "NotebookOS replica %s of kernel %s: raft %s, peers %s",
@@ -216,8 +221,14 @@ class ReplicaKernel(IPythonKernel):
     async def _drain_applies(self) -> None:
         while True:
             if self._restore_needed:
+                self._rebuilding = True
                 self._restore_needed = False
-                await self._rebuild_after_snapshot()
+                try:
+                    await self._rebuild_after_snapshot()
+                finally:
+                    self._rebuilding = False
+                    self._notify()
+                continue
             with self._apply_lock:
                 item = self._applies.popleft() if self._applies else None
             if item is None:
@@ -234,16 +245,26 @@ class ReplicaKernel(IPythonKernel):
                 self._notify()
 
     async def _rebuild_after_snapshot(self) -> None:
-        with self.raft.lock:
+        """A Raft snapshot replaced the book: rebuild the namespace from the store's checkpoint
+        plus the updates the book keeps after it; later records arrive through the queue."""
+        with self.raft.lock, self._apply_lock:  # atomic against the commit handler
             checkpoint_count = self.raft.book.checkpoint_count
             updates = [u for _c, _e, u in self.raft.book.updates]
-        with self._apply_lock:
             self._applies.clear()
             self._applies_pending = 0
+        self.log.info("rebuilding from a Raft snapshot: checkpoint of cell %d + %d updates",
+                      checkpoint_count, len(updates))
         if checkpoint_count:
-            await asyncio.to_thread(self.sync.restore_checkpoint, self.shell.user_ns)
+            _count, failed = await asyncio.to_thread(
+                self.sync.restore_checkpoint, self.shell.user_ns
+            )
+            for name in failed:
+                self.log.error("%r could not be restored from the checkpoint", name)
         for update in updates:
-            await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
+            try:
+                await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
+            except Exception as exc:  # noqa: BLE001 - one bad update must not stop the others
+                self.log.error("could not apply a state update after the snapshot: %s", exc)
 
     async def _restore_from_store(self) -> None:
         try:
@@ -336,7 +357,8 @@ class ReplicaKernel(IPythonKernel):
                 others = [e for e in self.raft.book.open_elections() if e.election_id != election_id]
             with self._apply_lock:
                 pending = self._applies_pending
-            if not (others or pending or self._restore_needed or self._restoring):
+            if not (others or pending or self._restore_needed or self._rebuilding
+                    or self._restoring):
                 return
             self._tend_open_elections()
             try:

@@ -98,3 +98,22 @@ def test_all_replicas_killed_kernel_rebuilt_from_checkpoint(tmp_path: Path):
         assert result.executor_reply()["content"]["execution_count"] == count + 1
     finally:
         second.stop()
+
+
+def test_replacement_catches_up_from_a_raft_snapshot(tmp_path: Path):
+    group = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store",
+                         extra_args=["--raft-compaction-entries=10"])
+    try:
+        group.start()
+        group.execute("import numpy as np\ntable = np.arange(200_000)\ncounter = 0", target=1)
+        for _ in range(8):  # enough records to compact the log several times
+            group.execute("counter += 1", target=2)
+        group.execute("del table\ntable2 = [counter]", target=1)
+        group.kill(3)
+        assert group.remove(3, via=1)["content"]["status"] == "ok"
+        replacement = group.add_replacement(via=2)
+        result = group.execute("print(counter, table2, 'table' in globals())",
+                               target=replacement.replica_id)
+        assert result.stdout() == "8 [8] False\n", result.summary()
+    finally:
+        group.stop()
