@@ -249,6 +249,28 @@ class _TensorRecord:
     store_key: str | None  # store key of a large tensor
 
 
+class _WeakIdMap:
+    """object -> token by identity, without keeping the object alive (tensors and arrays)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, str]] = {}
+
+    def get(self, obj: Any) -> str | None:
+        found = self._by_id.get(id(obj))
+        return found[1] if found is not None and found[0]() is obj else None
+
+    def set(self, obj: Any, token: str) -> None:
+        key = id(obj)
+        by_id = self._by_id
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            current = by_id.get(key)
+            if current is not None and current[0] is ref:
+                del by_id[key]
+
+        by_id[key] = (weakref.ref(obj, forget), token)
+
+
 class SyncState:
     """What one replica knows about the synced namespace; shared by its encoder and applier.
 
@@ -261,24 +283,16 @@ class SyncState:
         self.lock = threading.RLock()
         self.entries: dict[str, SyncEntry] = {}
         self._records: dict[str, _TensorRecord] = {}
-        self._tokens: MutableMapping[Any, str] | None = None
+        self._tokens = _WeakIdMap()
         self._counter = 0
         self._token_prefix = uuid.uuid4().hex[:16]  # tokens must not collide across replicas
 
-    def _token_map(self) -> MutableMapping[Any, str]:
-        if self._tokens is None:
-            from torch.utils.weak import WeakIdKeyDictionary  # torch is loaded when we get here
-
-            self._tokens = WeakIdKeyDictionary()
-        return self._tokens
-
     def token_for(self, tensor: Any) -> str:
-        tokens = self._token_map()
-        token = tokens.get(tensor)
+        token = self._tokens.get(tensor)
         if token is None:
             self._counter += 1
             token = f"{self._token_prefix}.{self._counter}"
-            tokens[tensor] = token
+            self._tokens.set(tensor, token)
         return token
 
     def peek(self, token: str) -> _TensorRecord | None:
@@ -295,9 +309,9 @@ class SyncState:
 
     def remember(self, token: str, tensor: Any, digest: str, blob: bytes | None,
                  store_key: str | None) -> None:
-        self._token_map()[tensor] = token
+        self._tokens.set(tensor, token)
         self._records[token] = _TensorRecord(
-            token, weakref.ref(tensor), _tensor_fingerprint(tensor), digest, blob, store_key
+            token, weakref.ref(tensor), _fingerprint(tensor), digest, blob, store_key
         )
 
     def forget_objects(self, store_keys: set[str]) -> None:
@@ -331,9 +345,40 @@ def _deserialise_tensor(blob: bytes) -> Any:
     return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
 
 
+def _serialise_array(array: Any) -> memoryview:
+    """``numpy.save`` bytes (no pickle inside: object arrays are never extracted)."""
+    buffer = io.BytesIO()
+    sys.modules["numpy"].save(buffer, array, allow_pickle=False)
+    return buffer.getbuffer()
+
+
+def _deserialise_array(blob: bytes) -> Any:
+    numpy = sys.modules.get("numpy") or importlib.import_module("numpy")
+    return numpy.load(io.BytesIO(blob), allow_pickle=False)
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _serialise_extracted(obj: Any) -> memoryview:
+    return _serialise_tensor(obj) if _is_torch_tensor(obj) else _serialise_array(obj)
+
+
+def _fingerprint(obj: Any) -> tuple | None:
+    # numpy has no version counter: an array is serialised and hashed whenever it is named.
+    return _tensor_fingerprint(obj) if _is_torch_tensor(obj) else None
+
+
 def _tensor_ref(token: str) -> Any:
     """Stands for a tensor in a pickled value; resolved by ``_ValueUnpickler``."""
     raise pickle.UnpicklingError(f"tensor {token} referenced outside a NotebookOS state update")
+
+
+def _array_ref(token: str) -> Any:
+    """Stands for a large numpy array in a pickled value; resolved by ``_ValueUnpickler``."""
+    raise pickle.UnpicklingError(f"array {token} referenced outside a NotebookOS state update")
 
 
 def _namespace_ref() -> dict[str, Any]:
@@ -362,7 +407,8 @@ def _namespace_function_setstate(func: types.FunctionType, state: Any) -> None:
 class _ValuePickler(cloudpickle.CloudPickler):
     """cloudpickle, with two changes (see the module docstring and docs/state-sync.md):
 
-    - every torch tensor becomes a token (``on_tensor``), serialised on its own;
+    - every torch tensor, and every plain numpy array over ``TENSOR_INLINE_LIMIT`` bytes, becomes
+      a token (``on_tensor``) and is serialised on its own;
     - a notebook function (its globals are the namespace) is pickled without the values of the
       globals it uses, and is rebound to the standby's namespace: it keeps seeing live globals.
     """
@@ -374,11 +420,16 @@ class _ValuePickler(cloudpickle.CloudPickler):
         self._namespace = namespace
         self._on_tensor = on_tensor
         torch = _torch()
+        numpy = sys.modules.get("numpy")
         self._tensor_type = torch.Tensor if (torch is not None and on_tensor) else None
+        self._array_type = numpy.ndarray if (numpy is not None and on_tensor) else None
 
     def reducer_override(self, obj: Any) -> Any:
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
             return (_tensor_ref, (self._on_tensor(obj),))  # type: ignore[misc]
+        if (type(obj) is self._array_type and obj.nbytes > TENSOR_INLINE_LIMIT
+                and not obj.dtype.hasobject):
+            return (_array_ref, (self._on_tensor(obj),))  # type: ignore[misc]
         if (isinstance(obj, type) and "__slotnames__" not in obj.__dict__
                 and not cloudpickle_internals._should_pickle_by_reference(obj)):
             # Pickling an instance caches __slotnames__ on its class; do it now so that a
@@ -403,16 +454,18 @@ class _ValuePickler(cloudpickle.CloudPickler):
 
 class _ValueUnpickler(pickle.Unpickler):
     def __init__(
-        self, file: io.BytesIO, namespace: Any, resolve_tensor: Callable[[str], Any]
+        self, file: io.BytesIO, namespace: Any, resolve: Callable[[str, str], Any]
     ) -> None:
         super().__init__(file)
         self._namespace = namespace if isinstance(namespace, dict) else {}
-        self._resolve_tensor = resolve_tensor
+        self._resolve = resolve
 
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__:
             if name == "_tensor_ref":
-                return self._resolve_tensor
+                return lambda token: self._resolve(token, "torch")
+            if name == "_array_ref":
+                return lambda token: self._resolve(token, "numpy")
             if name == "_namespace_ref":
                 return lambda: self._namespace
         return super().find_class(module, name)
@@ -577,13 +630,13 @@ class StateEncoder:
         state = self.state
         token = state.token_for(tensor)
         record = state.record(token)
-        fingerprint = _tensor_fingerprint(tensor)
+        fingerprint = _fingerprint(tensor)
         if record is not None and fingerprint is not None and record.fingerprint == fingerprint:
             if record.store_key is not None and record.store_key not in self._known_objects:
                 # Known from an applied update or checkpoint: it is in the store already.
                 self._known_objects.add(record.store_key)
             return token, record
-        blob = _serialise_tensor(tensor)
+        blob = _serialise_extracted(tensor)
         digest = _sha256(blob)
         if blob.nbytes > TENSOR_INLINE_LIMIT:
             key = object_key(self.kernel_id, digest)
@@ -781,14 +834,14 @@ class StateApplier:
 
 
 class _TensorResolver:
-    """Finds the tensor object for a token: the one this replica holds, updated if it changed."""
+    """Finds the tensor (or array) for a token: the one this replica holds, updated if it changed."""
 
     def __init__(self, applier: StateApplier, entry: SyncEntry, small: Mapping[str, bytes]) -> None:
         self.applier = applier
         self.entry = entry
         self.small = small
 
-    def __call__(self, token: str) -> Any:
+    def __call__(self, token: str, kind: str) -> Any:
         state = self.applier.state
         if token in self.small:
             blob: bytes | None = self.small[token]
@@ -807,9 +860,14 @@ class _TensorResolver:
         if blob is None:
             assert key is not None
             blob = self.applier._object(key)
-        loaded = _deserialise_tensor(blob)
-        if current is not None and _replace_tensor_data(current, loaded):
-            loaded = current
+        if kind == "torch":
+            loaded = _deserialise_tensor(blob)
+            if current is not None and _replace_tensor_data(current, loaded):
+                loaded = current
+        else:
+            loaded = _deserialise_array(blob)
+            if current is not None and _replace_array_data(current, loaded):
+                loaded = current
         state.remember(token, loaded, digest, blob if key is None else None, key)
         return loaded
 
@@ -825,6 +883,19 @@ def _replace_tensor_data(current: Any, loaded: Any) -> bool:
         current.data = loaded.data
     if current.is_leaf and current.requires_grad != loaded.requires_grad:
         current.requires_grad_(loaded.requires_grad)
+    return True
+
+
+def _replace_array_data(current: Any, loaded: Any) -> bool:
+    """Copy ``loaded`` into ``current`` when shape and dtype agree (numpy cannot rebind data)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None or type(current) is not numpy.ndarray:
+        return False
+    if current.shape != loaded.shape or current.dtype != loaded.dtype:
+        return False
+    if not current.flags.writeable:
+        return False
+    current[...] = loaded
     return True
 
 

@@ -641,3 +641,44 @@ def test_applying_an_update_where_it_was_made_keeps_the_objects(pair: Pair) -> N
     first = pair.standby["config"]
     pair.applier.apply(pair.standby, replay)
     assert pair.standby["config"] is first
+
+
+def test_large_numpy_arrays_are_shared_objects(pair: Pair) -> None:
+    update = pair.run("""
+        import numpy as np
+        X = np.arange(40000, dtype=np.float64).reshape(200, 200)  # 320 KB: its own store object
+        data = {"X": X, "n": 1}
+        labels = np.array(["a", None] * 20000, dtype=object)  # object arrays stay pickled
+    """)
+    assert pair.standby["data"]["X"] is pair.standby["X"]
+    assert numpy.array_equal(pair.standby["X"], pair.executor["X"])
+    assert list(pair.standby["labels"][:2]) == ["a", None]
+    assert len({key for e in update.entries for key in e.tensors.values()}) == 1  # stored once
+    held = pair.standby["X"]
+    small = pair.run("data['n'] = 2")  # X unchanged: the resent dict is small, X is not re-stored
+    assert small.entries[0].size < 1000 and pair.standby["data"]["X"] is held
+    pair.run("X *= 2")
+    assert pair.standby["X"] is held and pair.standby["data"]["X"] is held  # updated in place
+    assert numpy.array_equal(held, pair.executor["X"])
+
+
+def test_codec_never_imports_torch_or_numpy_itself(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = textwrap.dedent(f"""
+        import sys
+        from notebookos.store import open_store
+        from notebookos.kernel.ast_effects import analyze_cell
+        from notebookos.kernel.sync_codec import StateApplier, StateEncoder, SyncUpdate
+        store = open_store("file://{tmp_path}/objects", b"k" * 32)
+        ns, standby = {{"__name__": "__main__"}}, {{"__name__": "__main__"}}
+        exec("x = [1, 2]\\ndef f():\\n    return x", ns)
+        update = StateEncoder(store, "k").encode(ns, analyze_cell("x = 1\\ndef f(): pass"))
+        StateApplier(store).apply(standby, SyncUpdate.from_bytes(update.to_bytes()))
+        assert standby["f"]() == [1, 2]
+        assert "torch" not in sys.modules and "numpy" not in sys.modules, "imported"
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
