@@ -37,6 +37,7 @@ FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = BLOCK_SIZE
 MAX_CHUNK_SIZE = 512 * 1024 * 1024
 DEFAULT_PREFIX = "notebookos:store"
+PIPELINE_CHUNKS = 4
 
 _PUBLISH = """
 local chunk_base = ARGV[1]
@@ -121,10 +122,15 @@ class RedisStore(AuthenticatedStore):
         mac = self._writer_mac(key, value)
         count = 0
         try:
+            batch = self._client.pipeline(transaction=False)
             for piece in pieces:
                 mac.update(piece)
-                self._client.set(self.chunk_key(gen, count), piece, ex=self.pending_ttl)
+                batch.set(self.chunk_key(gen, count), piece, ex=self.pending_ttl)
                 count += 1
+                if count % PIPELINE_CHUNKS == 0:  # a few chunks per round trip
+                    batch.execute()
+            if len(batch):
+                batch.execute()
             fields = {
                 "v": FORMAT_VERSION,
                 "length": mac.length,
