@@ -14,11 +14,14 @@ namespace runs on the kernel's loop (or in a worker thread while no cell can run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -43,6 +46,20 @@ from .records import (
     Vote,
 )
 from .state_sync import StateSync
+
+
+@contextlib.contextmanager
+def ignore_sigint() -> Iterator[None]:
+    """While a replica waits for the group, SIGINT must not raise KeyboardInterrupt somewhere
+    inside the event loop (that would kill the kernel); the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def applied_members(raft: RaftLog) -> dict[int, str]:
@@ -410,14 +427,15 @@ class ReplicaKernel(IPythonKernel):
         except (KeyError, TypeError):
             self.log.error("dropping a malformed execute/yield request")
             return
-        await self._wait_until_quiet(election_id)
-        election = self._election(election_id)
-        if election is None or (
-            election.phase is Phase.PROPOSING and self.replica_id not in election.proposals
-        ):
-            kind = LEAD if lead else YIELD
-            self.raft.propose(Proposal(election_id, self.replica_id, kind, silent))
-        election = await self._wait_decided(election_id)
+        with ignore_sigint():  # an interrupt targets a running cell, not the group's wait
+            await self._wait_until_quiet(election_id)
+            election = self._election(election_id)
+            if election is None or (
+                election.phase is Phase.PROPOSING and self.replica_id not in election.proposals
+            ):
+                kind = LEAD if lead else YIELD
+                self.raft.propose(Proposal(election_id, self.replica_id, kind, silent))
+            election = await self._wait_decided(election_id)
 
         if election.phase is Phase.FAILED:
             self._send_execute_reply(stream, ident, parent, replies.all_yielded(election, self.replica_id))
@@ -430,7 +448,8 @@ class ReplicaKernel(IPythonKernel):
             self._executed_here.add(election_id)
             await self._execute_as_leader(stream, ident, parent, election, code, silent, metadata)
             return
-        election = await self._wait_settled(election_id)
+        with ignore_sigint():
+            election = await self._wait_settled(election_id)
         self.shell.execution_count = self._book_execution_count() + 1
         if election.phase is Phase.ABORTED:
             self._send_execute_reply(stream, ident, parent, replies.executor_failed(election, self.replica_id))

@@ -194,3 +194,19 @@ def test_torch_state_is_on_the_assigned_gpu_during_the_cell_and_on_host_after(
     assert during.stdout() == "cuda:0\n"
     after = group.execute("print(next(gpu_net.parameters()).device)", target=2)
     assert after.stdout() == "cpu\n"
+
+
+def test_interrupt_sent_to_every_replica_stops_only_the_running_cell(group: ReplicaGroup):
+    group.execute("import time", target=1)
+    slow = group.send_execute("time.sleep(20)\nslow_done = True", target=1)
+    queued = group.send_execute("queued_ran = True", target=1)  # waits for the slow cell
+    time.sleep(0.7)
+    for rid in group.alive_ids():  # standbys and the waiting request ignore it, nobody dies
+        assert group.control(rid, "interrupt_request", {})["content"]["status"] == "ok"
+    first = group.collect(slow, group.alive_ids(), target=1)
+    assert first.reply(1)["content"]["ename"] == "KeyboardInterrupt", first.summary()
+    second = group.collect(queued, group.alive_ids(), target=None)
+    assert second.reply(1)["content"]["status"] == "ok", second.summary()
+    assert all(group.replicas[rid].alive for rid in (1, 2, 3))
+    after = group.execute("print('slow_done' in globals(), queued_ran)", target=2)
+    assert after.stdout() == "False True\n", after.summary()
