@@ -1,0 +1,46 @@
+"""Replica options: --peers parsing, NOTEBOOKOS_* environment fallbacks, the Raft password."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from notebookos.kernel.app import argv_with_env
+from notebookos.kernel.peers import parse_peers
+from notebookos.kernel.raft_log import raft_password
+
+
+def test_parse_peers():
+    assert parse_peers("2=127.0.0.1:7002, 3=host.example:7003") == {
+        2: "127.0.0.1:7002", 3: "host.example:7003"}
+    assert parse_peers("") == {}
+
+
+@pytest.mark.parametrize("bad", ["2", "x=1.2.3.4:5", "2=host", "2=host:0", "2=h:1,2=h:2"])
+def test_parse_peers_rejects_bad_input_with_a_message(bad):
+    with pytest.raises(ValueError, match="peers|host:port"):
+        parse_peers(bad)
+
+
+def test_environment_fills_only_missing_options():
+    argv = argv_with_env(["-f", "c.json", "--replica-id=2"], {
+        "NOTEBOOKOS_REPLICA_ID": "9", "NOTEBOOKOS_PEERS": "1=a:1", "NOTEBOOKOS_JOIN": "1"})
+    assert argv == ["-f", "c.json", "--replica-id=2", "--peers=1=a:1", "--join"]
+
+
+def test_raft_password_depends_on_the_key_and_is_not_the_key():
+    assert raft_password(b"k1") != raft_password(b"k2")
+    assert "k1" not in raft_password(b"k1")
+    assert raft_password("k1") == raft_password(b"k1")
+
+
+def test_missing_raft_address_fails_with_a_clear_message(tmp_path):
+    from jupyter_client.connect import write_connection_file
+
+    cf = tmp_path / "c.json"
+    write_connection_file(str(cf), ip="127.0.0.1", key=b"k")
+    proc = subprocess.run([sys.executable, "-m", "notebookos.kernel", "-f", str(cf)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "--raft-address" in proc.stderr + proc.stdout
