@@ -282,6 +282,7 @@ class SyncState:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.entries: dict[str, SyncEntry] = {}
+        self.entry_tokens: dict[str, frozenset[str]] = {}  # name -> tensors/arrays its value holds
         self._records: dict[str, _TensorRecord] = {}
         self._tokens = _WeakIdMap()
         self._counter = 0
@@ -562,22 +563,22 @@ class StateEncoder:
         """
         update = SyncUpdate()
         uploads: dict[str, bytes | memoryview] = {}
+        changed_tokens: set[str] = set()  # tensors/arrays whose bytes changed in this encode
+        tokens_of: dict[str, frozenset[str]] = {}
         with self.state.lock:
-            for name in self.candidate_names(namespace, effects):
-                previous = self.state.entries.get(name)
-                if name not in namespace:
-                    if previous is not None:
-                        update.entries.append(SyncEntry(name, "deleted", ""))
-                    continue
-                try:
-                    entry = self._encode_value(name, namespace[name], namespace, uploads)
-                except Exception as exc:  # noqa: BLE001 - user values fail in any way
-                    update.warnings.append(_unsyncable_warning(name, exc))
-                    if previous is not None:  # standbys must not keep a stale value
-                        update.entries.append(SyncEntry(name, "deleted", ""))
-                    continue
-                if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
-                    update.entries.append(entry)
+            pending = self.candidate_names(namespace, effects)
+            done: set[str] = set()
+            while pending:
+                for name in pending:
+                    done.add(name)
+                    self._encode_name(name, namespace, update, uploads, changed_tokens, tokens_of)
+                # An entry synced earlier that holds a tensor whose bytes just changed (opt.step()
+                # changes model's parameters) is stale: refresh it, so that every entry names the
+                # current bytes of each tensor (checkpoints and snapshots then restore consistently).
+                pending = sorted(
+                    name for name, tokens in self.state.entry_tokens.items()
+                    if name not in done and name in namespace and tokens & changed_tokens
+                )
             try:
                 self._upload(uploads)
             except Exception:
@@ -587,16 +588,41 @@ class StateEncoder:
             for entry in update.entries:
                 if entry.kind == "deleted":
                     self.state.entries.pop(entry.name, None)
+                    self.state.entry_tokens.pop(entry.name, None)
                 else:
                     self.state.entries[entry.name] = entry
+            self.state.entry_tokens.update(tokens_of)
             self.state.prune()
         return update
+
+    def _encode_name(
+        self, name: str, namespace: Mapping[str, Any], update: SyncUpdate,
+        uploads: dict[str, bytes | memoryview], changed_tokens: set[str],
+        tokens_of: dict[str, frozenset[str]],
+    ) -> None:
+        previous = self.state.entries.get(name)
+        if name not in namespace:
+            if previous is not None:
+                update.entries.append(SyncEntry(name, "deleted", ""))
+            return
+        tokens: set[str] = set()
+        try:
+            entry = self._encode_value(name, namespace[name], namespace, uploads,
+                                       changed_tokens, tokens)
+        except Exception as exc:  # noqa: BLE001 - user values fail in any way
+            update.warnings.append(_unsyncable_warning(name, exc))
+            if previous is not None:  # standbys must not keep a stale value
+                update.entries.append(SyncEntry(name, "deleted", ""))
+            return
+        tokens_of[name] = frozenset(tokens)
+        if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
+            update.entries.append(entry)
 
     # ---- one value
 
     def _encode_value(
         self, name: str, value: Any, namespace: Mapping[str, Any],
-        uploads: dict[str, bytes | memoryview],
+        uploads: dict[str, bytes | memoryview], changed_tokens: set[str], tokens: set[str],
     ) -> SyncEntry:
         if isinstance(value, types.ModuleType):
             module = _importable_module_name(value)
@@ -608,7 +634,8 @@ class StateEncoder:
         buffer = io.BytesIO()
 
         def on_tensor(tensor: Any) -> str:
-            token, record = self._tensor(tensor, uploads)
+            token, record = self._tensor(tensor, uploads, changed_tokens)
+            tokens.add(token)
             if record.blob is not None:
                 small[token] = record.blob
             else:
@@ -626,7 +653,9 @@ class StateEncoder:
             return SyncEntry(name, "pointer", digest, store_key=key, size=size, tensors=large)
         return SyncEntry(name, "inline", digest, payload=payload, size=size, tensors=large)
 
-    def _tensor(self, tensor: Any, uploads: dict[str, bytes | memoryview]) -> tuple[str, _TensorRecord]:
+    def _tensor(
+        self, tensor: Any, uploads: dict[str, bytes | memoryview], changed_tokens: set[str]
+    ) -> tuple[str, _TensorRecord]:
         state = self.state
         token = state.token_for(tensor)
         record = state.record(token)
@@ -638,6 +667,8 @@ class StateEncoder:
             return token, record
         blob = _serialise_extracted(tensor)
         digest = _sha256(blob)
+        if record is None or record.digest != digest:
+            changed_tokens.add(token)
         if blob.nbytes > TENSOR_INLINE_LIMIT:
             key = object_key(self.kernel_id, digest)
             if key not in self._known_objects:
@@ -791,6 +822,7 @@ class StateApplier:
         if entry.kind == "deleted":
             namespace.pop(entry.name, None)
             self.state.entries.pop(entry.name, None)
+            self.state.entry_tokens.pop(entry.name, None)
             return
         current = self.state.entries.get(entry.name)
         if (current is not None and current.kind == entry.kind and current.digest == entry.digest
@@ -802,6 +834,7 @@ class StateApplier:
             assert entry.module is not None
             namespace[entry.name] = importlib.import_module(entry.module)
             self.state.entries[entry.name] = entry
+            self.state.entry_tokens.pop(entry.name, None)
             return
         if entry.kind == "inline":
             payload = entry.payload
@@ -816,6 +849,7 @@ class StateApplier:
         value = _ValueUnpickler(io.BytesIO(skeleton), namespace, resolve).load()
         namespace[entry.name] = value
         self.state.entries[entry.name] = entry
+        self.state.entry_tokens[entry.name] = frozenset(resolve.tokens)
 
     def close(self) -> None:
         """Stop the fetch threads (pending fetches are abandoned). Safe to call twice."""
@@ -840,9 +874,11 @@ class _TensorResolver:
         self.applier = applier
         self.entry = entry
         self.small = small
+        self.tokens: set[str] = set()
 
     def __call__(self, token: str, kind: str) -> Any:
         state = self.applier.state
+        self.tokens.add(token)
         if token in self.small:
             blob: bytes | None = self.small[token]
             digest = _sha256(blob)  # covered by the entry digest already

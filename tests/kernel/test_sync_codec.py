@@ -274,6 +274,7 @@ def test_model_and_optimizer_share_parameters_on_the_standby(pair: Pair) -> None
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        first_weight = model[0].weight
     """)
     standby_params = list(pair.standby["model"].parameters())
     assert all(a is b for a, b in zip(standby_params, pair.standby["opt"].param_groups[0]["params"],
@@ -282,12 +283,15 @@ def test_model_and_optimizer_share_parameters_on_the_standby(pair: Pair) -> None
         loss = model(torch.ones(4, 8)).sum()
         loss.backward()
     """)
-    # opt.step() names only `opt`, yet changes the model's parameters in place.
+    # opt.step() names only `opt`, yet changes the model's parameters in place: the entries that
+    # hold those parameters are refreshed too, and the standby's parameter objects are updated in
+    # place, so even an alias that no entry of this update names sees the new values.
     update = pair.run("opt.step()")
-    assert names(update) == {"opt": "pointer"}
+    assert names(update) == {"opt": "pointer", "model": "pointer", "first_weight": "pointer"}
     for mine, theirs in zip(pair.executor["model"].parameters(),
                             pair.standby["model"].parameters(), strict=True):
         assert torch.equal(mine, theirs)
+    assert pair.standby["first_weight"] is pair.standby["model"][0].weight
     assert pair.standby["opt"].state_dict()["state"][0]["exp_avg"].abs().sum() > 0
     # The standby can carry on training with a consistent model/optimizer pair.
     model, opt = pair.standby["model"], pair.standby["opt"]
@@ -682,3 +686,22 @@ def test_codec_never_imports_torch_or_numpy_itself(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_checkpoint_restores_the_same_state_whatever_the_entry_order(
+        pair: Pair, file_store: LargeObjectStore) -> None:
+    pair.run("""
+        import torch
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    """)
+    pair.run("model(torch.ones(2, 4)).sum().backward()")
+    pair.run("opt.step()")  # changes model's parameters without naming model
+    entries = pair.encoder.snapshot_entries()
+    for order in (sorted(entries), sorted(entries, reverse=True)):
+        write_checkpoint(file_store, pair.kernel_id, {n: entries[n] for n in order}, 3)
+        rebuilt = new_namespace()
+        assert restore_namespace(file_store, read_checkpoint(file_store, pair.kernel_id),
+                                 rebuilt) == []
+        assert torch.equal(rebuilt["model"].weight, pair.executor["model"].weight), order
+        assert rebuilt["model"].weight is rebuilt["opt"].param_groups[0]["params"][0]
