@@ -766,6 +766,9 @@ class StateApplier:
         # No state lock here: prefetch runs on the Raft thread and must never wait for an apply.
         keys = []
         for entry in update.entries:
+            held = self.state.entries.get(entry.name)
+            if held is not None and held.kind == entry.kind and held.digest == entry.digest:
+                continue  # this replica made the update, or already applied it
             if entry.kind == "pointer" and entry.store_key:
                 keys.append(entry.store_key)
             for token, key in entry.tensors.items():
@@ -810,6 +813,10 @@ class StateApplier:
             self._forget_fetches(update)
         if failures:
             raise SyncApplyError(failures)
+
+    def discard(self, update: SyncUpdate) -> None:
+        """Drop the prefetched objects of an update that will not be applied."""
+        self._forget_fetches(update)
 
     def _forget_fetches(self, update: SyncUpdate) -> None:
         with self._fetch_lock:

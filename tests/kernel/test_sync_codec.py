@@ -705,3 +705,19 @@ def test_checkpoint_restores_the_same_state_whatever_the_entry_order(
                                  rebuilt) == []
         assert torch.equal(rebuilt["model"].weight, pair.executor["model"].weight), order
         assert rebuilt["model"].weight is rebuilt["opt"].param_groups[0]["params"][0]
+
+
+def test_prefetch_of_an_update_the_replica_made_fetches_nothing(pair: Pair) -> None:
+    exec("import torch\nbig = torch.randn(300, 300)", pair.executor)
+    update = pair.encoder.encode(pair.executor, analyze_cell("import torch\nbig = 1"))
+    own = StateApplier(pair.store, state=pair.executor_state)
+    try:
+        assert own._keys_needed(update) == []
+        own.prefetch(update)
+        own.apply(pair.executor, update)
+    finally:
+        own.close()
+    assert pair.applier._keys_needed(update)  # a standby does need the objects
+    pair.applier.prefetch(update)
+    pair.applier.discard(update)
+    assert pair.applier._fetches == {}
