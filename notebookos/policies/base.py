@@ -216,18 +216,22 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         """Expected capacity = committed GPUs x scale_factor, in hosts, plus whole hosts for the
         GPUs of waiting requests, plus a buffer of spare hosts; scale out when below, release up
         to ``max_release_per_tick`` idle hosts when above."""
-        gph = max(1, view.gpus_per_host)
-        # Waiting requests count in whole new hosts: the GPUs free on existing hosts did not fit
-        # them (fragmentation), so counting them against existing capacity could starve them.
-        target = math.ceil(view.committed_gpus * self.scale_factor / gph) + math.ceil(
-            view.waiting_gpus / gph)
-        target = max(self.min_hosts, target + self.buffer_hosts, self.subscription_hosts(view))
+        target = self.target_hosts(view)
         if view.hosts < target:
             return ScalingDecision(add_hosts=target - view.hosts)
         surplus = min(view.hosts - target, self.max_release_per_tick)
         if surplus > 0 and view.releasable_host_ids:
             return ScalingDecision(release_host_ids=tuple(view.releasable_host_ids[:surplus]))
         return ScalingDecision()
+
+    def target_hosts(self, view: ScalingView) -> int:
+        """The number of hosts the cluster should have now."""
+        gph = max(1, view.gpus_per_host)
+        # Waiting requests count in whole new hosts: the GPUs free on existing hosts did not fit
+        # them (fragmentation), so counting them against existing capacity could starve them.
+        target = math.ceil(view.committed_gpus * self.scale_factor / gph) + math.ceil(
+            view.waiting_gpus / gph)
+        return max(self.min_hosts, target + self.buffer_hosts, self.subscription_hosts(view))
 
     def subscription_hosts(self, view: ScalingView) -> int:
         """Hosts needed to hold the subscriptions (0 for policies that do not oversubscribe)."""

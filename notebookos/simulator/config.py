@@ -33,6 +33,7 @@ class SimConfig:
     batch_state_io_s: float = 8.0  # batch: read state before and write it after each cell
     host_provision_s: float = 90.0  # the autoscaler's VM provisioning delay
     scaling_interval_s: float = 60.0
+    drain_hysteresis_hosts: int = 2  # migrate replicas off idle hosts only above this surplus
     preemption_overhead_s: float = 0.0  # job policies: added to a preempted job's remaining time
     # Billing (paper section 5.5).
     host_usd_per_hour: float = 24.48  # an 8-GPU VM (AWS p3.16xlarge on demand)

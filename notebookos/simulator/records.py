@@ -66,6 +66,7 @@ class RunRecord:
     timeline: list[tuple] = field(default_factory=list)
     integrals: Integrals = field(default_factory=Integrals)
     migrations: int = 0
+    scale_in_migrations: int = 0  # standby replicas moved off idle hosts to release them
     scale_outs: int = 0
     scale_ins: int = 0
     unschedulable: list[str] = field(default_factory=list)
@@ -117,6 +118,7 @@ def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, ma
         "immediate_fraction": round(immediate / len(bound), 6) if bound else None,
         "executor_reuse_fraction": round(sum(reuse) / len(reuse), 6) if reuse else None,
         "migrations": record.migrations,
+        "scale_in_migrations": record.scale_in_migrations,
         "preemptions": sum(t.preemptions for t in record.tasks),
         "scale_outs": record.scale_outs,
         "scale_ins": record.scale_ins,

@@ -73,6 +73,7 @@ class SessionSimulator:
         self.warm: dict[str, int] = {}  # per host: prewarm (notebookos) or warm (lcp) containers
         self.active_sessions = 0
         self.maybe_empty = True  # something may have left a host since the last look
+        self.next_drain = 0.0
         self.running_tasks = 0
         self.live_sessions = len(self.sessions)
         self.per_cell = policy.container_lifetime is ContainerLifetime.CELL
@@ -139,10 +140,18 @@ class SessionSimulator:
             committed_gpus=self.cluster.committed_gpus, waiting_gpus=self.waiting_gpus,
             subscribed_gpus=self.cluster.subscribed_gpus + self.waiting_subscriptions)
         decision = self.policy.scaling(view)
-        if decision.add_hosts == 0 and view.hosts > floor and self.maybe_empty:
+        surplus = view.hosts - max(floor, self.policy.target_hosts(view))
+        drain = self.policy.supports_migration and now >= self.next_drain
+        if decision.add_hosts == 0 and surplus > 0 and (self.maybe_empty or drain):
             # Only now look for empty hosts (a bounded walk of the idle-GPU index), and only if
-            # something left a host since the last look found none.
-            releasable = self._empty_hosts(self.policy.max_release_per_tick)
+            # something left a host since the last look found none. A migrating policy moves
+            # the standby replicas off idle hosts first (as the prototype does), at most once
+            # every 10 scaling intervals.
+            count = min(surplus, self.policy.max_release_per_tick)
+            releasable = self._empty_hosts(count)
+            if not releasable and drain and surplus > self.config.drain_hysteresis_hosts:
+                self.next_drain = now + 10 * self.config.scaling_interval_s
+                releasable = self._drain_hosts(count)
             self.maybe_empty = bool(releasable)
             if releasable:
                 decision = self.policy.scaling(
@@ -171,6 +180,39 @@ class SessionSimulator:
             self._refresh_books()
             changed = True
         return changed
+
+    def _drain_hosts(self, count: int) -> list[str]:
+        """Move the standby replicas off up to ``count`` idle hosts (no GPU bound or pending),
+        fewest subscriptions first; returns the hosts left empty."""
+        gph = self.config.gpus_per_host
+        candidates = sorted(
+            placement.most_idle_first(self.cluster, min_idle=gph, limit=64),
+            key=lambda h: (h.subscribed.gpus, h.host_id))
+        emptied: list[str] = []
+        draining: set[str] = set()
+        for host in candidates:
+            if len(emptied) == count:
+                break
+            draining.add(host.host_id)
+            for owner in sorted(host.owners):
+                kernel_id, _, rid_text = owner.rpartition("/")
+                kernel = self.cluster.kernels.get(kernel_id)
+                if kernel is None:
+                    break
+                occupied = {r.host_id for r in kernel.live_replicas()} | draining
+                target = self.policy.choose_hosts(self.cluster, kernel.request, 1,
+                                                  exclude=tuple(occupied))
+                if target is None:
+                    break
+                rid = int(rid_text)
+                self.cluster.remove_replica(kernel_id, rid)
+                replica = self.cluster.place_replica(kernel_id, rid, target[0].host_id)
+                replica.state = ReplicaState.RUNNING
+                self.record.migrations += 1
+                self.record.scale_in_migrations += 1
+            if not host.owners:
+                emptied.append(host.host_id)
+        return emptied
 
     def _empty_hosts(self, count: int) -> list[str]:
         found = []
