@@ -71,7 +71,8 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-         "--save", "", "--appendonly", "no", "--proto-max-bulk-len", "2147483648"],
+         "--save", "", "--appendonly", "no", "--proto-max-bulk-len", "2147483648",
+         "--client-query-buffer-limit", "2147483648"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     if not wait_for_port(port, 20, proc):

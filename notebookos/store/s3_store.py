@@ -289,31 +289,6 @@ class S3Store(AuthenticatedStore):
             raise self._integrity_error(key, f"short read: {len(data)} of {end - start} bytes")
         return data
 
-    def _head(self, key: str) -> tuple[str, int, bytes, int, bytes]:
-        """First ranged GET: (etag, value length, mac, object size, the bytes it brought)."""
-        object_key = self.object_key(key)
-        response = self._ranged(key, object_key, 0, self.part_size, None)
-        try:
-            head = response["Body"].read()
-        except Exception as exc:
-            raise self._failure(key, "get", exc) from exc
-        etag = response["ETag"]
-        total = _total_size(response, len(head))
-        if total < TRAILER.size:
-            raise self._integrity_error(key, "object is shorter than its trailer (truncated)")
-        if total <= len(head):
-            trailer = head[total - TRAILER.size : total]
-        else:
-            trailer = self._read_range(key, object_key, total - TRAILER.size, total, etag)
-        magic, length, mac = TRAILER.unpack(trailer)
-        if magic != MAGIC:
-            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
-        if length != total - TRAILER.size:
-            raise self._integrity_error(
-                key, f"object holds {total - TRAILER.size} value bytes, trailer says {length}"
-            )
-        return etag, length, mac, total, head
-
     def get(self, key: str) -> bytes:
         for _attempt in range(3):
             try:
@@ -363,10 +338,27 @@ class S3Store(AuthenticatedStore):
         return data, block_digests(data)
 
     def get_stream(self, key: str) -> Iterator[bytes]:
-        etag, length, expected, _total, head = self._head(key)
-        if length <= CHUNK_SIZE:
-            return iter((self.get(key),))
         object_key = self.object_key(key)
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=object_key)
+        except Exception as exc:
+            if _error_code(exc) in _MISSING:
+                raise KeyNotFound(self.backend, key) from None
+            raise self._failure(key, "get", exc) from exc
+        total, etag = int(head["ContentLength"]), head["ETag"]
+        if total - TRAILER.size <= CHUNK_SIZE:
+            return iter((self.get(key),))
+        try:
+            trailer = self._read_range(key, object_key, total - TRAILER.size, total, etag)
+        except _Replaced:
+            return iter((self.get(key),))  # replaced since the HEAD: read the new value whole
+        magic, length, expected = TRAILER.unpack(trailer)
+        if magic != MAGIC:
+            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
+        if length != total - TRAILER.size:
+            raise self._integrity_error(
+                key, f"object holds {total - TRAILER.size} value bytes, trailer says {length}"
+            )
 
         def read_blocks() -> Iterator[bytes]:
             try:
