@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -165,6 +166,8 @@ def main() -> int:
     parser.add_argument("--large-mib", type=int, default=1024)
     parser.add_argument("--skip-large", action="store_true")
     args = parser.parse_args()
+    # SIGTERM must run the finally blocks that stop the replicas and the S3 server
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="nbos-bench-") as tmp:
         workdir = Path(tmp)

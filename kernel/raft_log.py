@@ -103,7 +103,8 @@ class RaftLog:
             appendEntriesPeriod=0.05,
             raftMinTimeout=raft_min_timeout,
             raftMaxTimeout=raft_max_timeout,
-            connectionTimeout=1.0,
+            connectionTimeout=10.0,  # a busy executor (GIL held by a big pickle) is not dead;
+            # a killed one closes its sockets and is seen at once
             connectionRetryTime=0.2,
             leaderFallbackTimeout=5.0,
             commandsWaitLeader=True,

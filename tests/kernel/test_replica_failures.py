@@ -61,6 +61,16 @@ def test_executor_killed_mid_cell_fails_the_cell_and_keeps_the_previous_namespac
     assert after.executor() == 2 and after.stdout() == "before\n"
 
 
+def test_executor_holding_the_gil_for_seconds_is_not_taken_for_dead(group: ReplicaGroup):
+    # sum() over a range never releases the GIL: Raft's thread in the executor is frozen
+    result = group.execute("total = sum(range(150_000_000))", target=1)
+    assert result.reply(1)["content"]["status"] == "ok", result.summary()
+    for rid in (2, 3):
+        assert result.reply(rid)["content"]["status"] == "ok", result.summary()
+    assert group.replicas[1].alive
+    assert group.execute("print(total > 0)", target=2).stdout() == "True\n"
+
+
 def test_replacement_replica_catches_up_and_can_execute(group: ReplicaGroup):
     group.execute("import numpy as np\nbig = np.ones(300_000)\nsmall = [1, 2, 3]", target=1)
     group.execute("small.append(4)\ndef twice(v):\n    return 2 * v", target=2)
