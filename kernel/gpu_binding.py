@@ -27,6 +27,7 @@ objects and nothing moves. On a host without CUDA the ids are virtual and nothin
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 from collections import defaultdict
@@ -34,6 +35,8 @@ from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 from notebookos.kernel.sync_codec import is_internal_name
+
+log = logging.getLogger(__name__)
 
 _assigned: tuple[int, ...] = ()
 _assigned_lock = threading.Lock()
@@ -82,6 +85,8 @@ def move_namespace_to_device(namespace: MutableMapping[str, Any], device: str) -
 
     Returns how many objects moved (a module counts once; each tensor outside a module once).
     A ``cuda`` device on a host without CUDA is virtual: nothing moves and 0 is returned.
+    If the move fails part-way (CUDA out of memory), what moved is moved back to the host and the
+    error is raised.
     """
     torch = _torch()
     if torch is None:
@@ -95,7 +100,17 @@ def move_namespace_to_device(namespace: MutableMapping[str, Any], device: str) -
                 f"GPU {target.index} is not visible to this replica "
                 f"({torch.cuda.device_count()} CUDA device(s); check CUDA_VISIBLE_DEVICES)"
             )
-    return _Mover(torch, target).move_namespace(namespace)
+    try:
+        return _Mover(torch, target).move_namespace(namespace)
+    except Exception:
+        # E.g. CUDA out of memory half-way: bring back what moved, so the cell can run on the host
+        # state it expects; then let the caller report the error.
+        if target.type != "cpu":
+            try:
+                move_namespace_to_host(namespace)
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                log.exception("moving the namespace back to the host after a failed move failed")
+        raise
 
 
 def move_namespace_to_host(namespace: MutableMapping[str, Any]) -> int:

@@ -196,3 +196,26 @@ def test_round_trip_to_cuda_and_back_keeps_values_and_identity() -> None:
 def test_unknown_gpu_index_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not visible"):
         move_namespace_to_device({"t": torch.ones(1)}, f"cuda:{torch.cuda.device_count()}")
+
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_failed_move_brings_everything_back_to_the_host() -> None:
+    class Unmovable(torch.nn.Module):
+        """A module whose move fails after its parameters moved (like CUDA OOM half-way)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+        def _apply(self, fn, recurse=True):
+            super()._apply(fn, recurse)
+            raise RuntimeError("out of memory (simulated half-way failure)")
+
+    namespace = {"a_model": torch.nn.Linear(2, 2), "broken": Unmovable(), "z": torch.arange(4.0)}
+    with pytest.raises(RuntimeError, match="out of memory"):
+        move_namespace_to_device(namespace, "cuda:0")
+    everything = [*namespace["a_model"].parameters(), *namespace["broken"].parameters(),
+                  namespace["z"]]
+    assert all(t.device.type == "cpu" for t in everything)
