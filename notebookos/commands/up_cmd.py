@@ -1,0 +1,172 @@
+"""``notebookos up``: a whole local cluster and JupyterLab, on the embedded defaults.
+
+Starts a Global Scheduler, ``--hosts`` Local Schedulers (virtual GPUs unless real ones are found),
+installs the NotebookOS kernelspecs into this environment, and starts JupyterLab with ``notebookos``
+as its default kernel. It prints the URL with its token. Ctrl-C (SIGINT) or SIGTERM stops
+everything and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from notebookos.config import Config, ConfigError, load_config
+from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.supervisor import Supervisor
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "up", help="start a local cluster and JupyterLab",
+        description="Start a Global Scheduler, N Local Schedulers and JupyterLab whose default "
+                    "kernel is NotebookOS. Ctrl-C stops everything.",
+    )
+    parser.add_argument("--hosts", type=int, default=3, help="Local Schedulers to start (default 3)")
+    parser.add_argument("--gpus-per-host", type=int,
+                        help="virtual GPUs per host when no real GPU is found (default from config)")
+    parser.add_argument("--policy", help="scheduling policy (default from config: notebookos)")
+    parser.add_argument("--store", help="large-object store URL (default: a local directory)")
+    parser.add_argument("--port", type=int, help="JupyterLab port (default 8888)")
+    parser.add_argument("--token", help="Jupyter token (default: a random one)")
+    parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    parser.add_argument("--state-dir", help="directory for logs, registry and store")
+    parser.add_argument("--scheduler-port", type=int, help="Global Scheduler gRPC port")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.hosts < 1:
+        print(f"notebookos up: --hosts {args.hosts} is not allowed: expected at least 1 "
+              "(3 for replicated kernels)", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.config, overrides={
+            "cluster.policy": args.policy,
+            "cluster.store": args.store,
+            "cluster.state_dir": args.state_dir,
+            "local_scheduler.virtual_gpus": args.gpus_per_host,
+            "global_scheduler.grpc_port": args.scheduler_port,
+            "jupyter.port": args.port,
+            "jupyter.token": args.token,
+            "jupyter.open_browser": False if args.no_browser else None,
+        })
+    except ConfigError as exc:
+        print(f"notebookos up: {exc}", file=sys.stderr)
+        return 2
+    if args.hosts < config.cluster.replicas_per_kernel:
+        print(f"notebookos up: warning: {args.hosts} host(s) cannot hold "
+              f"{config.cluster.replicas_per_kernel} replicas on distinct hosts; kernels will "
+              "not start until the cluster has enough hosts", file=sys.stderr)
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    state_dir = config.state_path
+    supervisor = Supervisor(state_dir / "logs" / time.strftime("%Y%m%d-%H%M%S"))
+    try:
+        url = start_cluster(config, args.hosts, supervisor, stop)
+        if url is None:
+            return 130
+        print(f"NotebookOS is up: {url}", flush=True)
+        print(f"  status: notebookos status --global-scheduler "
+              f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}", flush=True)
+        print(f"  logs:   {supervisor.log_dir}", flush=True)
+        print("  Ctrl-C stops everything.", flush=True)
+        while not stop.wait(0.5):
+            dead = supervisor.first_dead()
+            if dead is not None:
+                print(f"notebookos up: {dead.name} exited (code {dead.proc.returncode}); "
+                      f"stopping. Last lines of {dead.log_path}:\n{dead.tail()}", file=sys.stderr)
+                return 1
+        return 0
+    except RuntimeError as exc:
+        print(f"notebookos up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("notebookos up: stopping ...", file=sys.stderr, flush=True)
+        leftovers = supervisor.stop()
+        if leftovers:
+            print(f"notebookos up: killed leftover processes {leftovers}", file=sys.stderr)
+        print("notebookos up: stopped", file=sys.stderr, flush=True)
+
+
+def start_cluster(config: Config, hosts: int, supervisor: Supervisor,
+                  stop: threading.Event) -> str | None:
+    """Start everything; returns the JupyterLab URL, or None when asked to stop meanwhile."""
+    from notebookos.provisioner.kernelspecs import install_kernelspecs
+
+    install_kernelspecs(prefix=sys.prefix)
+    gs = config.global_scheduler
+    address = f"{gs.host}:{gs.grpc_port}"
+    state_dir = str(config.state_path)
+    env = dict(os.environ)
+    # Everything started below, the provisioner inside JupyterLab included, reads these.
+    env.update({
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_HOST": gs.host,
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_GRPC_PORT": str(gs.grpc_port),
+        "NOTEBOOKOS_CLUSTER_STATE_DIR": state_dir,
+        "NOTEBOOKOS_CLUSTER_STORE": config.store_url,
+        "NOTEBOOKOS_CLUSTER_POLICY": config.cluster.policy,
+    })
+    cli = [sys.executable, "-m", "notebookos.cli"]
+    gs_child = supervisor.start("global-scheduler", [
+        *cli, "global-scheduler", "--host", gs.host, "--port", str(gs.grpc_port),
+        "--policy", config.cluster.policy, "--store", config.store_url, "--state-dir", state_dir,
+    ], env=env)
+    supervisor.wait_for_port(gs_child, gs.host, gs.grpc_port, timeout=60)
+    for i in range(hosts):
+        supervisor.start(f"local-scheduler-{i}", [
+            *cli, "local-scheduler", "--host-id", f"host-{i}", "--host", "127.0.0.1",
+            "--port", "0", "--global-scheduler", address,
+            "--virtual-gpus", str(config.local_scheduler.virtual_gpus), "--state-dir", state_dir,
+        ], env=env)
+    if not wait_for_hosts(address, hosts, timeout=90, stop=stop, supervisor=supervisor):
+        return None
+
+    jupyter = config.jupyter
+    token = jupyter.token or secrets.token_hex(24)
+    port = jupyter.port
+    argv = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}",
+            "--port-retries=0", f"--IdentityProvider.token={token}",
+            "--MappingKernelManager.default_kernel_name=notebookos",
+            f"--ServerApp.open_browser={jupyter.open_browser}",
+            f"--ServerApp.root_dir={Path.cwd()}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-root")
+    lab = supervisor.start("jupyterlab", argv, env=env)
+    supervisor.wait_for_port(lab, "127.0.0.1", port, timeout=90)
+    return f"http://127.0.0.1:{port}/lab?token={token}"
+
+
+def wait_for_hosts(address: str, hosts: int, timeout: float, stop: threading.Event,
+                   supervisor: Supervisor) -> bool:
+    deadline = time.monotonic() + timeout
+    seen = 0
+    with grpc.insecure_channel(address) as channel:
+        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+        while time.monotonic() < deadline:
+            if stop.is_set():
+                return False
+            dead = supervisor.first_dead()
+            if dead is not None:
+                raise RuntimeError(f"{dead.name} exited with code {dead.proc.returncode}; last "
+                                   f"lines of {dead.log_path}:\n{dead.tail()}")
+            with contextlib.suppress(grpc.RpcError):
+                status = stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(),
+                                               timeout=2)
+                seen = len(status.hosts)
+                if seen >= hosts:
+                    return True
+            time.sleep(0.2)
+    raise RuntimeError(f"only {seen} of {hosts} Local Schedulers registered within {timeout:g} s")
