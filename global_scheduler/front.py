@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 FRONT_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 BROADCAST_CONTROL = ("interrupt_request", "shutdown_request")
+ALL_YIELDED = "NotebookOSAllReplicasYielded"  # docs/kernel-protocol.md
+MAX_RESUBMISSIONS = 3
 
 
 class PlacementFailed(Exception):
@@ -83,6 +85,9 @@ class _Pending:
     answered: set[int] = field(default_factory=set)
     last_reply: list[bytes] | None = None
     sent_unix: float = field(default_factory=time.time)
+    client_msg: dict | None = None  # the client's execute_request (for resubmission)
+    client_msg_id: str = ""  # the client's msg_id when this is a resubmission under a new id
+    attempt: int = 0
 
 
 class KernelFront:
@@ -111,6 +116,7 @@ class KernelFront:
         self._pending: dict[str, _Pending] = {}
         self._iopub_source: OrderedDict[str, int] = OrderedDict()  # msg_id -> replica
         self._input_source: OrderedDict[str, int] = OrderedDict()  # input_request -> replica
+        self._aliases: OrderedDict[str, dict] = OrderedDict()  # resubmitted id -> client header
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,9 +168,15 @@ class KernelFront:
 
         def apply() -> None:
             wanted = {e.replica_id: e for e in endpoints}
+            dropped = []
             for rid in list(self._replicas):
                 if rid not in wanted or self._replicas[rid].endpoint != wanted[rid]:
                     self._replicas.pop(rid).close()
+                    dropped.append(rid)
+            for msg_id, pending in list(self._pending.items()):
+                if pending.asked & set(dropped):
+                    pending.asked -= set(dropped)
+                    self._settle(msg_id, pending)
             for rid, e in wanted.items():
                 if rid not in self._replicas:
                     self._replicas[rid] = self._connect(e)
@@ -197,11 +209,7 @@ class KernelFront:
     def _loop(self) -> None:
         poller_sockets: dict[Any, tuple[str, int | None]] = {}
         while not self._stop.is_set():
-            while True:
-                try:
-                    self._commands.get_nowait()()
-                except queue.Empty:
-                    break
+            self._apply_commands()
             poller = zmq.Poller()
             poller_sockets.clear()
             for name in ("shell", "control", "stdin", "hb"):
@@ -227,6 +235,13 @@ class KernelFront:
                 except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
                     self.malformed += 1
                     log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                self._commands.get_nowait()()
+            except queue.Empty:
+                return
 
     def _dispatch(self, name: str, rid: int | None, frames: list[bytes]) -> None:
         if name == "hb":
@@ -267,7 +282,7 @@ class KernelFront:
                               "the kernel has no live replica right now; retry shortly")
             return
         if channel == "shell" and msg_type == "execute_request":
-            self._route_execute(idents, msg, msg_list, msg_id)
+            self._route_execute(idents, msg, msg_id, attempt=0)
             return
         if channel == "control" and msg_type in BROADCAST_CONTROL:
             targets = live
@@ -281,26 +296,34 @@ class KernelFront:
         for rid in targets:
             getattr(self._replicas[rid], channel).send_multipart([b"<IDS|MSG>", *msg_list])
 
-    def _route_execute(self, idents: list[bytes], msg: dict, msg_list: list[bytes],
-                       msg_id: str) -> None:
+    def _route_execute(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int) -> None:
+        """Send ``msg`` (the client's request) under ``msg_id``: the client's own id first, a fresh
+        one for a resubmission after every replica yielded (a failed election never reruns)."""
         try:
             executor, device_ids = self.hooks.place_execute(
                 self.kernel_id, msg_id, dict(msg.get("metadata") or {}))
         except PlacementFailed as exc:
             self._reply_error("shell", idents, msg, "NotebookOSNoGPUs", str(exc))
             return
+        self._apply_commands()  # a migration may just have connected a new replica
         if executor not in self._replicas:
             self.hooks.release_execute(self.kernel_id, msg_id)
             self._reply_error("shell", idents, msg, "NotebookOSNoGPUs",
                               f"replica {executor} chosen for the cell is not connected")
             return
         self.preferred_replica = executor
+        client_msg_id = msg["header"]["msg_id"]
+        if msg_id != client_msg_id:
+            self._remember(self._aliases, msg_id, msg["header"])
+        log.info("kernel %s: %s -> execute on replica %d (GPUs %s), yield on %s", self.kernel_id,
+                 msg_id[:8], executor, device_ids, sorted(set(self._replicas) - {executor}))
         self._pending[msg_id] = _Pending("shell", idents, "execute_request", executor,
-                                         asked=set(self._replicas))
+                                         asked=set(self._replicas), client_msg=msg,
+                                         client_msg_id=client_msg_id, attempt=attempt)
         self._remember(self._iopub_source, msg_id, executor)
         for rid, r in self._replicas.items():
             copy = {
-                "header": dict(msg["header"]),
+                "header": {**msg["header"], "msg_id": msg_id},
                 "parent_header": msg["parent_header"],
                 "metadata": dict(msg.get("metadata") or {}),
                 "content": msg["content"],
@@ -354,26 +377,69 @@ class KernelFront:
             return
         pending.answered.add(rid)
         role = ((msg.get("metadata") or {}).get("notebookos") or {}).get("role")
-        forward = False
-        if pending.msg_type == "execute_request":
-            if role == "executor" or (role is None and rid == pending.source):
-                if rid != pending.source:
-                    self._remember(self._iopub_source, parent_id, rid)
-                forward = True
-            else:
-                pending.last_reply = msg_list
-                if pending.answered >= pending.asked:
-                    msg_list = pending.last_reply  # nobody executed: the client gets the reason
-                    forward = True
-        elif pending.source is None or rid == pending.source:
-            forward = True
-        if not forward:
+        log.debug("kernel %s: %s from replica %d (role %s)", self.kernel_id,
+                  msg["header"]["msg_type"], rid, role)
+        if pending.msg_type != "execute_request":
+            if pending.source is None or rid == pending.source:
+                del self._pending[parent_id]
+                self._to_client(pending, msg, msg_list)
             return
-        del self._pending[parent_id]
-        self._sockets[pending.channel].send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
-        if pending.msg_type == "execute_request":
+        if role == "executor" or (role is None and rid == pending.source):
+            if rid != pending.source:
+                self._remember(self._iopub_source, parent_id, rid)
+            del self._pending[parent_id]
+            self._to_client(pending, msg, msg_list)
             self.hooks.release_execute(self.kernel_id, parent_id)
             self.hooks.execute_finished(self.kernel_id, rid, parent_id)
+            return
+        pending.last_reply = msg_list
+        self._settle(parent_id, pending)
+
+    def _settle(self, msg_id: str, pending: _Pending) -> None:
+        """Every replica still asked has answered and none executed: resubmit when they all
+        yielded (nothing ran), else give the client the replicas' reason."""
+        if pending.msg_type != "execute_request":
+            if not pending.asked:  # its replica is gone: answer instead of leaving it hanging
+                del self._pending[msg_id]
+            return
+        if not pending.answered >= pending.asked:
+            return
+        del self._pending[msg_id]
+        self.hooks.release_execute(self.kernel_id, msg_id)
+        last = self._verify_quiet(pending.last_reply) if pending.last_reply else None
+        content = (last or {}).get("content", {})
+        yielded = last is None or content.get("ename") == ALL_YIELDED
+        client = pending.client_msg
+        if yielded and client is not None and pending.attempt < MAX_RESUBMISSIONS:
+            retry_id = f"{pending.client_msg_id}:retry{pending.attempt + 1}"
+            log.info("kernel %s: no replica ran %s; resubmitting as %s", self.kernel_id,
+                     pending.client_msg_id, retry_id)
+            self._route_execute(pending.idents, client, retry_id, pending.attempt + 1)
+        elif last is not None:
+            self._to_client(pending, last, pending.last_reply)
+        elif client is not None:
+            self._reply_error("shell", pending.idents, client, ALL_YIELDED,
+                              f"no replica could run the cell after {pending.attempt + 1} "
+                              "attempt(s)")
+
+    def _verify_quiet(self, msg_list: list[bytes]) -> dict | None:
+        try:  # already verified once: the digest is in the history, so skip that check
+            return {"header": self.session.unpack(msg_list[1]),
+                    "parent_header": self.session.unpack(msg_list[2]),
+                    "metadata": self.session.unpack(msg_list[3]),
+                    "content": self.session.unpack(msg_list[4])}
+        except (ValueError, TypeError, IndexError):
+            return None
+
+    def _to_client(self, pending: _Pending, msg: dict, msg_list: list[bytes]) -> None:
+        """Forward a reply; one to a resubmitted request gets the client's parent header back."""
+        sock = self._sockets[pending.channel]
+        original = self._aliases.get(msg["parent_header"].get("msg_id", ""))
+        if original is None:
+            sock.send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
+            return
+        self.session.send(sock, {**msg, "parent_header": original,
+                                 "buffers": msg_list[5:]}, ident=pending.idents)
 
     def _from_replica_iopub(self, rid: int, frames: list[bytes]) -> None:
         idents, msg_list = self.session.feed_identities(frames, copy=True)
@@ -389,6 +455,11 @@ class KernelFront:
                 source = rid
                 self._remember(self._iopub_source, parent_id, rid)
         if source != rid:
+            return
+        original = self._aliases.get(parent_id)
+        if original is not None:
+            self.session.send(self._sockets["iopub"], {**msg, "parent_header": original,
+                                                       "buffers": msg_list[5:]}, ident=idents)
             return
         self._sockets["iopub"].send_multipart([*idents, b"<IDS|MSG>", *msg_list])
 

@@ -621,7 +621,6 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
                         log.warning("accounting differs from host %s: %s", host_id, exc)
                 kernel.executor = rid
                 entry.executions[msg_id] = (rid, host_id)
-                entry.state = "busy"
             return rid, list(resp.device_ids)
         raise PlacementFailed(
             f"no replica's host can bind {request.gpus} GPU(s) now: " + "; ".join(reasons)
@@ -651,8 +650,6 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             if host is not None and replica is not None \
                     and host.commitment_of(replica.owner) is not None:
                 host.release(replica.owner)
-            if entry.state == "busy" and not entry.executions:
-                entry.state = "idle"
             link = self.hosts.get(host_id)
         if link is not None:
             try:
@@ -691,8 +688,9 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
                     pid=rl.pid if rl else 0, state=state, executor=kernel.executor == rid,
                     raft_address=rl.raft_address if rl else "",
                     resources=resource_spec_to_proto(kernel.request)))
+        state = "busy" if entry.state == "idle" and entry.executions else entry.state
         return common_pb2.KernelStatus(
-            kernel_id=entry.kernel_id, state=KERNEL_STATES.get(entry.state, 0),
+            kernel_id=entry.kernel_id, state=KERNEL_STATES.get(state, 0),
             resources=resource_spec_to_proto(kernel.request) if kernel else None,
             replicas=replicas, executor_replica_id=(kernel.executor or 0) if kernel else 0,
             connection=self._connection(entry, with_key), message=entry.message,

@@ -1,0 +1,87 @@
+"""SIGKILL of a replica, of a Local Scheduler, and of the Global Scheduler (then a restart): each
+time the same kernel goes on with its variables (real daemons and replicas on loopback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _cluster_with_kernel(make_cluster, hosts: int = 4):  # noqa: ANN001, ANN202
+    cluster = make_cluster()
+    cluster.start_gs()
+    for i in range(hosts):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(hosts)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "data = {'a': 1}\ndata['b'] = 2")["reply"]["content"]["status"] == "ok"
+    return cluster, kernel_id, kc
+
+
+def _replicas(cluster, kernel_id: str) -> dict[int, tuple[str, int]]:  # noqa: ANN001
+    return {r.replica_id: (r.host_id, r.pid) for r in cluster.kernel(kernel_id).replicas}
+
+
+def test_a_killed_replica_is_replaced_and_the_kernel_keeps_its_variables(make_cluster):
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    before = _replicas(cluster, kernel_id)
+    executor = cluster.kernel(kernel_id).executor_replica_id
+    os.kill(before[executor][1], signal.SIGKILL)
+    # The notebook carries on while the replacement starts.
+    assert result_text(run_cell(kc, "sorted(data.items())")) == "[('a', 1), ('b', 2)]"
+    cluster.wait(lambda: _recovered(cluster, kernel_id, before), 60, "a replacement replica")
+    after = _replicas(cluster, kernel_id)
+    assert len({host for host, _ in after.values()}) == 3
+    assert max(after) > max(before)  # the replacement has a fresh replica id
+    assert result_text(run_cell(kc, "data['d'] = 4\nsorted(data.items())")) == (
+        "[('a', 1), ('b', 2), ('d', 4)]")
+
+
+def _recovered(cluster, kernel_id: str, before: dict) -> bool:  # noqa: ANN001
+    """Three live replicas (none of them lost), all running, and the kernel no longer degraded."""
+    status = cluster.kernel(kernel_id)
+    live = [r for r in status.replicas if r.pid > 0]
+    return len(live) == 3 and status.state in (2, 3)  # KERNEL_STATE_IDLE / BUSY
+
+
+def test_a_killed_local_scheduler_means_its_replicas_are_replaced(make_cluster):
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    before = _replicas(cluster, kernel_id)
+    victim_host, victim_pid = before[min(before)]
+    cluster.ls[victim_host].send_signal(signal.SIGKILL)
+    cluster.wait(lambda: all(h != victim_host for h, _ in _replicas(cluster, kernel_id).values())
+                 and _recovered(cluster, kernel_id, before), 60, "replicas off the dead host")
+    assert victim_host not in {h.host_id for h in cluster.status().hosts}
+    cluster.wait(lambda: _pid_gone(victim_pid), 10, "the orphaned replica to die with its LS")
+    assert result_text(run_cell(kc, "data['c'] = 3\nsorted(data)")) == "['a', 'b', 'c']"
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_on(make_cluster):
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=3)
+    ports = cluster.kernel(kernel_id).connection
+    replicas = _replicas(cluster, kernel_id)
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    cluster.start_gs()
+    cluster.wait_hosts(3)
+    status = cluster.kernel(kernel_id)
+    assert (status.connection.shell_port, status.connection.iopub_port) == (
+        ports.shell_port, ports.iopub_port)
+    assert _replicas(cluster, kernel_id) == replicas
+    # The same client, connected to the same ports, goes on with the same namespace.
+    assert result_text(run_cell(kc, "sorted(data.values())")) == "[1, 2]"
+    cluster.wait(lambda: all(h.last_heartbeat_unix > 0 for h in cluster.status().hosts), 10,
+                 "Local Schedulers heartbeating to the new instance")

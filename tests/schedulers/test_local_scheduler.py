@@ -1,0 +1,162 @@
+"""One Local Scheduler (with a Global Scheduler to register with) driven over gRPC: registration,
+replica processes, per-cell GPU binding with device ids, release on death, the prewarm pool,
+bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import grpc
+import pytest
+from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.readiness import wait_until_ready
+from sched_cluster import make_cluster_fixture  # noqa: F401 - fixture
+
+from notebookos.proto import common_pb2, local_scheduler_pb2
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def host(make_cluster):  # noqa: ANN001, ANN201
+    cluster = make_cluster()
+    cluster.start_gs()
+    cluster.start_ls("solo", gpus=2)
+    cluster.wait_hosts(1)
+    address = cluster.status().hosts[0].address
+    channel = grpc.insecure_channel(address)
+    yield cluster, ls_grpc.LocalSchedulerStub(channel)
+    channel.close()
+
+
+def _start(stub, kernel_id: str, **kw) -> local_scheduler_pb2.StartReplicaResponse:  # noqa: ANN001
+    key = kw.pop("key", "k" * 32)
+    return stub.StartReplica(local_scheduler_pb2.StartReplicaRequest(
+        kernel_id=kernel_id, replica_id=1, raft_address="127.0.0.1:0", key=key,
+        resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=64, gpus=1), **kw),
+        timeout=60)
+
+
+def _ready(resp, key: str = "k" * 32) -> bool:  # noqa: ANN001
+    c = resp.connection
+    endpoint = ReplicaEndpoint(1, c.ip, c.shell_port, c.iopub_port, c.stdin_port, c.control_port)
+    return wait_until_ready([endpoint], key, "hmac-sha256", 60) == {1}
+
+
+def _commit(stub, kernel_id: str, request_id: str, gpus: int):  # noqa: ANN001, ANN202
+    return stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+        kernel_id=kernel_id, replica_id=1, request_id=request_id, gpus=gpus), timeout=10)
+
+
+def _host_status(stub):  # noqa: ANN001, ANN202
+    return stub.GetHostStatus(local_scheduler_pb2.GetHostStatusRequest(), timeout=10)
+
+
+def test_registration_gpu_binding_and_release_when_the_replica_dies(host):
+    cluster, stub = host
+    status = _host_status(stub)
+    assert status.registered and status.host.virtual_gpus
+    assert [g.device_id for g in status.host.gpus] == [0, 1]
+    gs_view = cluster.status().hosts[0]
+    assert gs_view.host_id == "solo" and gs_view.capacity.gpus == 2
+
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    ra, rb = _start(stub, a), _start(stub, b)
+    assert ra.pid > 0 and rb.pid > 0 and ra.pid != rb.pid
+    assert _ready(ra) and _ready(rb)
+
+    got = _commit(stub, a, "cell-1", 2)
+    assert got.committed and sorted(got.device_ids) == [0, 1] and got.gpus_idle == 0
+    again = _commit(stub, a, "cell-1", 2)  # idempotent per request id
+    assert again.committed and list(again.device_ids) == list(got.device_ids)
+    refused = _commit(stub, b, "cell-2", 1)
+    assert not refused.committed and "0 of 2 idle" in refused.reason
+    released = stub.ReleaseGpus(local_scheduler_pb2.ReleaseGpusRequest(
+        kernel_id=a, replica_id=1, request_id="cell-1"), timeout=10)
+    assert sorted(released.released_device_ids) == [0, 1]
+    got_b = _commit(stub, b, "cell-2", 1)
+    assert got_b.committed and list(got_b.device_ids) == [0]
+    assert _host_status(stub).host.gpus_committed == 1
+
+    os.kill(rb.pid, signal.SIGKILL)  # dies holding GPU 0: the LS releases it at once
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        s = _host_status(stub)
+        if s.host.gpus_committed == 0 and all(r.kernel_id != b for r in s.replicas):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"GPUs not released after the replica died: {s}")
+    assert "died" in cluster.log("solo")
+
+
+def test_prewarm_pool_promotes_a_warm_process(host):
+    cluster, stub = host
+
+    def wait_pool(ready: int) -> None:
+        deadline = time.monotonic() + 60
+        while _host_status(stub).prewarm_pool.ready != ready:
+            assert time.monotonic() < deadline, _host_status(stub).prewarm_pool
+            time.sleep(0.2)
+
+    pool = stub.SetPrewarmPool(local_scheduler_pb2.SetPrewarmPoolRequest(target_size=1),
+                               timeout=10)
+    assert pool.target_size == 1
+    wait_pool(1)
+    kernel = f"warm-{uuid.uuid4().hex[:6]}"
+    resp = _start(stub, kernel, use_prewarmed=True, require_prewarmed=True)
+    assert resp.from_prewarm_pool
+    assert _ready(resp)
+    assert [r.pid for r in _host_status(stub).replicas if r.kernel_id == kernel] == [resp.pid]
+    wait_pool(1)  # refilled after the promotion
+
+    stub.SetPrewarmPool(local_scheduler_pb2.SetPrewarmPoolRequest(target_size=0), timeout=10)
+    wait_pool(0)
+    with pytest.raises(grpc.RpcError) as err:
+        _start(stub, f"cold-{uuid.uuid4().hex[:6]}", use_prewarmed=True, require_prewarmed=True)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "prewarmed" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SetPrewarmPool(local_scheduler_pb2.SetPrewarmPoolRequest(target_size=-1),
+                            timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_bad_requests_get_clear_errors_and_the_daemon_lives(host):
+    cluster, stub = host
+    cases = [
+        (dict(kernel_id="", replica_id=1, raft_address="127.0.0.1:0", key="k"),
+         grpc.StatusCode.INVALID_ARGUMENT, "kernel_id"),
+        (dict(kernel_id="x", replica_id=0, raft_address="127.0.0.1:0", key="k"),
+         grpc.StatusCode.INVALID_ARGUMENT, "replica_id"),
+        (dict(kernel_id="x", replica_id=1, raft_address="nowhere", key="k"),
+         grpc.StatusCode.INVALID_ARGUMENT, "raft_address"),
+        (dict(kernel_id="x", replica_id=1, raft_address="127.0.0.1:0", key="k",
+              resources=common_pb2.ResourceSpec(gpus=-2)),
+         grpc.StatusCode.INVALID_ARGUMENT, "gpus"),
+        (dict(kernel_id="x", replica_id=1, raft_address="127.0.0.1:0", key="k",
+              resources=common_pb2.ResourceSpec(gpus=3)),
+         grpc.StatusCode.RESOURCE_EXHAUSTED, "gpus"),
+    ]
+    for fields, code, word in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.StartReplica(local_scheduler_pb2.StartReplicaRequest(**fields), timeout=10)
+        assert err.value.code() == code, fields
+        assert word in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        _commit(stub, "unknown", "r", 1)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as err:
+        _commit(stub, "unknown", "r", 5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    kernel = f"dup-{uuid.uuid4().hex[:6]}"
+    _start(stub, kernel)
+    with pytest.raises(grpc.RpcError) as err:
+        _start(stub, kernel)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert cluster.ls["solo"].poll() is None
+    assert _host_status(stub).registered
