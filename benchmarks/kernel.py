@@ -67,7 +67,14 @@ def plain_kernel(workdir: Path, cells: int) -> list[float]:
     client.load_connection_file()
     client.start_channels()
     try:
-        client.wait_for_ready(60)
+        deadline = time.monotonic() + 60
+        while True:  # kernel_info handshake (wait_for_ready's heartbeat check is flaky under load)
+            try:
+                wait_reply(client.get_shell_msg, client.kernel_info(), 1.0)
+                break
+            except TimeoutError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the plain ipykernel did not start") from None
         samples = []
         for i in range(cells + 10):
             t0 = time.perf_counter()
