@@ -107,11 +107,35 @@ def start_cluster(config: Config, hosts: int, supervisor: Supervisor,
     from notebookos.provisioner.kernelspecs import install_kernelspecs
 
     install_kernelspecs(prefix=sys.prefix)
+    env = start_schedulers(config, hosts, supervisor, stop)
+    if env is None:
+        return None
+    jupyter = config.jupyter
+    token = jupyter.token or secrets.token_hex(24)
+    port = jupyter.port
+    argv = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}",
+            "--port-retries=0", f"--IdentityProvider.token={token}",
+            "--MappingKernelManager.default_kernel_name=notebookos",
+            f"--ServerApp.open_browser={jupyter.open_browser}",
+            f"--ServerApp.root_dir={Path.cwd()}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-root")
+    lab = supervisor.start("jupyterlab", argv, env=env)
+    supervisor.wait_for_port(lab, "127.0.0.1", port, timeout=90)
+    return f"http://127.0.0.1:{port}/lab?token={token}"
+
+
+def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
+                     stop: threading.Event) -> dict[str, str] | None:
+    """Start the Global Scheduler and ``hosts`` Local Schedulers; wait until all registered.
+
+    Returns the environment under which clients (the provisioner in JupyterLab) find this
+    cluster, or None when asked to stop meanwhile.
+    """
     gs = config.global_scheduler
     address = f"{gs.host}:{gs.grpc_port}"
     state_dir = str(config.state_path)
     env = dict(os.environ)
-    # Everything started below, the provisioner inside JupyterLab included, reads these.
     env.update({
         "NOTEBOOKOS_GLOBAL_SCHEDULER_HOST": gs.host,
         "NOTEBOOKOS_GLOBAL_SCHEDULER_GRPC_PORT": str(gs.grpc_port),
@@ -133,20 +157,7 @@ def start_cluster(config: Config, hosts: int, supervisor: Supervisor,
         ], env=env)
     if not wait_for_hosts(address, hosts, timeout=90, stop=stop, supervisor=supervisor):
         return None
-
-    jupyter = config.jupyter
-    token = jupyter.token or secrets.token_hex(24)
-    port = jupyter.port
-    argv = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}",
-            "--port-retries=0", f"--IdentityProvider.token={token}",
-            "--MappingKernelManager.default_kernel_name=notebookos",
-            f"--ServerApp.open_browser={jupyter.open_browser}",
-            f"--ServerApp.root_dir={Path.cwd()}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        argv.append("--allow-root")
-    lab = supervisor.start("jupyterlab", argv, env=env)
-    supervisor.wait_for_port(lab, "127.0.0.1", port, timeout=90)
-    return f"http://127.0.0.1:{port}/lab?token={token}"
+    return env
 
 
 def wait_for_hosts(address: str, hosts: int, timeout: float, stop: threading.Event,
