@@ -102,3 +102,18 @@ def test_autoscaler_adds_hosts_after_the_provisioning_delay():
 def test_a_session_larger_than_a_host_is_reported_and_skipped():
     _, summary, record = simulate([session("big", 0, 100, 16, [(0, 10)])], "reservation", 2, 8)
     assert record.unschedulable == ["big"] and summary["completed"] == 0
+
+
+def test_notebookos_scales_in_by_moving_standby_replicas_off_idle_hosts():
+    # Floor of 3 hosts x 8 GPUs. Four 8-GPU kernels; their cells all start at t=100. A, B, C take
+    # hosts 0, 1, 2; D fits nowhere: a host is provisioned (90 s) and D's replica on host 0 moves
+    # there. After the cells end the autoscaler releases the empty buffer hosts, then moves D's
+    # standby replica off host 3 (to host 0, the only host without a replica of D) and releases it.
+    sessions = [session(k, 0, 5000, 8, [(100, 1000)]) for k in "ABCD"]
+    config = SimConfig(hosts=3, gpus_per_host=8, autoscale=True, drain_hysteresis_hosts=0)
+    record = SessionSimulator(Workload(tuple(sessions)), get_policy("notebookos"), config).run()
+    d = next(t for t in record.tasks if t.session_id == "D")
+    assert (d.start, d.host, d.migrated) == (196, "host-00003", True)
+    assert record.scale_in_migrations == 1
+    hosts_late = {row[4] for row in record.timeline if 3000 < row[0] < 5000}
+    assert hosts_late == {3}
