@@ -56,6 +56,7 @@ class GlobalSchedulerDaemon:
             heartbeat_timeout_s=gs.heartbeat_timeout_s,
             start_timeout_s=gs.replica_start_timeout_s,
         )
+        self.service.migration_retries = gs.migration_retries
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, self.server)
         port = self.server.add_insecure_port(f"{gs.host}:{gs.grpc_port}")

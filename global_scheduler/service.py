@@ -89,6 +89,8 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
+        self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
+        self.migration_retries = 3
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -412,14 +414,19 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
 
-    def _add_replicas(self, kernel_id: str, count: int, *, join: bool) -> None:
-        """Place ``count`` new replicas, start them, wait until they answer. Raises StartError."""
+    def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
+                      on_host: str | None = None) -> list[int]:
+        """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says),
+        start them, wait until they answer; returns their ids. Raises StartError."""
         with self.lock:
             entry = self.kernels[kernel_id]
             kernel = self.cluster.kernels[kernel_id]
             occupied = [r.host_id for r in entry.replicas.values()]
-            hosts = self.policy.choose_hosts(self.cluster, kernel.request, count,
-                                             exclude=occupied)
+            if on_host is not None:
+                hosts = [self.cluster.hosts[on_host]] if on_host in self.cluster.hosts else None
+            else:
+                hosts = self.policy.choose_hosts(self.cluster, kernel.request, count,
+                                                 exclude=occupied)
             if hosts is None:
                 raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  self._why_no_hosts(kernel.request, count, len(occupied)))
@@ -465,6 +472,7 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
                 ReplicaEndpoint(rid, c.ip, c.shell_port, c.iopub_port, c.stdin_port,
                                 c.control_port),
                 resp.raft_address or raft, resp.pid, from_prewarm_pool=resp.from_prewarm_pool)
+        t_started = time.monotonic()
         if not errors and join:
             for rid, r in started.items():
                 try:
@@ -474,11 +482,14 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
                                     timeout_s=self.start_timeout_s)
                 except ControlError as exc:
                     errors.append(str(exc))
+        t_added = time.monotonic()
         if not errors:
             ready = wait_until_ready([r.endpoint for r in started.values()], entry.key,
                                      entry.signature_scheme, self.start_timeout_s)
             errors = [f"replica {rid} on host {r.host_id} did not answer within "
                       f"{self.start_timeout_s:g}s" for rid, r in started.items() if rid not in ready]
+            log.info("kernel %s: replicas %s membership %.2fs, ready %.2fs", kernel_id,
+                     sorted(started), t_added - t_started, time.monotonic() - t_added)
         if errors:
             for rid, r in started.items():
                 self._stop_replica_quietly(r.host_id, kernel_id, rid)
@@ -501,6 +512,7 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             if entry.front is not None:
                 entry.front.set_replicas(entry.endpoints())
             self._save_kernel(entry)
+        return sorted(started)
 
     def _remove_lost_members(self, entry: KernelEntry, member: ReplicaEndpoint) -> None:
         """Take lost replicas out of the Raft group, one at a time, before adding others."""
@@ -582,7 +594,19 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
                       "RestartKernel is not implemented yet: stop the kernel and start it again")
 
     def MigrateReplica(self, request, context):  # noqa: N802
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "MigrateReplica is not implemented yet")
+        if not request.kernel_id or request.replica_id < 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "MigrateReplicaRequest needs kernel_id and replica_id >= 1")
+        try:
+            rid, host_id = self.migrate_replica(request.kernel_id, request.replica_id,
+                                                request.target_host_id or None)
+        except StartError as exc:
+            context.abort(exc.code, str(exc))
+        with self.lock:
+            status = self._kernel_status(self.kernels[request.kernel_id])
+        replica = next((r for r in status.replicas if r.replica_id == rid), None)
+        return global_scheduler_pb2.MigrateReplicaResponse(target_host_id=host_id,
+                                                           replica=replica)
 
     # -- routing hooks (called on a front's thread) -----------------------------------------
 
@@ -622,9 +646,121 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
                 kernel.executor = rid
                 entry.executions[msg_id] = (rid, host_id)
             return rid, list(resp.device_ids)
+        why = ("; ".join(reasons) if reasons else "the kernel has no replica to run the cell")
+        if not self.policy.supports_migration or not reasons:
+            raise PlacementFailed(f"no replica's host can bind {request.gpus} GPU(s) now: {why}")
+        return self._migrate_and_commit(kernel_id, msg_id, request, why)
+
+    def _migrate_and_commit(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                            why: str) -> tuple[int, list[int]]:
+        """Every replica's host is busy: move one replica to a host that can bind the GPUs now
+        (a prewarmed process there if it has one), then commit there. Retries with backoff."""
+        attempts = max(1, self.migration_retries)
+        last = why
+        for attempt in range(attempts):
+            try:
+                rid, host_id = self.migrate_replica(kernel_id, None, None, request)
+            except StartError as exc:
+                last = str(exc)
+                if self.on_capacity_wanted is not None:
+                    self.on_capacity_wanted(request.gpus)
+                self._stop.wait(min(4.0, 0.5 * 2 ** attempt))
+                continue
+            link = self.hosts.get(host_id)
+            if link is None:
+                continue
+            try:
+                resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+                    kernel_id=kernel_id, replica_id=rid, request_id=msg_id, gpus=request.gpus),
+                    timeout=5)
+            except grpc.RpcError as exc:
+                last = f"host {host_id}: {exc.details()}"
+                continue
+            if not resp.committed:
+                last = f"host {host_id}: {resp.reason}"
+                continue
+            with self.lock:
+                entry = self.kernels.get(kernel_id)
+                kernel = self.cluster.kernels.get(kernel_id)
+                host = self.cluster.hosts.get(host_id)
+                if entry is None or kernel is None:
+                    raise PlacementFailed(f"kernel {kernel_id} was stopped during migration")
+                if host is not None and rid in kernel.replicas:
+                    try:
+                        host.commit(kernel.replicas[rid].owner, request, list(resp.device_ids))
+                    except AccountingError as exc:
+                        log.warning("accounting differs from host %s: %s", host_id, exc)
+                kernel.executor = rid
+                entry.executions[msg_id] = (rid, host_id)
+            return rid, list(resp.device_ids)
         raise PlacementFailed(
-            f"no replica's host can bind {request.gpus} GPU(s) now: " + "; ".join(reasons)
-            if reasons else "the kernel has no replica to run the cell")
+            f"every replica's host is busy ({why}) and migrating a replica failed after "
+            f"{attempts} attempt(s): {last}")
+
+    def migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
+                        request: ResourceSpec | None = None) -> tuple[int, str]:
+        """Replace one replica by a new one on another host; returns (new id, host).
+
+        The old replica leaves the Raft group and stops; the new one joins and catches up.
+        Raises StartError (RESOURCE_EXHAUSTED when no host can take it now)."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None:
+                raise StartError(grpc.StatusCode.NOT_FOUND, f"no kernel {kernel_id!r}")
+            need = request or kernel.request
+            if replica_id is None or target_host is None:
+                decision = self.policy.choose_migration(self.cluster, kernel, need)
+                if decision is None:
+                    raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"policy {self.policy.name} does not migrate replicas")
+                replica_id = replica_id if replica_id is not None else decision.replica_id
+                target_host = target_host or decision.target_host_id
+                if target_host is None:
+                    raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     f"no host can take a replica of kernel {kernel_id} now: "
+                                     f"{decision.reason}")
+            victim = entry.replicas.get(replica_id)
+            if victim is None:
+                raise StartError(grpc.StatusCode.NOT_FOUND,
+                                 f"kernel {kernel_id} has no replica {replica_id}")
+            if target_host not in self.cluster.hosts:
+                raise StartError(grpc.StatusCode.NOT_FOUND, f"no host {target_host!r}")
+            if any(r.host_id == target_host for r in entry.replicas.values()):
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"host {target_host} already holds a replica of {kernel_id}")
+            if any(rid == replica_id for rid, _ in entry.executions.values()):
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"replica {replica_id} is executing a cell")
+            victim_link = self.hosts.get(victim.host_id)
+        log.info("kernel %s: migrating replica %d from %s to %s", kernel_id, replica_id,
+                 victim.host_id, target_host)
+        if victim_link is not None:
+            try:
+                victim_link.stub.PrepareReplicaToMigrate(
+                    local_scheduler_pb2.PrepareReplicaToMigrateRequest(
+                        kernel_id=kernel_id, replica_id=replica_id, timeout_s=10), timeout=15)
+            except grpc.RpcError as exc:
+                log.info("prepare-to-migrate of %s/%d: %s", kernel_id, replica_id,
+                         exc.details())
+        with self.lock:  # out of the group first (one membership change at a time)
+            entry.replicas.pop(replica_id, None)
+            entry.raft_removals.append(replica_id)
+            if replica_id in kernel.replicas:
+                self.cluster.remove_replica(kernel_id, replica_id)
+            if entry.front is not None:
+                entry.front.set_replicas(entry.endpoints())
+        t0 = time.monotonic()
+        self._stop_replica_quietly(victim.host_id, kernel_id, replica_id)
+        t1 = time.monotonic()
+        try:
+            new_ids = self._add_replicas(kernel_id, 1, join=True, on_host=target_host)
+        except StartError:
+            self._pool.submit(self._restore_replica_count, kernel_id)
+            raise
+        log.info("kernel %s: replica %d replaced by %d on %s (stop %.2fs, start+join %.2fs)",
+                 kernel_id, replica_id, new_ids[0], target_host, t1 - t0, time.monotonic() - t1)
+        return new_ids[0], target_host
 
     def _executor_order(self, kernel, request: ResourceSpec) -> list[int]:  # noqa: ANN001
         decision = self.policy.choose_executor(self.cluster, kernel, request)

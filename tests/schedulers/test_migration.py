@@ -1,0 +1,66 @@
+"""Contention: every replica's host is busy, so the kernel migrates a replica (to a prewarmed
+process) and the cell runs with the kernel's state intact; with nowhere to go, the cell gets an
+error reply that says why. Real daemons and replicas on loopback."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+
+from notebookos.proto import local_scheduler_pb2
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_cluster):
+    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_MIGRATION_RETRIES": "2"})
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}", gpus=1)
+    cluster.wait_hosts(3)
+    a, _ = cluster.start_kernel(gpus=1)
+    b, kc = cluster.start_kernel(gpus=1)
+    assert result_text(run_cell(kc, "v = 'kept'\nv")) == "'kept'"
+
+    # Another kernel's replicas take every GPU of the three hosts (through their Local
+    # Schedulers, as the cells of that kernel would).
+    addresses = {h.host_id: h.address for h in cluster.status().hosts}
+    channels = []
+    for replica in cluster.kernel(a).replicas:
+        channel = grpc.insecure_channel(addresses[replica.host_id])
+        channels.append(channel)
+        held = ls_grpc.LocalSchedulerStub(channel).CommitGpus(
+            local_scheduler_pb2.CommitGpusRequest(kernel_id=a, replica_id=replica.replica_id,
+                                                  request_id="hold", gpus=1), timeout=10)
+        assert held.committed
+
+    # Nowhere to go: every host holds a replica of b already. A clear error, nothing runs.
+    started = time.monotonic()
+    refused = run_cell(kc, "v = 'changed'")
+    content = refused["reply"]["content"]
+    assert content["status"] == "error" and content["ename"] == "NotebookOSNoGPUs"
+    assert "busy" in content["evalue"] and "no host can take" in content["evalue"]
+    assert refused["statuses"] == ["busy", "idle"]
+    assert time.monotonic() - started < 30
+
+    # A new host with a prewarmed process joins: the next cell migrates a replica there.
+    cluster.start_ls("host-3", gpus=1, prewarm=1)
+    cluster.wait_hosts(4)
+    cluster.wait(lambda: next(h for h in cluster.status().hosts
+                              if h.host_id == "host-3").prewarm_pool_size == 1, 60,
+                 "a prewarmed process on host-3")
+    ran = run_cell(kc, "v + '!'")
+    assert result_text(ran) == "'kept!'"
+    assert ran["statuses"] == ["busy", "idle"]
+    status = cluster.kernel(b)
+    executor_host = next(r.host_id for r in status.replicas
+                         if r.replica_id == status.executor_replica_id)
+    assert executor_host == "host-3"
+    assert len({r.host_id for r in status.replicas}) == 3
+    assert "prewarmed=True" in cluster.log("host-3")
+    for channel in channels:
+        channel.close()
