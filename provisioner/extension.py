@@ -4,7 +4,8 @@ Enabled for every server in the environment by ``jupyter_server_config.d/noteboo
 link time (before the server builds its web application) it makes kernel websockets use
 ``NoDelayWebsocketConnection`` (TCP_NODELAY; see ``websocket.py``), through the supported
 ``ServerApp.kernel_websocket_connection_class`` trait, unless the user configured a class of
-their own or the server talks to a kernel gateway.
+their own or the server talks to a kernel gateway. At load time it adds the REST endpoints of
+``handlers.py`` (``/api/notebookos/cluster``, ``/api/notebookos/kernels/<id>``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def _link_jupyter_server_extension(serverapp: Any) -> None:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from notebookos.provisioner.handlers import handlers
+
+    web_app = serverapp.web_app
+    web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
     serverapp.log.info(
         "NotebookOS: kernel websockets use %s",
         serverapp.kernel_websocket_connection_class.__name__,

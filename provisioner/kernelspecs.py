@@ -50,7 +50,7 @@ def install_kernelspecs(user: bool = False, prefix: str | None = None) -> list[s
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "kernel.json").write_text(json.dumps(kernelspec(gpus), indent=2))
             written.append(manager.install_kernel_spec(
-                tmp, kernelspec_name(gpus), user=user, prefix=prefix, replace=True
+                tmp, kernelspec_name(gpus), user=user, prefix=prefix
             ))
     return written
 

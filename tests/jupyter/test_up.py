@@ -14,57 +14,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from conftest import free_port, kill_group
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-from tornado.websocket import websocket_connect
+from wsclient import run_cells, start_kernel
 
 from notebookos.supervisor import MARKER_VAR
-
-
-def execute_request(code: str, session: str) -> tuple[str, str]:
-    msg_id = uuid.uuid4().hex
-    return msg_id, json.dumps({
-        "header": {"msg_id": msg_id, "username": "test", "session": session,
-                   "msg_type": "execute_request", "version": "5.3", "date": ""},
-        "parent_header": {}, "metadata": {}, "channel": "shell",
-        "content": {"code": code, "silent": False, "store_history": True,
-                    "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
-    })
-
-
-async def run_cells(port: int, token: str, cells: list[str]) -> tuple[str, list[dict]]:
-    http = AsyncHTTPClient()
-    base = f"http://127.0.0.1:{port}"
-    resp = await http.fetch(HTTPRequest(f"{base}/api/kernels?token={token}", method="POST",
-                                        body=json.dumps({}), request_timeout=180))
-    kernel = json.loads(resp.body)
-    ws = await websocket_connect(
-        f"ws://127.0.0.1:{port}/api/kernels/{kernel['id']}/channels?session_id=t&token={token}")
-    results = []
-    try:
-        for code in cells:
-            msg_id, payload = execute_request(code, "t")
-            await ws.write_message(payload)
-            outputs, reply, states = [], None, []
-            while not (reply and states and states[-1] == "idle"):
-                msg = json.loads(await asyncio.wait_for(ws.read_message(), 120))
-                if msg["parent_header"].get("msg_id") != msg_id:
-                    continue
-                kind = msg["header"]["msg_type"]
-                if kind == "status":
-                    states.append(msg["content"]["execution_state"])
-                elif kind in ("stream", "execute_result", "error"):
-                    outputs.append(msg["content"])
-                elif kind == "execute_reply":
-                    reply = msg["content"]
-            results.append({"reply": reply, "outputs": outputs, "states": states})
-    finally:
-        ws.close()
-    return kernel["name"], results
 
 
 @pytest.mark.slow
@@ -94,10 +50,11 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         marker = _marker_of(proc.pid)
         assert marker, "children of notebookos up carry no supervisor marker"
 
-        name, results = asyncio.run(run_cells(port, token, [
+        kernel = asyncio.run(start_kernel(port, token))
+        assert kernel["name"] == "notebookos"  # JupyterLab's default kernel
+        results = asyncio.run(run_cells(port, token, kernel["id"], [
             "x = 41", "x += 1\nprint('x is', x)", "x",
         ]))
-        assert name == "notebookos"  # JupyterLab's default kernel
         assert [r["reply"]["status"] for r in results] == ["ok", "ok", "ok"]
         assert [r["reply"]["execution_count"] for r in results] == [1, 2, 3]
         assert results[1]["outputs"] == [{"name": "stdout", "text": "x is 42\n"}]
