@@ -32,12 +32,15 @@ import hashlib
 import importlib
 import io
 import logging
+import math
 import pickle
 import re
+import struct
 import sys
 import threading
 import types
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,6 +54,8 @@ from notebookos.kernel.ast_effects import CellEffects
 from notebookos.store.base import LargeObjectStore
 
 log = logging.getLogger(__name__)
+
+_Upload = bytes | memoryview | list[bytes | memoryview]  # a value, or its pieces in order
 
 DEFAULT_THRESHOLD_BYTES = 1 << 20
 TENSOR_INLINE_LIMIT = 64 * 1024  # serialised tensors above this are separate store objects
@@ -342,8 +347,65 @@ def _serialise_tensor(tensor: Any) -> memoryview:
 
 def _deserialise_tensor(blob: bytes) -> Any:
     torch = _torch() or importlib.import_module("torch")
+    if blob.startswith(_RAW_TENSOR_MAGIC):
+        return _load_raw_tensor(torch, blob)
     # weights_only: the tensor loader cannot run code, whatever the bytes say.
     return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+
+
+# Large dense tensors: magic, header length (4 bytes), plain-pickle header, the raw element bytes.
+# No copy is made to serialise (the body is a view of the tensor's memory) and hashing and storing
+# a view release the GIL, so a 1 GiB tensor does not stall the replica's other threads.
+_RAW_TENSOR_MAGIC = b"NBTRAW1\n"
+_RAW_HEADER_LENGTH = struct.Struct(">I")
+_RAW_PIECE = 64 * 1024 * 1024
+
+
+def _raw_tensor_parts(torch: Any, tensor: Any) -> list[bytes | memoryview] | None:
+    """The raw format's pieces, or None when the tensor needs torch.save (small or exotic)."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
+        return None
+    if tensor.is_quantized or tensor.nbytes <= TENSOR_INLINE_LIMIT or tensor.device.type == "meta":
+        return None
+    data = tensor.detach()
+    if data.device.type != "cpu":
+        data = data.cpu()
+    data = data.resolve_conj().resolve_neg().contiguous()
+    body = memoryview(data.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    header = pickle.dumps(
+        {
+            "v": 1, "dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape),
+            "requires_grad": bool(tensor.requires_grad),
+            "parameter": isinstance(tensor, torch.nn.Parameter),
+        },
+        protocol=5,
+    )
+    pieces = [body[i:i + _RAW_PIECE] for i in range(0, body.nbytes, _RAW_PIECE)]
+    return [_RAW_TENSOR_MAGIC + _RAW_HEADER_LENGTH.pack(len(header)) + header, *pieces]
+
+
+def _load_raw_tensor(torch: Any, blob: bytes) -> Any:
+    start = len(_RAW_TENSOR_MAGIC)
+    (header_length,) = _RAW_HEADER_LENGTH.unpack_from(blob, start)
+    start += _RAW_HEADER_LENGTH.size
+    header = _PlainUnpickler(io.BytesIO(blob[start:start + header_length])).load()
+    start += header_length
+    dtype = getattr(torch, str(header.get("dtype")), None)
+    shape = header.get("shape")
+    if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or not all(
+        isinstance(n, int) and n >= 0 for n in shape
+    ):
+        raise ValueError("raw tensor header is malformed")
+    count = math.prod(shape) * dtype.itemsize
+    if len(blob) - start != count:
+        raise ValueError(f"raw tensor holds {len(blob) - start} bytes, its header says {count}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a read-only buffer: cloned at once
+        raw = torch.frombuffer(blob, dtype=torch.uint8, offset=start, count=count)
+    tensor = raw.clone().view(dtype).reshape(shape)
+    if header.get("parameter"):
+        return torch.nn.Parameter(tensor, requires_grad=bool(header.get("requires_grad")))
+    return tensor.requires_grad_(bool(header.get("requires_grad")))
 
 
 def _serialise_array(array: Any) -> memoryview:
@@ -363,8 +425,12 @@ def _is_torch_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def _serialise_extracted(obj: Any) -> memoryview:
-    return _serialise_tensor(obj) if _is_torch_tensor(obj) else _serialise_array(obj)
+def _serialise_extracted(obj: Any) -> list[bytes | memoryview]:
+    """The serialised pieces of a tensor or array (joined, they are its blob)."""
+    if _is_torch_tensor(obj):
+        parts = _raw_tensor_parts(_torch(), obj)
+        return parts if parts is not None else [_serialise_tensor(obj)]
+    return [_serialise_array(obj)]
 
 
 def _fingerprint(obj: Any) -> tuple | None:
@@ -562,7 +628,7 @@ class StateEncoder:
         synced, so the next encode sends those names again.
         """
         update = SyncUpdate()
-        uploads: dict[str, bytes | memoryview] = {}
+        uploads: dict[str, _Upload] = {}
         changed_tokens: set[str] = set()  # tensors/arrays whose bytes changed in this encode
         tokens_of: dict[str, frozenset[str]] = {}
         with self.state.lock:
@@ -597,7 +663,7 @@ class StateEncoder:
 
     def _encode_name(
         self, name: str, namespace: Mapping[str, Any], update: SyncUpdate,
-        uploads: dict[str, bytes | memoryview], changed_tokens: set[str],
+        uploads: dict[str, _Upload], changed_tokens: set[str],
         tokens_of: dict[str, frozenset[str]],
     ) -> None:
         previous = self.state.entries.get(name)
@@ -622,7 +688,7 @@ class StateEncoder:
 
     def _encode_value(
         self, name: str, value: Any, namespace: Mapping[str, Any],
-        uploads: dict[str, bytes | memoryview], changed_tokens: set[str], tokens: set[str],
+        uploads: dict[str, _Upload], changed_tokens: set[str], tokens: set[str],
     ) -> SyncEntry:
         if isinstance(value, types.ModuleType):
             module = _importable_module_name(value)
@@ -654,7 +720,7 @@ class StateEncoder:
         return SyncEntry(name, "inline", digest, payload=payload, size=size, tensors=large)
 
     def _tensor(
-        self, tensor: Any, uploads: dict[str, bytes | memoryview], changed_tokens: set[str]
+        self, tensor: Any, uploads: dict[str, _Upload], changed_tokens: set[str]
     ) -> tuple[str, _TensorRecord]:
         state = self.state
         token = state.token_for(tensor)
@@ -665,22 +731,22 @@ class StateEncoder:
                 # Known from an applied update or checkpoint: it is in the store already.
                 self._known_objects.add(record.store_key)
             return token, record
-        blob = _serialise_extracted(tensor)
-        digest = _sha256(blob)
+        parts = _serialise_extracted(tensor)
+        digest = _sha256(*parts)
         if record is None or record.digest != digest:
             changed_tokens.add(token)
-        if blob.nbytes > TENSOR_INLINE_LIMIT:
+        if sum(memoryview(part).nbytes for part in parts) > TENSOR_INLINE_LIMIT:
             key = object_key(self.kernel_id, digest)
             if key not in self._known_objects:
-                uploads[key] = blob
+                uploads[key] = parts
             state.remember(token, tensor, digest, None, key)
         else:
-            state.remember(token, tensor, digest, bytes(blob), None)
+            state.remember(token, tensor, digest, b"".join(parts), None)
         return token, state.record(token)  # type: ignore[return-value]
 
-    def _upload(self, uploads: Mapping[str, bytes | memoryview]) -> None:
+    def _upload(self, uploads: Mapping[str, _Upload]) -> None:
         """Put new objects (skipping those already stored), in parallel; before the update goes out."""
-        def put(item: tuple[str, bytes | memoryview]) -> str:
+        def put(item: tuple[str, _Upload]) -> str:
             key, data = item
             if not self.store.exists(key):
                 self.store.put(key, data)

@@ -721,3 +721,25 @@ def test_prefetch_of_an_update_the_replica_made_fetches_nothing(pair: Pair) -> N
     pair.applier.prefetch(update)
     pair.applier.discard(update)
     assert pair.applier._fetches == {}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "bool", "complex64"])
+def test_large_tensors_of_every_dtype_round_trip(pair: Pair, dtype: str) -> None:
+    pair.run(f"""
+        import torch
+        base = torch.randn(300, 300)
+        t = (base > 0 if "{dtype}" == "bool" else base.to(torch.{dtype})).t()  # non-contiguous
+        p = torch.nn.Parameter(torch.randn(200, 200))
+    """)
+    assert pair.standby["t"].dtype == pair.executor["t"].dtype
+    assert torch.equal(pair.standby["t"], pair.executor["t"])
+    assert isinstance(pair.standby["p"], torch.nn.Parameter) and pair.standby["p"].requires_grad
+
+
+def test_malformed_raw_tensor_is_refused() -> None:
+    from notebookos.kernel import sync_codec
+
+    blob = b"".join(sync_codec._serialise_extracted(torch.randn(200, 200)))
+    assert blob.startswith(sync_codec._RAW_TENSOR_MAGIC)
+    with pytest.raises(ValueError, match="header says"):
+        sync_codec._deserialise_tensor(blob[:-4])
