@@ -1,0 +1,104 @@
+"""nbclient runs a notebook on the notebookos kernel; a second run SIGKILLs the executor replica
+between cells, and the notebook still completes with the same outputs (DESIGN section 4)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import nbformat
+import pytest
+from conftest import free_port
+from nbclient import NotebookClient
+
+from notebookos.config import load_config
+from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.supervisor import Supervisor
+
+CELLS = [
+    "import math\nhistory = []",
+    "def step(x):\n    history.append(x)\n    return x * 2",
+    "value = step(21)\nprint('value', value)",
+    "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\np = Point(3, 4)",
+    "data = {'k': [1, 2, 3]}\ndata['k'].append(4)",
+    "print(math.hypot(p.x, p.y), history, data)",
+    "value + len(history)",
+]
+
+
+@pytest.fixture(scope="module")
+def gs_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from notebookos.provisioner.kernelspecs import install_kernelspecs
+
+    from notebookos.commands.up_cmd import start_schedulers
+
+    workdir: Path = tmp_path_factory.mktemp("failover")
+    install_kernelspecs(prefix=sys.prefix)
+    config = load_config(env={}, overrides={
+        "cluster.state_dir": str(workdir / "cluster"),
+        "global_scheduler.grpc_port": free_port(),
+        "local_scheduler.virtual_gpus": 2,
+    })
+    supervisor = Supervisor(workdir / "logs")
+    saved = dict(os.environ)
+    try:
+        env = start_schedulers(config, 4, supervisor, threading.Event())
+        assert env is not None
+        os.environ.update({k: v for k, v in env.items() if k.startswith("NOTEBOOKOS_")})
+        yield f"127.0.0.1:{config.global_scheduler.grpc_port}"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        supervisor.stop()
+
+
+def notebook() -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.metadata["kernelspec"] = {"name": "notebookos", "display_name": "NotebookOS",
+                                 "language": "python"}
+    return nb
+
+
+def outputs_of(nb: nbformat.NotebookNode) -> list[list[dict]]:
+    return [[{k: v for k, v in o.items() if k != "execution_count"} for o in cell.outputs]
+            for cell in nb.cells]
+
+
+def executor_pid(address: str, kernel_id: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+        status = stub.GetKernelStatus(
+            global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
+    (executor,) = [r for r in status.replicas if r.executor]
+    assert executor.pid > 0
+    return executor.pid
+
+
+def test_notebook_survives_executor_sigkill_between_cells(gs_address: str) -> None:
+    reference = notebook()
+    NotebookClient(reference, kernel_name="notebookos", timeout=120).execute()
+    expected = outputs_of(reference)
+    assert expected[2] == [{"output_type": "stream", "name": "stdout", "text": "value 42\n"}]
+
+    killed: list[int] = []
+    nb = notebook()
+    client = NotebookClient(nb, kernel_name="notebookos", timeout=120)
+
+    def kill_executor(cell, cell_index, **_: object) -> None:
+        if cell_index in (2, 4):  # twice: the survivors must carry on again
+            pid = executor_pid(gs_address, client.km.kernel_id)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    client.on_cell_executed = kill_executor
+    client.execute()
+    assert len(killed) == 2
+    assert outputs_of(nb) == expected
+    counts = [cell.execution_count for cell in nb.cells]
+    assert counts == list(range(1, len(CELLS) + 1))  # execution_count stays continuous
