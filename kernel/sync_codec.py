@@ -9,13 +9,15 @@ becomes a ``SyncEntry``:
 - ``module``: an imported module, re-imported by name on the standby (never pickled);
 - ``deleted``: the name is gone.
 
-Values are serialised with cloudpickle (notebook functions and classes go by value). Torch tensors
+Values are serialised with cloudpickle (notebook functions and classes go by value, rebound to the
+standby's namespace). Torch tensors, and plain numpy arrays over ``TENSOR_INLINE_LIMIT`` bytes,
 are pulled out of every value by the pickler (``reducer_override``) and serialised on their own, each
 under a *token* that names that tensor object for as long as it lives. A standby keeps a table
 token -> tensor object, so an ``nn.Module`` and the optimizer built from its parameters still share
 those parameter objects after both are applied, and ``opt.step()`` (which changes the parameters in
 place but names only ``opt``) updates the model on the standby too: the changed parameters are
-copied into the existing objects. A tensor whose version counter, data pointer, shape, dtype and
+copied into the existing objects (and every synced entry holding a changed tensor is refreshed in
+the same update, so entries never disagree about a tensor's bytes). A tensor whose version counter, data pointer, shape, dtype and
 device are unchanged since it was last serialised is not serialised or hashed again. Tensors over
 ``TENSOR_INLINE_LIMIT`` bytes are their own store objects; smaller ones ride in the value's bundle.
 
