@@ -69,6 +69,7 @@ class JobSimulator:
         self.sample_every = max(1.0, span / config.timeline_points)
         self.next_sample = 0.0
         self.finished = 0
+        self.preemptions = 0  # cumulative; the timeline's "migrations" column for job runs
 
     # -- bookkeeping --------------------------------------------------------------------------
 
@@ -96,7 +97,7 @@ class JobSimulator:
             self.record.timeline.append((
                 round(t, 3), running + len(self.waiting), running, len(self.waiting),
                 len(self.cluster.hosts), self.cluster.total_gpus, self.cluster.committed_gpus,
-                0.0, sum(j.rec.preemptions for j in self.running.values())))
+                0.0, self.preemptions))
             self.next_sample += self.sample_every
 
     # -- placement ----------------------------------------------------------------------------
@@ -198,6 +199,7 @@ class JobSimulator:
             job = self.jobs[seq]
             self._stop(job, now)
             job.rec.preemptions += 1
+            self.preemptions += 1
             job.q.remaining += self.config.preemption_overhead_s
             self._enqueue(job, now)
         for entry in chosen:

@@ -50,6 +50,7 @@ class _Sess:
     current: _Run | None = None
     last_exec: tuple[int, str] | None = None
     cells: int = 0
+    submitted: int = 0
 
 
 class SessionSimulator:
@@ -337,6 +338,10 @@ class SessionSimulator:
         self._drain(now)
 
     def _maybe_teardown(self, sess: _Sess, now: float) -> None:
+        # A cell submitted after the session's stop (a malformed template) still runs: the
+        # session ends once every cell has been submitted and it is idle.
+        if sess.submitted < len(sess.s.tasks):
+            return
         done = sess.stopped or (sess.s.stop is None and sess.cells == len(sess.s.tasks))
         if done and sess.current is None and not sess.queue and not sess.ended:
             self._teardown(sess, now)
@@ -492,6 +497,7 @@ class SessionSimulator:
             self._sample(now)
             if kind == TASK_SUBMIT:
                 sess, run = payload
+                sess.submitted += 1
                 if sess.ended:
                     continue
                 sess.queue.append(run)

@@ -117,3 +117,9 @@ def test_notebookos_scales_in_by_moving_standby_replicas_off_idle_hosts():
     assert record.scale_in_migrations == 1
     hosts_late = {row[4] for row in record.timeline if 3000 < row[0] < 5000}
     assert hosts_late == {3}
+
+
+def test_a_cell_submitted_after_the_session_stop_still_runs():
+    tasks, summary, _ = simulate([session("A", 0, 100, 1, [(150, 10)])], "notebookos", 3, 8)
+    assert (tasks["A/0"].start, tasks["A/0"].end) == (150, 160)
+    assert summary["completed"] == 1
