@@ -9,6 +9,8 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+from notebookos.global_scheduler.autoscaler import Autoscaler
+from notebookos.global_scheduler.providers import LocalProcessProvider
 from notebookos.global_scheduler.registry_store import (
     FileRegistryStore,
     RedisRegistryStore,
@@ -64,6 +66,15 @@ class GlobalSchedulerDaemon:
             raise OSError(f"cannot bind the Global Scheduler's gRPC port {gs.host}:{gs.grpc_port}")
         self.address = f"{gs.host}:{port}"
         self._stopped = threading.Event()
+        self.autoscaler: Autoscaler | None = None
+        if gs.autoscale and gs.host_provider == "local":
+            provider = LocalProcessProvider(
+                self.address, Path(config.state_path), config.local_scheduler.virtual_gpus,
+                config.local_scheduler.prewarm_pool_size, ip=gs.host)
+            self.autoscaler = Autoscaler(
+                self.service, provider, interval_s=gs.autoscale_interval_s,
+                gpus_per_host=max(1, config.local_scheduler.virtual_gpus),
+                max_hosts=gs.max_hosts)
         self._monitor = threading.Thread(target=self._monitor_hosts, daemon=True,
                                          name="host-monitor")
 
@@ -71,6 +82,8 @@ class GlobalSchedulerDaemon:
         self.service.restore()
         self.server.start()
         self._monitor.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start()
         log.info("Global Scheduler listening on %s (policy %s)", self.address, self.policy.name)
 
     def _monitor_hosts(self) -> None:
@@ -85,6 +98,8 @@ class GlobalSchedulerDaemon:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self.autoscaler is not None:
+            self.autoscaler.close()
         self.server.stop(grace=1)
         self.service.close()
 

@@ -422,6 +422,7 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             entry = self.kernels[kernel_id]
             kernel = self.cluster.kernels[kernel_id]
             occupied = [r.host_id for r in entry.replicas.values()]
+            occupied += [h for h, link in self.hosts.items() if link.draining]
             if on_host is not None:
                 hosts = [self.cluster.hosts[on_host]] if on_host in self.cluster.hosts else None
             else:

@@ -35,6 +35,7 @@ class Cluster:
             "NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S": "0.3",
             "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "3",
             "NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICA_START_TIMEOUT_S": "60",
+            "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE": "false",
             **(env or {}),
         }
         self.gs: subprocess.Popen | None = None

@@ -1,0 +1,128 @@
+"""The autoscaler (DESIGN section 5): every interval, ask the policy how many hosts the cluster
+needs (committed GPUs x factor plus a buffer, and enough to hold the subscriptions), then add hosts
+through the provider or release idle ones, moving their idle replicas off first."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+from notebookos.global_scheduler.providers import HostProvider
+from notebookos.global_scheduler.service import GlobalSchedulerService, StartError
+
+from notebookos.policies import ScalingView
+
+log = logging.getLogger(__name__)
+
+
+class Autoscaler:
+    def __init__(self, service: GlobalSchedulerService, provider: HostProvider, *,
+                 interval_s: float, gpus_per_host: int, max_hosts: int,
+                 provision_timeout_s: float = 60.0) -> None:
+        self.service = service
+        self.provider = provider
+        self.interval_s = interval_s
+        self.gpus_per_host = gpus_per_host
+        self.max_hosts = max_hosts
+        self.provision_timeout_s = provision_timeout_s
+        self._provisioning: dict[str, float] = {}  # host id -> when asked for
+        self._waiting_gpus = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="autoscaler")
+        service.on_capacity_wanted = self.capacity_wanted
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.provider.close()
+
+    def capacity_wanted(self, gpus: int) -> None:
+        """A request waits for GPUs no host can bind now: count it in the next decision."""
+        self._waiting_gpus = max(self._waiting_gpus, gpus)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the autoscaler must keep running
+                log.exception("autoscaler tick failed")
+
+    def tick(self) -> None:
+        svc = self.service
+        now = time.monotonic()
+        with svc.lock:
+            for host_id in [h for h in self._provisioning if h in svc.hosts
+                            or now - self._provisioning[h] > self.provision_timeout_s]:
+                del self._provisioning[host_id]
+            cluster = svc.cluster
+            svc.policy.observe(cluster)
+            replicas_on: dict[str, int] = {h: 0 for h in cluster.hosts}
+            for kernel in cluster.kernels.values():
+                for r in kernel.live_replicas():
+                    replicas_on[r.host_id] = replicas_on.get(r.host_id, 0) + 1
+            releasable = sorted(
+                (h for h, host in cluster.hosts.items()
+                 if host.committed.gpus == 0 and host.pending.gpus == 0
+                 and not svc.hosts[h].draining),
+                key=lambda h: (replicas_on.get(h, 0), -list(cluster.hosts).index(h)))
+            view = ScalingView(
+                hosts=len(cluster.hosts) + len(self._provisioning),
+                gpus_per_host=self.gpus_per_host, committed_gpus=cluster.committed_gpus,
+                waiting_gpus=self._waiting_gpus, subscribed_gpus=cluster.subscribed_gpus,
+                releasable_host_ids=releasable)
+            self._waiting_gpus = 0
+        decision = svc.policy.scaling(view)
+        if decision.add_hosts > 0:
+            add = min(decision.add_hosts, self.max_hosts - view.hosts)
+            if add > 0:
+                log.info("autoscaler: scaling out by %d host(s) (%d committed GPUs, %d hosts)",
+                         add, view.committed_gpus, view.hosts)
+                for host_id in self.provider.add_hosts(add):
+                    self._provisioning[host_id] = time.monotonic()
+        for host_id in decision.release_host_ids:
+            self.release(host_id)
+
+    def release(self, host_id: str) -> bool:
+        """Drain ``host_id``: move its replicas elsewhere, then give it back to the provider."""
+        svc = self.service
+        with svc.lock:
+            link = svc.hosts.get(host_id)
+            if link is None:
+                return False
+            link.draining = True
+            on_host = [(k.kernel_id, r.replica_id) for k in svc.cluster.kernels.values()
+                       for r in k.live_replicas() if r.host_id == host_id]
+        log.info("autoscaler: scaling in host %s (%d replica(s) to move)", host_id, len(on_host))
+        for kernel_id, replica_id in on_host:
+            try:
+                target = self._target_for(kernel_id, host_id)
+                svc.migrate_replica(kernel_id, replica_id, target)
+            except StartError as exc:
+                log.info("autoscaler: keeping host %s: %s", host_id, exc)
+                with svc.lock:
+                    link.draining = False
+                return False
+        try:
+            self.provider.release_host(host_id, link.address)
+        except grpc.RpcError as exc:
+            log.warning("autoscaler: releasing %s failed: %s", host_id, exc.details())
+            with svc.lock:
+                link.draining = False
+            return False
+        return True
+
+    def _target_for(self, kernel_id: str, leaving: str) -> str:
+        svc = self.service
+        with svc.lock:
+            kernel = svc.cluster.kernels[kernel_id]
+            exclude = [r.host_id for r in kernel.live_replicas()]
+            exclude += [h for h, link in svc.hosts.items() if link.draining or h == leaving]
+            hosts = svc.policy.choose_hosts(svc.cluster, kernel.request, 1, exclude=exclude)
+        if not hosts:
+            raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"no other host can take a replica of {kernel_id}")
+        return hosts[0].host_id

@@ -1,0 +1,97 @@
+"""Where new hosts come from: the ``HostProvider`` interface and the local process provider.
+
+A provider adds hosts (they register with the Global Scheduler by themselves when they are up)
+and releases hosts the autoscaler no longer needs (after their replicas were moved off).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import grpc
+
+from notebookos.proto import local_scheduler_pb2
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+
+log = logging.getLogger(__name__)
+
+
+class HostProvider(ABC):
+    name = ""
+
+    @abstractmethod
+    def add_hosts(self, count: int) -> list[str]:
+        """Start provisioning ``count`` hosts; returns their host ids (they register later)."""
+
+    @abstractmethod
+    def release_host(self, host_id: str, address: str) -> None:
+        """Give a host back; its replicas have been moved off already."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Stop what the provider started, if it owns it."""
+
+
+class LocalProcessProvider(HostProvider):
+    """New hosts are Local Scheduler processes on this machine, with virtual GPUs."""
+
+    name = "local"
+
+    def __init__(self, gs_address: str, state_dir: Path, gpus_per_host: int,
+                 prewarm_pool_size: int, ip: str = "127.0.0.1") -> None:
+        self.gs_address = gs_address
+        self.state_dir = Path(state_dir)
+        self.gpus_per_host = gpus_per_host
+        self.prewarm_pool_size = prewarm_pool_size
+        self.ip = ip
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    def add_hosts(self, count: int) -> list[str]:
+        ids = []
+        logs = self.state_dir / "autoscaled"
+        logs.mkdir(parents=True, exist_ok=True)
+        for _ in range(count):
+            host_id = f"auto-{uuid.uuid4().hex[:6]}"
+            with open(logs / f"{host_id}.log", "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "notebookos.cli", "local-scheduler",
+                     "--host-id", host_id, "--host", self.ip, "--port", "0",
+                     "--global-scheduler", self.gs_address,
+                     "--virtual-gpus", str(self.gpus_per_host),
+                     "--prewarm", str(self.prewarm_pool_size),
+                     "--state-dir", str(self.state_dir)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            with self._lock:
+                self.procs[host_id] = proc
+            log.info("autoscaler: started Local Scheduler %s (pid %d)", host_id, proc.pid)
+            ids.append(host_id)
+        return ids
+
+    def release_host(self, host_id: str, address: str) -> None:
+        with grpc.insecure_channel(address) as channel:
+            ls_grpc.LocalSchedulerStub(channel).Shutdown(
+                local_scheduler_pb2.ShutdownRequest(force=False, reason="scale-in"), timeout=30)
+        with self._lock:
+            proc = self.procs.pop(host_id, None)
+        if proc is not None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def close(self) -> None:
+        with self._lock:
+            procs, self.procs = list(self.procs.values()), {}
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,43 @@
+"""The autoscaler adds a Local Scheduler (local provider, virtual GPUs) when committed GPUs pass
+the expected capacity, and releases an idle host when the load is gone."""
+
+from __future__ import annotations
+
+import pytest
+from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def test_scale_out_under_load_and_in_when_idle(make_cluster):
+    cluster = make_cluster({
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE": "true",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE_INTERVAL_S": "1",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": "3",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_MAX_HOSTS": "5",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_SCALING_BUFFER_HOSTS": "1",
+        "NOTEBOOKOS_LOCAL_SCHEDULER_VIRTUAL_GPUS": "2",
+        "NOTEBOOKOS_LOCAL_SCHEDULER_PREWARM_POOL_SIZE": "0",
+    })
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}", gpus=2)
+    cluster.wait_hosts(3)
+    a, kc_a = cluster.start_kernel(gpus=2)
+    b, kc_b = cluster.start_kernel(gpus=2)
+    assert len(cluster.status().hosts) == 3  # idle: min_hosts, nothing added
+
+    # Two 2-GPU cells at once: 4 committed GPUs x 1.05 need 3 hosts, plus a spare one.
+    kc_a.execute("import time; time.sleep(10); a = 1")
+    kc_b.execute("import time; time.sleep(10); b = 2")
+    cluster.wait(lambda: len(cluster.status().hosts) == 4, 40, "a fourth host added")
+    added = [h.host_id for h in cluster.status().hosts if h.host_id.startswith("auto-")]
+    assert len(added) == 1 and cluster.status().hosts[-1].capacity.gpus == 2
+    kc_a.get_shell_msg(timeout=60)
+    kc_b.get_shell_msg(timeout=60)
+
+    # Idle again: the spare host is released (it holds no replica) and the kernels go on.
+    cluster.wait(lambda: len(cluster.status().hosts) == 3, 40, "back to three hosts")
+    assert added[0] not in {h.host_id for h in cluster.status().hosts}
+    assert result_text(run_cell(kc_a, "a")) == "1"
+    assert result_text(run_cell(kc_b, "b")) == "2"
