@@ -179,7 +179,13 @@ class JobSimulator:
     def _schedule_preemptive(self, now: float) -> None:
         for job in self.running.values():
             self._sync(job, now)
-        running = sorted((self._key(j, now), j.q.seq) for j in self.running.values())
+        keys = [(self._key(j, now), j.q.seq) for j in self.running.values()]
+        if not keys or self.waiting[0] > max(keys):
+            # Nobody waiting outranks a running job: the running set stays and free GPUs go to
+            # waiting jobs in order, which is what the full recomputation below would decide.
+            self._schedule_in_order(now)
+            return
+        running = sorted(keys)
         free = self.cluster.total_gpus
         keep: set[int] = set()
         chosen: list[tuple[tuple, int]] = []
