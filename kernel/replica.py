@@ -166,7 +166,7 @@ class ReplicaKernel(IPythonKernel):
 
     async def _after_start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._loop.create_task(self._drain_applies())
+        self._drain_task = self._loop.create_task(self._drain_applies())
         if self.restore_from_checkpoint:
             try:
                 await self._restore_from_store()
@@ -183,6 +183,8 @@ class ReplicaKernel(IPythonKernel):
     def _on_commit(self, record: Record, applied: Applied) -> None:
         now = time.monotonic()
         if isinstance(record, Proposal):
+            if record.election_id not in self._first_proposal_at:
+                self._forget_old_elections()
             self._first_proposal_at.setdefault(record.election_id, now)
             if record.kind == LEAD:
                 self._first_lead_at.setdefault(record.election_id, now)
@@ -213,6 +215,18 @@ class ReplicaKernel(IPythonKernel):
                 sys.stderr.flush()
                 os._exit(70)
         self._wake()
+
+    def _forget_old_elections(self, keep: int = 10_000) -> None:
+        """Bound the local per-election bookkeeping (insertion-ordered dicts and sets)."""
+        if len(self._first_proposal_at) < 2 * keep:
+            return
+        for eid in list(self._first_proposal_at)[:-keep]:
+            self._first_proposal_at.pop(eid, None)
+            self._first_lead_at.pop(eid, None)
+            self._voted.discard(eid)
+            self._aborts_sent.discard(eid)
+            self._executed_here.discard(eid)
+            self._replied.discard(eid)
 
     def _on_snapshot(self) -> None:
         self._restore_needed = True

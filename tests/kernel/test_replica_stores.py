@@ -22,9 +22,9 @@ CELL = (
     "big = torch.arange(3_000_000, dtype=torch.float32)  # 12 MB\n"
     "net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))\n"
     "probe = torch.ones(2, 3)\n"
-    "print(float(big.sum()), round(float(net(probe).sum()), 5))"
+    "print(float(big.double().sum()), round(float(net(probe).sum()), 5))"
 )
-CHECK = "print(float(big.sum()), round(float(net(probe).sum()), 5))"
+CHECK = "print(float(big.double().sum()), round(float(net(probe).sum()), 5))"
 
 
 def round_trip(workdir: Path, store_url: str) -> tuple[ReplicaGroup, str, str]:
