@@ -49,6 +49,7 @@ class KernelEntry:
     created_unix: float = field(default_factory=time.time)
     executions: dict[str, tuple[int, str]] = field(default_factory=dict)  # msg -> (replica, host)
     raft_removals: list[int] = field(default_factory=list)  # lost members still in the group
+    session_gpus: tuple[int, str, list[int]] | None = None  # reservation: (replica, host, ids)
 
     def endpoints(self) -> list[ReplicaEndpoint]:
         return [r.endpoint for r in self.replicas.values()]

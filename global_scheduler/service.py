@@ -28,7 +28,7 @@ from notebookos.global_scheduler.readiness import wait_until_ready
 from notebookos.global_scheduler.registry_store import RegistryStore
 
 from notebookos.cluster import AccountingError, Cluster, Host, ReplicaState
-from notebookos.policies import Policy
+from notebookos.policies import ContainerLifetime, GpuBinding, Policy
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto.convert import resource_spec_from_proto, resource_spec_to_proto
@@ -89,6 +89,10 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
+        if policy.container_lifetime is ContainerLifetime.CELL:
+            log.warning("policy %s starts a container per cell; the live scheduler keeps one "
+                        "replica per kernel for its whole life instead (per-cell containers "
+                        "are modelled in the simulator only)", policy.name)
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3
 
@@ -398,6 +402,8 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             self.kernels[kernel_id] = entry
         try:
             self._add_replicas(kernel_id, self.replicas_per_kernel, join=False)
+            if self.policy.gpu_binding is GpuBinding.SESSION:
+                self._bind_for_session(entry, spec)
             with self.lock:
                 entry.front = KernelFront(kernel_id, key, scheme, self, ip=self.ip)
                 entry.front.set_replicas(entry.endpoints())
@@ -413,6 +419,31 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             log.exception("kernel %s failed to start", kernel_id)
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
+
+    def _bind_for_session(self, entry: KernelEntry, spec: ResourceSpec) -> None:
+        """Reservation-style policies: commit the kernel's GPUs once, for its whole life."""
+        rid, rl = next(iter(sorted(entry.replicas.items())))
+        link = self.hosts[rl.host_id]
+        try:
+            resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+                kernel_id=entry.kernel_id, replica_id=rid, request_id=f"session:{entry.kernel_id}",
+                gpus=spec.gpus), timeout=10)
+        except grpc.RpcError as exc:
+            raise StartError(grpc.StatusCode.UNAVAILABLE,
+                             f"host {rl.host_id} could not bind the GPUs: {exc.details()}") from exc
+        if not resp.committed:
+            raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"host {rl.host_id} cannot bind {spec.gpus} GPU(s) for the "
+                             f"session: {resp.reason}")
+        with self.lock:
+            kernel = self.cluster.kernels[entry.kernel_id]
+            host = self.cluster.hosts[rl.host_id]
+            try:
+                host.commit(kernel.replicas[rid].owner, spec, list(resp.device_ids))
+            except AccountingError as exc:
+                log.warning("accounting differs from host %s: %s", rl.host_id, exc)
+            kernel.executor = rid
+            entry.session_gpus = (rid, rl.host_id, list(resp.device_ids))
 
     def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
                       on_host: str | None = None) -> list[int]:
@@ -618,6 +649,10 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             if entry is None or kernel is None:
                 raise PlacementFailed(f"kernel {kernel_id} is not known to the scheduler")
             request = kernel.request
+            if entry.session_gpus is not None and entry.session_gpus[0] in entry.replicas:
+                rid, host_id, ids = entry.session_gpus
+                entry.executions[msg_id] = (rid, host_id)
+                return rid, list(ids)
             order = self._executor_order(kernel, request)
             links = {rid: (entry.replicas[rid].host_id, self.hosts.get(entry.replicas[rid].host_id))
                      for rid in order if rid in entry.replicas}
@@ -781,6 +816,8 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             if held is None:
                 return
             rid, host_id = held
+            if entry.session_gpus is not None:
+                return  # bound for the kernel's life, released when it stops
             host = self.cluster.hosts.get(host_id)
             kernel = self.cluster.kernels.get(kernel_id)
             replica = kernel.replicas.get(rid) if kernel is not None else None
