@@ -96,6 +96,9 @@ class ElectionBook:
         # sync updates after the latest checkpoint, in order: (execution_count, election_id, bytes)
         self.updates: list[tuple[int, str, bytes]] = []
         self.max_elections = 10_000
+        # set when this group was rebuilt from a store checkpoint (all replicas had been lost)
+        self.restored_from: int | None = None
+        self.restore_notes: tuple[str, ...] = ()
 
     # ---- queries -------------------------------------------------------------------------
     def get(self, election_id: str) -> Election | None:
@@ -126,9 +129,11 @@ class ElectionBook:
                 self.updates = [u for u in self.updates if u[0] > record.execution_count]
             return Applied()
         if isinstance(record, Restored):
-            if self.term == 0 and self.execution_count == 0:
+            if self.term == 0 and self.restored_from is None:
                 self.execution_count = record.execution_count
                 self.checkpoint_count = record.execution_count
+                self.restored_from = record.execution_count
+                self.restore_notes = tuple(record.notes)
             return Applied()
         raise TypeError(f"not a log record: {type(record).__name__}")
 

@@ -309,7 +309,15 @@ class ReplicaKernel(IPythonKernel):
         self.restore_notes = [f"{name!r} could not be restored" for name in failed]
         self.log.info("restored the namespace of cell %d from the checkpoint", count)
         await self._wait_raft_ready(30.0)
-        self.raft.propose(Restored(count, self.replica_id, tuple(self.restore_notes)))
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self.raft.propose(
+            Restored(count, self.replica_id, tuple(self.restore_notes)),
+            on_done=lambda ok, why: loop.call_soon_threadsafe(
+                lambda: done.done() or done.set_result(ok)
+            ),
+        )
+        await done  # cells wait until every replica agrees where counting resumes
 
     async def _wait_raft_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -500,6 +508,7 @@ class ReplicaKernel(IPythonKernel):
         if not silent:
             self.shell.execution_count = count
             self._publish_execute_input(code, parent, count)
+        self._announce_restore(parent, election)
         self.gpu.bind(self.shell.user_ns, metadata)
         try:
             reply = await super().do_execute(
@@ -523,6 +532,23 @@ class ReplicaKernel(IPythonKernel):
         self._send_execute_reply(stream, ident, parent, (reply, reply_metadata))
         self._replied.add(election.election_id)
         await self._sync_after_cell(parent, election, code, reply.get("status", "ok"))
+
+    def _announce_restore(self, parent, election: Election) -> None:
+        """The first cell of a group rebuilt from the store tells the user what survived."""
+        with self.raft.lock:
+            restored_from = self.raft.book.restored_from
+            notes = self.raft.book.restore_notes
+        if restored_from is None or election.term != 1:
+            return
+        text = (
+            "NotebookOS: every replica of this kernel was lost; the kernel was rebuilt from the "
+            f"checkpoint taken after cell [{restored_from}]. Work after that cell is lost.\n"
+        )
+        text += "".join(f"NotebookOS: {note}\n" for note in notes)
+        self.session.send(
+            self.iopub_socket, "stream", {"name": "stderr", "text": text},
+            parent=parent, ident=self._topic("stream"),
+        )
 
     async def _sync_after_cell(self, parent, election: Election, code: str, status: str) -> None:
         """Encode what the cell changed, warn about what cannot be synced, propose COMPLETION."""

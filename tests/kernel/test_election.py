@@ -114,11 +114,11 @@ def test_completion_keeps_updates_until_a_checkpoint_covers_them():
 
 
 def test_membership_and_restore_and_snapshot_pickle():
-    book = book_with(MemberRemoved(3), MemberAdded(4, "a:4"), Restored(7))
+    book = book_with(MemberRemoved(3), MemberAdded(4, "a:4"), Restored(7), Restored(9))
     assert book.members == {1: "a:1", 2: "a:2", 4: "a:4"}
     book.apply(Proposal("m1", 1, LEAD))
     book.apply(Vote("m1", 1, 1))
-    assert book.get("m1").execution_count == 8
+    assert book.get("m1").execution_count == 8 and book.restored_from == 7
     clone = pickle.loads(pickle.dumps(book))
     assert clone.get("m1").executor == 1 and clone.term == 1
 

@@ -105,6 +105,7 @@ def test_all_replicas_killed_kernel_rebuilt_from_checkpoint(tmp_path: Path):
         second.start("--restore-from-checkpoint")
         result = second.execute("print(note, weights.tolist())", target=3)
         assert result.stdout() == "kept! [0.0, 1.0, 2.0, 3.0, 4.0]\n", result.summary()
+        assert f"checkpoint taken after cell [{count}]" in result.stderr()
         assert result.executor_reply()["content"]["execution_count"] == count + 1
     finally:
         second.stop()
