@@ -232,6 +232,10 @@ class KernelFront:
                     continue
                 try:
                     self._dispatch(name, rid, frames)
+                except (ValueError, TypeError, KeyError, IndexError) as exc:
+                    self.malformed += 1
+                    log.warning("kernel %s: dropped a malformed message on %s: %s",
+                                self.kernel_id, name, str(exc)[:200])
                 except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
                     self.malformed += 1
                     log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)

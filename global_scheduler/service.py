@@ -868,7 +868,9 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             resources=resource_spec_to_proto(kernel.request) if kernel else None,
             replicas=replicas, executor_replica_id=(kernel.executor or 0) if kernel else 0,
             connection=self._connection(entry, with_key), message=entry.message,
-            created_unix=entry.created_unix)
+            created_unix=entry.created_unix,
+            dropped_messages=(entry.front.bad_signatures + entry.front.malformed)
+            if entry.front else 0)
 
     def GetKernelStatus(self, request, context):  # noqa: N802
         with self.lock:

@@ -52,6 +52,7 @@ def status_document(status: global_scheduler_pb2.ClusterStatus) -> dict[str, Any
         } for r in k.replicas],
         "executor": k.executor_replica_id or None,
         "message": k.message,
+        "dropped_messages": k.dropped_messages,
     } for k in status.kernels]
     return {"hosts": hosts, "kernels": kernels, "policy": status.policy,
             "gpus": {"total": status.gpus_total, "committed": status.gpus_committed,

@@ -169,7 +169,7 @@ class HostStatus(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[ResourceSpec, _Mapping]] = ..., subscribed: _Optional[_Union[ResourceSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., virtual_gpus: _Optional[bool] = ..., gpus_committed: _Optional[int] = ..., gpus_pending: _Optional[int] = ..., subscription_ratio: _Optional[float] = ..., prewarm_pool_size: _Optional[int] = ..., last_heartbeat_unix: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class KernelStatus(_message.Message):
-    __slots__ = ("kernel_id", "state", "resources", "replicas", "executor_replica_id", "connection", "message", "created_unix")
+    __slots__ = ("kernel_id", "state", "resources", "replicas", "executor_replica_id", "connection", "message", "created_unix", "dropped_messages")
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class KernelStatus(_message.Message):
     CONNECTION_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     state: KernelState
     resources: ResourceSpec
@@ -186,4 +187,5 @@ class KernelStatus(_message.Message):
     connection: ConnectionInfo
     message: str
     created_unix: float
-    def __init__(self, kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., resources: _Optional[_Union[ResourceSpec, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., executor_replica_id: _Optional[int] = ..., connection: _Optional[_Union[ConnectionInfo, _Mapping]] = ..., message: _Optional[str] = ..., created_unix: _Optional[float] = ...) -> None: ...
+    dropped_messages: int
+    def __init__(self, kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., resources: _Optional[_Union[ResourceSpec, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., executor_replica_id: _Optional[int] = ..., connection: _Optional[_Union[ConnectionInfo, _Mapping]] = ..., message: _Optional[str] = ..., created_unix: _Optional[float] = ..., dropped_messages: _Optional[int] = ...) -> None: ...

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
@@ -134,9 +133,11 @@ def test_subscription_limit_and_bad_input_get_clear_errors(make_cluster):
     sock.send_multipart([b"<IDS|MSG>", b"forged", b'{"msg_id": "1", "msg_type": '
                          b'"execute_request"}', b"{}", b"{}", b'{"code": "1/0"}'])
     sock.send_multipart([b"garbage"])
-    time.sleep(0.5)
+    cluster.wait(lambda: cluster.kernel(kernel_id).dropped_messages == 2, 10,
+                 "both bad messages counted")
     sock.close()
     assert result_text(run_cell(kc, "z = 5\nz * 2")) == "10"
+    assert cluster.kernel(kernel_id).dropped_messages == 2
     assert cluster.gs.poll() is None and all(p.poll() is None for p in cluster.ls.values())
 
     # A Local Scheduler offering zero GPUs is refused with a reason, and does not die.
