@@ -267,7 +267,10 @@ class ReplicaKernel(IPythonKernel):
                 continue
             election_id, update = item
             try:
-                await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
+                if self.sync.is_light(update):  # no thread hop for the common small update
+                    self.sync.apply(self.shell.user_ns, update)
+                else:
+                    await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
             except Exception as exc:  # noqa: BLE001 - one bad update must not stop the others
                 self.log.error("could not apply state update of %s: %s", election_id, exc)
             finally:

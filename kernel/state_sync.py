@@ -92,6 +92,18 @@ class StateSync:
 
         self._applier.apply(namespace, SyncUpdate.from_bytes(update))
 
+    def is_light(self, update: bytes, limit: int = 64 * 1024) -> bool:
+        """Small and with nothing to fetch from the store: cheap enough to apply inline."""
+        if len(update) > limit or self._applier is None:
+            return False
+        from .sync_codec import SyncUpdate
+
+        try:
+            parsed = SyncUpdate.from_bytes(update)
+        except ValueError:
+            return False
+        return all(e.store_key is None and not e.tensors for e in parsed.entries)
+
     def checkpoint_in_background(self, execution_count: int, on_done: Callable[[], None]) -> None:
         """Write a full checkpoint of the synced namespace, then call ``on_done``."""
         if self._encoder is None or self.store is None:
