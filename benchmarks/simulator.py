@@ -3,7 +3,8 @@ per-event cost at 100, 1,000 and 10,000 hosts.
 
     .venv/bin/python benchmarks/simulator.py --json
 
-Targets: ``sensei_week_s`` <= 1 s under every job policy (20x8); ``three_month_s`` <= 30 s per
+Times are the best of 3 runs (one run for the 3-month trace), with the process CPU seconds of
+that run beside them, because the development VM is shared. Targets: ``sensei_week_s`` <= 1 s under every job policy (20x8); ``three_month_s`` <= 30 s per
 session policy (>= 400 sessions, >= 50,000 tasks, 30 hosts of 8 GPUs); ``hosts_10000_s`` close to
 ``hosts_100_s`` (the ratio is reported against the 100-host baseline measured in the same run).
 """
@@ -18,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from notebookos.cluster import Cluster
 from notebookos.simulator.config import SimConfig
+from notebookos.simulator.hosts import HostFactory
 from notebookos.simulator.runner import simulate
 from notebookos.workload.generator import SenseiParams, write_sensei
 from notebookos.workload.readers import read_trace
@@ -33,14 +36,21 @@ EXCERPT = SenseiParams(hours=17.5, seed=1)
 CPU_S: dict[str, float] = {}  # process CPU seconds per measurement (less sensitive to a busy box)
 
 
-def timed(workload, policy: str, config: SimConfig, label: str = "") -> tuple[float, dict]:
-    cpu = time.process_time()
-    start = time.perf_counter()
-    summary, _ = simulate(workload, policy, config)
-    elapsed = time.perf_counter() - start
-    if label:
-        CPU_S[label] = round(time.process_time() - cpu, 3)
-    return elapsed, summary
+def timed(workload, policy: str, config: SimConfig, label: str = "",
+          repeat: int = 1) -> tuple[float, dict]:
+    """Best of ``repeat`` runs (the shared VM is noisy); CPU seconds of the best run."""
+    best = float("inf")
+    summary: dict = {}
+    for _ in range(repeat):
+        cpu = time.process_time()
+        start = time.perf_counter()
+        summary, _ = simulate(workload, policy, config)
+        elapsed = time.perf_counter() - start
+        if elapsed < best:
+            best = elapsed
+            if label:
+                CPU_S[label] = round(time.process_time() - cpu, 3)
+    return best, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if SENSEI_WEEK.is_file():
         week = read_trace(SENSEI_WEEK, "tiresias", "s")
         by_policy = {p: round(timed(week, p, SimConfig(hosts=20, gpus_per_host=8),
-                                    f"sensei_week_{p}")[0], 3)
+                                    f"sensei_week_{p}", repeat=3)[0], 3)
                      for p in ("fifo", "sjf", "srtf", "tiresias")}
         result["sensei_week_jobs"] = week.task_count
         result["sensei_week_by_policy_s"] = by_policy
@@ -85,12 +95,25 @@ def main(argv: list[str] | None = None) -> int:
         for hosts in (100, 1000, 10_000):
             config = SimConfig(hosts=hosts, gpus_per_host=8, max_hosts=hosts)
             result[f"hosts_{hosts}_s"] = round(
-                timed(excerpt, "notebookos", config, f"hosts_{hosts}")[0], 3)
+                timed(excerpt, "notebookos", config, f"hosts_{hosts}", repeat=3)[0], 3)
             week_config = SimConfig(hosts=hosts, gpus_per_host=8)
             if SENSEI_WEEK.is_file():
                 result[f"hosts_{hosts}_tiresias_s"] = round(
-                    timed(week, "tiresias", week_config, f"hosts_{hosts}_tiresias")[0], 3)
+                    timed(week, "tiresias", week_config, f"hosts_{hosts}_tiresias", 3)[0], 3)
         result["hosts_10000_over_100"] = round(result["hosts_10000_s"] / result["hosts_100_s"], 2)
+        # Creating N Host objects is O(N) and happens once; the rest is the per-event cost.
+        for hosts in (100, 10_000):
+            best = float("inf")
+            for _ in range(3):
+                factory = HostFactory(Cluster(), 8, 21.0)
+                start = time.perf_counter()
+                for _ in range(hosts):
+                    factory.new_host()
+                best = min(best, time.perf_counter() - start)
+            result[f"hosts_{hosts}_setup_s"] = round(best, 4)
+        result["hosts_10000_over_100_without_setup"] = round(
+            (result["hosts_10000_s"] - result["hosts_10000_setup_s"])
+            / (result["hosts_100_s"] - result["hosts_100_setup_s"]), 2)
     result["cpu_s"] = CPU_S
     result["load_average_1min"] = round(os.getloadavg()[0], 2)
     result["meets_targets"] = bool(
