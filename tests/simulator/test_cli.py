@@ -104,3 +104,19 @@ def test_progress_bar_is_silent_unless_enabled(capsys):
     assert stream.getvalue() == ""
     ProgressBar("x", stream=stream, enabled=True)(1.0)
     assert "100.0%" in stream.getvalue()
+
+
+def test_generate_refuses_bad_parameters(tmp_path, capsys):
+    assert main(["trace", "generate", "--hours", "0", "--out", str(tmp_path / "x.json")]) == 2
+    assert "hours=0.0 must be > 0" in capsys.readouterr().err
+
+
+def test_policy_parameters_and_settings_reach_the_run(trace, capsys):
+    base = ["simulate", "--trace", str(trace), "--format", "template", "--cluster", "3x8",
+            "--quiet", "--json"]
+    assert main(base + ["--policy", "tiresias", "--policy-param", "tiresias.thresholds=[1]"]) == 0
+    assert json.loads(capsys.readouterr().out)["preemptions"] > 0
+    assert main(base + ["--policy", "batch", "--set", "container_start_s=100"]) == 0
+    assert json.loads(capsys.readouterr().out)["interactivity_p50_s"] >= 108
+    assert main(base + ["--policy", "tiresias", "--policy-param", "tiresias.thresholds=[5,1]"]) == 2
+    assert "strictly increasing" in capsys.readouterr().err
