@@ -32,7 +32,7 @@ from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE
 
 MAGIC = b"NBOSOBJ1"
 HEADER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
-WRITE_PIECE = 4 * BLOCK_SIZE  # several blocks per piece: the MAC hashes them in parallel
+WRITE_PIECE = BLOCK_SIZE  # small enough that the MAC thread reads it while still in cache
 
 
 class FileStore(AuthenticatedStore):

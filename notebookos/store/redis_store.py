@@ -129,8 +129,6 @@ class RedisStore(AuthenticatedStore):
                 count += 1
                 if count % PIPELINE_CHUNKS == 0:  # a few chunks per round trip
                     batch.execute()
-            if len(batch):
-                batch.execute()
             fields = {
                 "v": FORMAT_VERSION,
                 "length": mac.length,
@@ -142,7 +140,13 @@ class RedisStore(AuthenticatedStore):
             args: list[object] = [self._chunk_base, gen, count]
             for name, field in fields.items():
                 args += [name, field]
-            self._publish(keys=[manifest_key], args=args)
+            # The publish rides in the same round trip as the last chunks; the script checks
+            # that every chunk arrived, so a chunk lost on the way fails the whole put.
+            batch.execute_command("EVALSHA", self._publish.sha, 1, manifest_key, *args)
+            try:
+                batch.execute()
+            except redis.exceptions.NoScriptError:  # first use on this server: load, run
+                self._publish(keys=[manifest_key], args=args)
         except TypeError:
             mac.close()
             self._discard(gen, count + 1)
@@ -195,7 +199,8 @@ class RedisStore(AuthenticatedStore):
                 key, f"manifest has unknown format version {manifest.get('v')!r}"
             )
         try:
-            int(manifest["length"]), int(manifest["chunks"]), bytes.fromhex(manifest["mac"])
+            int(manifest["length"]), int(manifest["chunks"]), int(manifest["chunk_size"])
+            bytes.fromhex(manifest["mac"]), manifest["gen"]
         except (KeyError, ValueError) as exc:
             raise self._integrity_error(key, f"malformed manifest: {exc!r}") from None
         return manifest

@@ -290,15 +290,7 @@ class S3Store(AuthenticatedStore):
         return data
 
     def get(self, key: str) -> bytes:
-        for _attempt in range(3):
-            try:
-                return self._get_once(key)
-            except _Replaced:
-                continue
-        raise self._error(key, "value kept changing while being read (3 attempts)")
-
-    def _get_once(self, key: str) -> bytes:
-        """One plain GET: on a busy host one stream beats parallel ranges; hashing is parallel."""
+        """One plain GET: on a busy host one stream beat parallel ranges; hashing is parallel."""
         object_key = self.object_key(key)
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=object_key)
@@ -330,12 +322,6 @@ class S3Store(AuthenticatedStore):
         mac.update(value)
         self._check_mac(key, mac, expected)
         return value
-
-    def _fetch_part(
-        self, key: str, object_key: str, start: int, end: int, etag: str
-    ) -> tuple[bytes, list[bytes]]:
-        data = self._read_range(key, object_key, start, end, etag)
-        return data, block_digests(data)
 
     def get_stream(self, key: str) -> Iterator[bytes]:
         object_key = self.object_key(key)

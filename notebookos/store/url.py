@@ -15,7 +15,7 @@ _ALLOWED = (
 _OPTIONS = {
     "file": {"fsync"},
     "redis": {"prefix", "chunk_size"},
-    "rediss": {"prefix", "chunk_size", "ssl_cert_reqs"},
+    "rediss": {"prefix", "chunk_size"},
     "s3": {"endpoint_url", "access_key", "secret_key", "region", "part_size", "threads"},
 }
 
