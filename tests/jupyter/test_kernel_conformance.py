@@ -5,45 +5,13 @@ Schedulers -> three replicas. Each check wants busy / input / output / idle once
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-from collections.abc import Iterator
-from pathlib import Path
-
 import jupyter_kernel_test
 import pytest
-from conftest import free_port
-
-from notebookos.config import load_config
-from notebookos.supervisor import Supervisor
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from notebookos.provisioner.kernelspecs import install_kernelspecs
-
-    from notebookos.commands.up_cmd import start_schedulers
-
-    workdir: Path = tmp_path_factory.mktemp("conformance")
-    install_kernelspecs(prefix=sys.prefix)
-    config = load_config(env={}, overrides={
-        "cluster.state_dir": str(workdir / "cluster"),
-        "global_scheduler.grpc_port": free_port(),
-        "local_scheduler.virtual_gpus": 2,
-    })
-    supervisor = Supervisor(workdir / "logs")
-    saved = dict(os.environ)
-    try:
-        env = start_schedulers(config, 3, supervisor, threading.Event())
-        assert env is not None
-        # The provisioner in this process finds the cluster through the configuration.
-        os.environ.update({k: v for k, v in env.items() if k.startswith("NOTEBOOKOS_")})
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        supervisor.stop()
+def _cluster(nbos_cluster: object) -> None:
+    """KernelTests.setUpClass starts its kernel through the module's cluster."""
 
 
 class NotebookOSKernelTests(jupyter_kernel_test.KernelTests):

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import nbformat
-import pytest
-from conftest import free_port
 from nbclient import NotebookClient
 
-from notebookos.config import load_config
 from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
-from notebookos.supervisor import Supervisor
 
 CELLS = [
     "import math\nhistory = []",
@@ -29,32 +21,6 @@ CELLS = [
     "print(math.hypot(p.x, p.y), history, data)",
     "value + len(history)",
 ]
-
-
-@pytest.fixture(scope="module")
-def gs_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from notebookos.provisioner.kernelspecs import install_kernelspecs
-
-    from notebookos.commands.up_cmd import start_schedulers
-
-    workdir: Path = tmp_path_factory.mktemp("failover")
-    install_kernelspecs(prefix=sys.prefix)
-    config = load_config(env={}, overrides={
-        "cluster.state_dir": str(workdir / "cluster"),
-        "global_scheduler.grpc_port": free_port(),
-        "local_scheduler.virtual_gpus": 2,
-    })
-    supervisor = Supervisor(workdir / "logs")
-    saved = dict(os.environ)
-    try:
-        env = start_schedulers(config, 4, supervisor, threading.Event())
-        assert env is not None
-        os.environ.update({k: v for k, v in env.items() if k.startswith("NOTEBOOKOS_")})
-        yield f"127.0.0.1:{config.global_scheduler.grpc_port}"
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        supervisor.stop()
 
 
 def notebook() -> nbformat.NotebookNode:
@@ -80,7 +46,8 @@ def executor_pid(address: str, kernel_id: str) -> int:
     return executor.pid
 
 
-def test_notebook_survives_executor_sigkill_between_cells(gs_address: str) -> None:
+def test_notebook_survives_executor_sigkill_between_cells(nbos_cluster) -> None:
+    gs_address = nbos_cluster.address
     reference = notebook()
     NotebookClient(reference, kernel_name="notebookos", timeout=120).execute()
     expected = outputs_of(reference)

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, kill_group
 from wsclient import run_cells, start_kernel
 
 from notebookos.supervisor import MARKER_VAR
+from notebookos.testing.processes import free_port, kill_group
 
 
 @pytest.mark.slow

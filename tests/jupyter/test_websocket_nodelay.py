@@ -17,9 +17,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import free_port, kill_group, wait_for_port
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
+
+from notebookos.testing.processes import free_port, kill_group, wait_for_port
 
 PROBE = textwrap.dedent('''
     import gc, json, socket
