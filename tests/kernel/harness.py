@@ -163,7 +163,7 @@ class ReplicaGroup:
         )
         log.close()
 
-    def _connect(self, replica: Replica, timeout: float = 30.0) -> None:
+    def _connect(self, replica: Replica, timeout: float = 60.0) -> None:
         client = BlockingKernelClient(connection_file=str(replica.connection_file))
         client.load_connection_file()
         client.start_channels()
