@@ -186,9 +186,19 @@ class SessionSimulator:
         """Move the standby replicas off up to ``count`` idle hosts (no GPU bound or pending),
         fewest subscriptions first; returns the hosts left empty."""
         gph = self.config.gpus_per_host
+        def executors(host) -> int:  # noqa: ANN001 - replicas here that ran their kernel's last cell
+            count = 0
+            for owner in host.owners:
+                kernel_id, _, rid = owner.rpartition("/")
+                kernel = self.cluster.kernels.get(kernel_id)
+                count += kernel is not None and str(kernel.executor) == rid
+            return count
+
+        # Fewest last executors first (moving one costs the next cell its warm replica), then
+        # fewest subscriptions.
         candidates = sorted(
             placement.most_idle_first(self.cluster, min_idle=gph, limit=64),
-            key=lambda h: (h.subscribed.gpus, h.host_id))
+            key=lambda h: (executors(h), h.subscribed.gpus, h.host_id))
         emptied: list[str] = []
         draining: set[str] = set()
         for host in candidates:
