@@ -70,7 +70,8 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._channel: grpc.aio.Channel | None = None
-        self._started = False
+        self._started = False  # the kernel is believed alive (what has_process/poll report)
+        self._registered = False  # the Global Scheduler holds the kernel until StopKernel
         self._exit_code: int | None = None
         self._restarting = False
 
@@ -120,7 +121,7 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
                 f"NotebookOS could not start kernel {self.kernel_id} through the Global Scheduler "
                 f"at {self.address}: {exc.code().name}: {exc.details()}"
             ) from None
-        self._started = True
+        self._started = self._registered = True
         self._exit_code = None
         info = connection_info_to_dict(response.connection)
         info["kernel_name"] = getattr(self.kernel_spec, "name", "") or "notebookos"
@@ -199,19 +200,22 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         await self._stop()
 
     async def cleanup(self, restart: bool = False) -> None:
-        if self._started:
-            await self._stop()
+        # Even a kernel that exited on shutdown_request (or lost its majority) is still held by
+        # the Global Scheduler, with its checkpoints, until StopKernel.
+        await self._stop()
         if not restart and self._channel is not None:
             await self._channel.close()
             self._channel = None
 
     async def _stop(self) -> None:
-        if not self._started:
+        if not self._registered:
             return
         await self._call("StopKernel",
                          global_scheduler_pb2.StopKernelRequest(kernel_id=self.kernel_id),
                          missing_ok=True)
-        self._mark_gone(0)
+        self._registered = False
+        if self._started:
+            self._mark_gone(0)
 
     async def _call(self, method: str, request: Any, missing_ok: bool = False) -> Any:
         try:
@@ -235,7 +239,7 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
         await super().load_provisioner_info(provisioner_info)
         self.global_scheduler = provisioner_info.get("global_scheduler", self.global_scheduler)
-        self._started = bool(provisioner_info.get("started", True))
+        self._started = self._registered = bool(provisioner_info.get("started", True))
         self.gpus = int(provisioner_info.get("gpus", self.gpus))
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:

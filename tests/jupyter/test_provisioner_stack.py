@@ -1,0 +1,143 @@
+"""The provisioner as jupyter_client drives it, against a real cluster: shutdown and restart tear
+down every replica, interrupts reach the running cell, and a new manager re-attaches to a running
+kernel from the saved provisioner info (what a restarted Jupyter Server does)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import grpc
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import KernelProvisionerFactory
+from nbos_cluster import Cluster
+
+from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
+
+
+def replica_pids(address: str, kernel_id: str) -> list[int] | None:
+    """Pids of the kernel's replicas; None once the scheduler has stopped or forgotten it."""
+    with grpc.insecure_channel(address) as channel:
+        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+        try:
+            status = stub.GetKernelStatus(
+                global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+    if status.state == common_pb2.KERNEL_STATE_STOPPED:
+        return None
+    return [r.pid for r in status.replicas if r.pid]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+async def execute(km: AsyncKernelManager, code: str, timeout: float = 60) -> dict:
+    client = km.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        reply = await client.execute_interactive(code, timeout=timeout,
+                                                 output_hook=lambda msg: None)
+        return reply["content"]
+    finally:
+        client.stop_channels()
+
+
+async def user_expression(km: AsyncKernelManager, expr: str) -> str:
+    client = km.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        reply = await client.execute_interactive("", user_expressions={"v": expr}, timeout=60,
+                                                 output_hook=lambda msg: None)
+        value = reply["content"]["user_expressions"]["v"]
+        return value["data"]["text/plain"] if value["status"] == "ok" else value["ename"]
+    finally:
+        client.stop_channels()
+
+
+def test_shutdown_and_restart_tear_down_every_replica(nbos_cluster: Cluster) -> None:
+    async def body() -> None:
+        km = AsyncKernelManager(kernel_name="notebookos")
+        await km.start_kernel()
+        assert (await execute(km, "x = 5"))["status"] == "ok"
+        first = replica_pids(nbos_cluster.address, km.kernel_id)
+        assert first and len(first) == 3
+
+        await km.restart_kernel(now=True)
+        assert wait_gone(first) == [], "replicas of the restarted kernel survived"
+        assert await user_expression(km, "x") == "NameError"  # a restart starts afresh
+        second = replica_pids(nbos_cluster.address, km.kernel_id)
+        assert second and len(second) == 3 and not set(second) & set(first)
+
+        await km.shutdown_kernel(now=False)
+        assert wait_gone(second) == [], "replicas survived shutdown"
+        assert replica_pids(nbos_cluster.address, km.kernel_id) is None
+
+    asyncio.run(body())
+
+
+def test_interrupt_stops_the_running_cell(nbos_cluster: Cluster) -> None:
+    async def body() -> None:
+        km = AsyncKernelManager(kernel_name="notebookos")
+        await km.start_kernel()
+        try:
+            client = km.client()
+            client.start_channels()
+            await client.wait_for_ready(timeout=60)
+            started = time.monotonic()
+            msg_id = client.execute("import time\ntime.sleep(60)")
+            await asyncio.sleep(2)
+            await km.interrupt_kernel()
+            reply = await client.get_shell_msg(timeout=30)
+            while reply["parent_header"].get("msg_id") != msg_id:
+                reply = await client.get_shell_msg(timeout=30)
+            assert reply["content"]["status"] == "error"
+            assert reply["content"]["ename"] == "KeyboardInterrupt"
+            assert time.monotonic() - started < 30
+            client.stop_channels()
+            assert (await execute(km, "after = 1"))["status"] == "ok"
+        finally:
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(body())
+
+
+def test_a_new_manager_reattaches_from_provisioner_info(nbos_cluster: Cluster) -> None:
+    async def body() -> None:
+        first = AsyncKernelManager(kernel_name="notebookos")
+        await first.start_kernel()
+        assert (await execute(first, "kept = 'still here'"))["status"] == "ok"
+        info = await first.provisioner.get_provisioner_info()
+        connection = first.get_connection_info()
+        # The first Jupyter Server goes away without shutting its kernel down.
+        first.stop_restarter()
+
+        second = AsyncKernelManager(kernel_name="notebookos")
+        second.kernel_id = first.kernel_id
+        second.provisioner = KernelProvisionerFactory.instance().create_provisioner_instance(
+            first.kernel_id, second.kernel_spec, parent=second)
+        await second.provisioner.load_provisioner_info(info)
+        second.load_connection_info(connection)
+        assert await second.is_alive()
+        assert await user_expression(second, "kept") == "'still here'"
+        await second.shutdown_kernel(now=True)
+        assert replica_pids(nbos_cluster.address, first.kernel_id) is None
+
+    asyncio.run(body())
