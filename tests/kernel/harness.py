@@ -180,13 +180,16 @@ class ReplicaGroup:
                 continue
         raise RuntimeError(f"replica {replica.replica_id} did not answer:\n{replica.log_tail()}")
 
-    def start(self, *flags: str) -> ReplicaGroup:
+    def start(self, *flags: str, ready: Iterable[int] | None = None) -> ReplicaGroup:
+        """Launch every replica in parallel; wait until ``ready`` (default: all) have quorum."""
         for replica in self.replicas.values():
             peers = {r.replica_id: r.raft_address for r in self.replicas.values() if r is not replica}
             self._launch(replica, peers, *flags)
         for replica in self.replicas.values():
             self._connect(replica)
-        self.wait_status(lambda s: all(x["raft_ready"] and x["has_quorum"] for x in s.values()))
+        wanted = set(self.replicas if ready is None else ready)
+        self.wait_status(lambda s: all(
+            s[rid]["raft_ready"] and s[rid]["has_quorum"] for rid in wanted))
         return self
 
     def add_replacement(self, via: int) -> Replica:

@@ -210,3 +210,4 @@ def test_interrupt_sent_to_every_replica_stops_only_the_running_cell(group: Repl
     assert all(group.replicas[rid].alive for rid in (1, 2, 3))
     after = group.execute("print('slow_done' in globals(), queued_ran)", target=2)
     assert after.stdout() == "False True\n", after.summary()
+

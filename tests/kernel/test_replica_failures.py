@@ -128,3 +128,21 @@ def test_replacement_catches_up_from_a_raft_snapshot(tmp_path: Path):
         assert result.stdout() == "8 [8] False\n", result.summary()
     finally:
         group.stop()
+
+
+def test_a_replica_with_another_kernel_key_cannot_join_the_raft_group(tmp_path: Path):
+    from jupyter_client.connect import write_connection_file
+
+    group = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
+    impostor = group.replicas[3]
+    impostor.connection_file.unlink()
+    write_connection_file(str(impostor.connection_file), ip="127.0.0.1", key=b"another key")
+    try:
+        group.start(ready=[1, 2])
+        time.sleep(1.5)  # ample time for Raft to have let it in, were the password not checked
+        status = group.control(3, "replica_status_request", {})["content"]
+        assert not status["has_quorum"] and not status["raft_ready"], status
+        result = group.execute("print('two of three')", target=1, to=[1, 2])
+        assert result.stdout() == "two of three\n", result.summary()
+    finally:
+        group.stop()

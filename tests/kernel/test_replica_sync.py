@@ -84,3 +84,12 @@ def test_torch_model_trained_in_place_syncs(group: ReplicaGroup):
     again = group.execute(step, target=2).stdout()
     check = group.execute("print(round(float(model.weight.sum()), 4))", target=3).stdout()
     assert check == again != trained
+
+
+def test_a_request_arriving_while_a_large_sync_is_pending_waits_for_it(group: ReplicaGroup):
+    # the next cell goes to a standby before the previous cell's (store-backed) update is applied
+    first = group.send_execute("import numpy as np\npending = np.full(4_000_000, 7.0)", target=1)
+    second = group.send_execute("print(float(pending.sum()))", target=2)
+    group.collect(first, group.alive_ids(), target=1, timeout=60)
+    result = group.collect(second, group.alive_ids(), target=2, timeout=60)
+    assert result.stdout() == "28000000.0\n", result.summary()
