@@ -14,7 +14,8 @@ Rules (issue 3):
   committed LEAD. With no LEAD at all (everyone yielded, or ``no_lead_timeout`` passed) it votes
   None: the election fails and nothing runs.
   Since the sticky rule ignores every other proposal, a replica may vote as soon as the previous
-  executor's LEAD is committed.
+  executor's LEAD is committed; and once the previous executor has yielded (or is gone, or there
+  is none), the first committed LEAD cannot be outranked, so it may vote at once as well.
   The book applies that as an implicit vote: a committed LEAD from the previous executor (still
   a member) decides at once, unless a VOTE was committed before it.
 - The first committed VOTE decides. A non-silent decided cell takes the next execution_count.
@@ -239,6 +240,13 @@ def choose_vote(
         if last_executor is not None and last_executor in election.leads:
             # sticky: the previous executor wins whatever the missing proposals say
             return VoteChoice(ready=True, candidate=last_executor)
+        if (
+            last_executor is None
+            or election.proposals.get(last_executor) is not None  # it yielded
+            or last_executor not in expected  # gone or unreachable
+        ):
+            # nobody can outrank the first committed LEAD any more: waiting changes nothing
+            return VoteChoice(ready=True, candidate=election.leads[0])
         lead_timed_out = first_lead_at is not None and now - first_lead_at >= lead_timeout
         if not (all_in or lead_timed_out):
             return VoteChoice(ready=False)

@@ -87,6 +87,9 @@ class ReplicaKernel(IPythonKernel):
     no_lead_timeout = Float(
         1.0, help="Seconds after the first committed proposal before failing an election with no LEAD."
     ).tag(config=True)
+    yield_delay = Float(
+        0.05, help="Seconds a standby holds its YIELD back, expecting the sticky LEAD to decide."
+    ).tag(config=True)
     executor_dead_after = Float(
         1.0, help="Seconds the executor may be unreachable mid-cell before the cell is aborted."
     ).tag(config=True)
@@ -408,6 +411,25 @@ class ReplicaKernel(IPythonKernel):
             except TimeoutError:
                 pass
 
+    async def _hold_yield(self, election_id: str) -> None:
+        """A YIELD matters only to fail an election nobody leads, or when this replica ran the
+        previous cell (its YIELD lets the first LEAD win at once). Otherwise hold it back for
+        ``yield_delay``: the usual sticky LEAD decides first and the YIELD is never written."""
+        with self.raft.lock:
+            last_executor = self.raft.book.last_executor
+        if last_executor == self.replica_id or last_executor is None:
+            return
+        deadline = time.monotonic() + self.yield_delay
+        while time.monotonic() < deadline:
+            change = self._change
+            election = self._election(election_id)
+            if election is not None and election.phase is not Phase.PROPOSING:
+                return
+            try:
+                await asyncio.wait_for(change.wait(), max(0.001, deadline - time.monotonic()))
+            except TimeoutError:
+                return
+
     async def _wait_decided(self, election_id: str) -> Election:
         while True:
             change = self._change
@@ -454,6 +476,8 @@ class ReplicaKernel(IPythonKernel):
             return
         with ignore_sigint():  # an interrupt targets a running cell, not the group's wait
             await self._wait_until_quiet(election_id)
+            if not lead:
+                await self._hold_yield(election_id)
             election = self._election(election_id)
             if election is None or (
                 election.phase is Phase.PROPOSING and self.replica_id not in election.proposals

@@ -47,13 +47,22 @@ def test_first_committed_vote_decides_and_assigns_term_and_count():
         Phase.RUNNING, 1, 1, 1)
 
 
-def test_waits_for_missing_proposals_until_the_lead_timeout():
-    book = book_with(Proposal("m1", 1, LEAD))
+def test_waits_for_the_previous_executor_until_the_lead_timeout():
+    book = book_with(Proposal("m0", 2, LEAD), Vote("m0", 2, 2), Completion("m0", 2, "ok"),
+                     Proposal("m1", 1, LEAD))
     assert not vote_now(book, "m1", now=0.1, lead_at=0.0, first_at=0.0).ready
     choice = vote_now(book, "m1", now=0.25, lead_at=0.0, first_at=0.0)
     assert choice.ready and choice.candidate == 1
-    # a replica known to be down is not waited for
-    assert vote_now(book, "m1", expected={1}, now=0.0, lead_at=0.0).ready
+    # a previous executor known to be down is not waited for
+    assert vote_now(book, "m1", expected={1, 3}, now=0.0, lead_at=0.0).candidate == 1
+
+
+def test_first_lead_wins_at_once_when_nobody_can_outrank_it():
+    fresh = book_with(Proposal("m1", 3, LEAD))  # no previous executor
+    assert vote_now(fresh, "m1", now=0.0, lead_at=0.0).candidate == 3
+    handoff = book_with(Proposal("m0", 2, LEAD), Vote("m0", 2, 2), Completion("m0", 2, "ok"),
+                        Proposal("m1", 2, YIELD), Proposal("m1", 1, LEAD))
+    assert vote_now(handoff, "m1", now=0.0, lead_at=0.0).candidate == 1
 
 
 def test_sticky_previous_executor_wins_over_first_lead():
