@@ -26,6 +26,10 @@ from dataclasses import dataclass, field
 from notebookos.resources import ZERO, ResourceSpec
 
 DEFAULT_REPLICAS_PER_KERNEL = 3
+# Hard cap on a host's subscriptions, as a multiple of its capacity. The notebookos policy's
+# dynamic subscription-ratio limit goes up to 7, and SR = subscribed / (capacity x R), so the cap
+# must be at least R x 7 for the policy, not the accounting, to be what limits placement.
+DEFAULT_OVERSUBSCRIPTION = 21.0
 
 
 class AccountingError(Exception):
@@ -42,7 +46,7 @@ class Host:
         *,
         address: str = "",
         gpu_device_ids: Sequence[int] | None = None,
-        oversubscription: float = float(DEFAULT_REPLICAS_PER_KERNEL),
+        oversubscription: float = DEFAULT_OVERSUBSCRIPTION,
         virtual_gpus: bool = True,
     ) -> None:
         if not host_id:
@@ -120,10 +124,21 @@ class Host:
 
     def can_commit(self, spec: ResourceSpec, owner: str | None = None) -> bool:
         """Whether ``spec`` could be committed now (counting ``owner``'s own reservation)."""
-        room = self.available
-        if owner is not None and owner in self._reservations:
-            room = room + self._reservations[owner]
-        return spec.fits_within(room)
+        cap, com, pen = self.capacity, self.committed, self.pending
+        own = self._reservations.get(owner) if owner is not None else None
+        if own is None:
+            own = ZERO
+        return (
+            spec.gpus <= cap.gpus - com.gpus - pen.gpus + own.gpus
+            and spec.millicpus <= cap.millicpus - com.millicpus - pen.millicpus + own.millicpus
+            and spec.memory_mb <= cap.memory_mb - com.memory_mb - pen.memory_mb + own.memory_mb
+            and spec.vram_gb <= cap.vram_gb - com.vram_gb - pen.vram_gb + own.vram_gb + 1e-9
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        """Holds no subscription, reservation or commitment (cheap: no set is built)."""
+        return not (self._subscriptions or self._reservations or self._commitments)
 
     # -- operations -------------------------------------------------------------------------
 
@@ -349,7 +364,7 @@ class Cluster:
 
     def remove_host(self, host_id: str) -> Host:
         host = self.get_host(host_id)
-        if host.owners:
+        if not host.is_empty:
             raise AccountingError(
                 f"host {host_id} still holds resources for {sorted(host.owners)}; move them first"
             )
@@ -370,13 +385,24 @@ class Cluster:
         except KeyError:
             raise KeyError(f"unknown host {host_id!r}") from None
 
-    def hosts_by_idle_gpus(self, min_idle: int = 0) -> Iterator[Host]:
-        """Hosts with at least ``min_idle`` idle GPUs, most idle first (ties: registration order).
+    def hosts_by_idle_gpus(
+        self, min_idle: int = 0, *, ascending: bool = False, limit: int | None = None
+    ) -> Iterator[Host]:
+        """Hosts with at least ``min_idle`` idle GPUs, most idle first (``ascending``: fewest
+        first); ties in registration order; at most ``limit`` hosts.
 
-        Costs O(distinct idle counts + hosts yielded), not O(all hosts).
+        Costs O(distinct idle counts + hosts yielded), not O(all hosts): nothing is copied. The
+        caller must not change the accounting of a host while iterating (collect, then act).
         """
-        for idle in sorted((k for k in self._by_idle if k >= min_idle), reverse=True):
-            yield from list(self._by_idle.get(idle, {}).values())
+        if limit is not None and limit <= 0:
+            return
+        given = 0
+        for idle in sorted((k for k in self._by_idle if k >= min_idle), reverse=not ascending):
+            for host in self._by_idle[idle].values():
+                yield host
+                given += 1
+                if limit is not None and given >= limit:
+                    return
 
     def subscription_ratio(self) -> float:
         """Cluster-wide SR = subscribed GPUs / (all GPUs x R)."""

@@ -96,8 +96,8 @@ class ClusterSettings:
         1.0, "Cluster-wide limit on a host's subscription ratio SR = subscribed GPUs / (GPUs x R).",
         _between(0.01, 100.0))
     oversubscription: float = setting(
-        3.0, "Hard cap of a host's subscribed resources, as a multiple of its capacity.",
-        _at_least(1.0))
+        21.0, "Hard cap of a host's subscribed resources, as a multiple of its capacity (at "
+        "least replicas x the policy's largest subscription ratio, 3 x 7).", _at_least(1.0))
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,9 @@ class GlobalSchedulerSettings:
     registry_redis_url: str = setting(
         "", "Redis URL that keeps the registry across restarts; empty uses a local state file.",
         _optional_redis_url)
+    registry_redis_prefix: str = setting(
+        "notebookos:registry", "Key prefix of the registry in Redis (one per cluster sharing a "
+        "Redis).", lambda v: None if v else "a non-empty key prefix")
     heartbeat_timeout_s: float = setting(
         10.0, "A Local Scheduler silent this long is declared dead.", _at_least(0.5))
     migration_retries: int = setting(3, "Attempts to migrate before a cell fails.", _at_least(0))

@@ -47,12 +47,26 @@ class ResourceSpec:
             )
         object.__setattr__(self, "vram_gb", float(vram))
 
+    @classmethod
+    def _trusted(cls, millicpus: int, memory_mb: int, gpus: int, vram_gb: float) -> ResourceSpec:
+        """Build from fields already known valid (arithmetic on valid specs), skipping checks.
+
+        Accounting does this arithmetic on every commit and release; validation would be a third
+        of a simulation's time.
+        """
+        spec = object.__new__(cls)
+        object.__setattr__(spec, "millicpus", millicpus)
+        object.__setattr__(spec, "memory_mb", memory_mb)
+        object.__setattr__(spec, "gpus", gpus)
+        object.__setattr__(spec, "vram_gb", vram_gb)
+        return spec
+
     # -- arithmetic -------------------------------------------------------------------------
 
     def __add__(self, other: ResourceSpec) -> ResourceSpec:
         if not isinstance(other, ResourceSpec):
             return NotImplemented
-        return ResourceSpec(
+        return ResourceSpec._trusted(
             self.millicpus + other.millicpus,
             self.memory_mb + other.memory_mb,
             self.gpus + other.gpus,
@@ -66,12 +80,11 @@ class ResourceSpec:
         vram = self.vram_gb - other.vram_gb
         if -1e-9 < vram < 0:  # float noise from repeated add/sub of the same values
             vram = 0.0
-        return ResourceSpec(
-            self.millicpus - other.millicpus,
-            self.memory_mb - other.memory_mb,
-            self.gpus - other.gpus,
-            vram,
-        )
+        m, mem, g = (self.millicpus - other.millicpus, self.memory_mb - other.memory_mb,
+                     self.gpus - other.gpus)
+        if m < 0 or mem < 0 or g < 0 or vram < 0:
+            return ResourceSpec(m, mem, g, vram)  # raises, naming the negative field
+        return ResourceSpec._trusted(m, mem, g, vram)
 
     def scaled(self, factor: int) -> ResourceSpec:
         """This spec times a non-negative integer (e.g. the request of R replicas)."""

@@ -170,7 +170,7 @@ class SessionSimulator:
                 changed = True
         for host_id in decision.release_host_ids:
             host = self.cluster.hosts.get(host_id)
-            if host is None or host.owners:
+            if host is None or not host.is_empty:
                 continue
             if len(self.cluster.hosts) + self.provisioning <= floor:
                 break
@@ -221,7 +221,7 @@ class SessionSimulator:
                 replica.state = ReplicaState.RUNNING
                 self.record.migrations += 1
                 self.record.scale_in_migrations += 1
-            if not host.owners:
+            if host.is_empty:
                 emptied.append(host.host_id)
         return emptied
 
@@ -229,7 +229,7 @@ class SessionSimulator:
         found = []
         gph = self.config.gpus_per_host
         for host in placement.most_idle_first(self.cluster, min_idle=gph, limit=64):
-            if host.subscribed.is_zero and not host.owners:
+            if host.subscribed.is_zero and host.is_empty:
                 found.append(host.host_id)
                 if len(found) == count:
                     break
