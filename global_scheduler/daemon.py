@@ -40,7 +40,7 @@ def make_policy(config: Config):  # noqa: ANN201 - a notebookos.policies.Policy
 def make_store(config: Config) -> RegistryStore:
     url = config.global_scheduler.registry_redis_url
     if url:
-        return RedisRegistryStore(url)
+        return RedisRegistryStore(url, config.global_scheduler.registry_redis_prefix)
     return FileRegistryStore(Path(config.state_path) / "global_scheduler" / "registry.json")
 
 

@@ -86,6 +86,7 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         self.kernels: dict[str, KernelEntry] = {}
         self.lock = threading.RLock()
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
+        self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
@@ -211,9 +212,10 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             link.last_heartbeat = time.time()
             link.prewarm_pool_size = request.prewarm_pool_size
             for r in request.replicas:
-                entry = self.kernels.get(r.kernel_id)
-                known = entry is not None and r.replica_id in entry.replicas \
-                    and entry.replicas[r.replica_id].host_id == request.host_id
+                # Placed replicas count as known, including those still starting.
+                kernel = self.cluster.kernels.get(r.kernel_id)
+                placed = kernel.replicas.get(r.replica_id) if kernel is not None else None
+                known = placed is not None and placed.host_id == request.host_id
                 if not known:
                     stale.append(global_scheduler_pb2.ReplicaRef(kernel_id=r.kernel_id,
                                                                 replica_id=r.replica_id))
@@ -301,6 +303,14 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             entry = self.kernels.get(request.kernel_id)
             rl = entry.replicas.get(request.replica_id) if entry else None
             if entry is None or rl is None or rl.host_id != request.host_id:
+                kernel = self.cluster.kernels.get(request.kernel_id)
+                if kernel is not None and request.replica_id in kernel.replicas and \
+                        request.kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED:
+                    self._died_starting.add((request.kernel_id, request.replica_id))
+                    log.warning("kernel %s: replica %d died while starting: %s",
+                                request.kernel_id, request.replica_id,
+                                request.message.strip().splitlines()[-1:] or "")
+                    return global_scheduler_pb2.ReplicaEventAck(known=True)
                 return global_scheduler_pb2.ReplicaEventAck(known=False)
             kind = request.kind
             if kind == global_scheduler_pb2.REPLICA_EVENT_KIND_STARTED:
@@ -401,7 +411,15 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {})
             self.kernels[kernel_id] = entry
         try:
-            self._add_replicas(kernel_id, self.replicas_per_kernel, join=False)
+            for attempt in range(3):  # a replica can lose a port race at start: try again
+                try:
+                    self._add_replicas(kernel_id, self.replicas_per_kernel, join=False)
+                    break
+                except StartError as exc:
+                    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
+                        raise
+                    log.warning("kernel %s: start attempt %d failed: %s", kernel_id,
+                                attempt + 1, exc)
             if self.policy.gpu_binding is GpuBinding.SESSION:
                 self._bind_for_session(entry, spec)
             with self.lock:
@@ -451,6 +469,14 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         start them, wait until they answer; returns their ids. Raises StartError."""
         with self.lock:
             entry = self.kernels[kernel_id]
+            members = [r.endpoint for r in entry.replicas.values() if r.ready]
+        if join:
+            if not members:
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"kernel {kernel_id} has no live member to join")
+            self._remove_lost_members(entry, members)
+        with self.lock:
+            entry = self.kernels[kernel_id]
             kernel = self.cluster.kernels[kernel_id]
             occupied = [r.host_id for r in entry.replicas.values()]
             occupied += [h for h, link in self.hosts.items() if link.draining]
@@ -475,12 +501,6 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             peers += [local_scheduler_pb2.RaftPeer(replica_id=rid, address=raft)
                       for rid, _, raft in plan]
             request_spec = resource_spec_to_proto(kernel.request)
-        members = [r.endpoint for r in entry.replicas.values() if r.ready]
-        if join:
-            if not members:
-                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"kernel {kernel_id} has no live member to join")
-            self._remove_lost_members(entry, members[0])
         calls = {}
         for rid, link, raft in plan:
             req = local_scheduler_pb2.StartReplicaRequest(
@@ -508,18 +528,20 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         if not errors and join:
             for rid, r in started.items():
                 try:
-                    control_request(members[0], entry.key, entry.signature_scheme,
-                                    "add_replica_request",
-                                    {"replica_id": rid, "raft_address": r.raft_address},
-                                    timeout_s=self.start_timeout_s)
-                except ControlError as exc:
+                    self._membership_change(entry, members, "add_replica_request",
+                                            {"replica_id": rid, "raft_address": r.raft_address})
+                except StartError as exc:
                     errors.append(str(exc))
         t_added = time.monotonic()
         if not errors:
-            ready = wait_until_ready([r.endpoint for r in started.values()], entry.key,
-                                     entry.signature_scheme, self.start_timeout_s)
-            errors = [f"replica {rid} on host {r.host_id} did not answer within "
-                      f"{self.start_timeout_s:g}s" for rid, r in started.items() if rid not in ready]
+            ready = wait_until_ready(
+                [r.endpoint for r in started.values()], entry.key, entry.signature_scheme,
+                self.start_timeout_s,
+                alive=lambda rid: (kernel_id, rid) not in self._died_starting)
+            errors = [f"replica {rid} on host {r.host_id} "
+                      + ("died while starting" if (kernel_id, rid) in self._died_starting
+                         else f"did not answer within {self.start_timeout_s:g}s")
+                      for rid, r in started.items() if rid not in ready]
             log.info("kernel %s: replicas %s membership %.2fs, ready %.2fs", kernel_id,
                      sorted(started), t_added - t_started, time.monotonic() - t_added)
         if errors:
@@ -546,18 +568,33 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             self._save_kernel(entry)
         return sorted(started)
 
-    def _remove_lost_members(self, entry: KernelEntry, member: ReplicaEndpoint) -> None:
-        """Take lost replicas out of the Raft group, one at a time, before adding others."""
+    def _remove_lost_members(self, entry: KernelEntry, members: list[ReplicaEndpoint]) -> None:
+        """Take lost replicas out of the Raft group, one at a time, before adding others; asks
+        each live member in turn. Raises StartError (the caller retries later) when no member
+        could commit the change."""
         for rid in list(entry.raft_removals):
-            try:
-                control_request(member, entry.key, entry.signature_scheme,
-                                "remove_replica_request", {"replica_id": rid}, timeout_s=30)
-            except ControlError as exc:
-                log.warning("kernel %s: removing lost replica %d from the group: %s",
-                            entry.kernel_id, rid, exc)
+            self._membership_change(entry, members, "remove_replica_request",
+                                    {"replica_id": rid})
             with self.lock:
                 if rid in entry.raft_removals:
                     entry.raft_removals.remove(rid)
+                self._save_kernel(entry)
+
+    def _membership_change(self, entry: KernelEntry, members: list[ReplicaEndpoint],
+                           msg_type: str, content: dict) -> None:
+        reasons = []
+        for member in members:
+            try:
+                control_request(member, entry.key, entry.signature_scheme, msg_type, content,
+                                timeout_s=30)
+                return
+            except ControlError as exc:
+                reasons.append(str(exc))
+                log.warning("kernel %s: %s %s via replica %d failed: %s", entry.kernel_id,
+                            msg_type, content, member.replica_id, exc)
+        raise StartError(grpc.StatusCode.UNAVAILABLE,
+                         f"kernel {entry.kernel_id}: {msg_type} {content} failed: "
+                         + "; ".join(reasons))
 
     def _why_no_hosts(self, request: ResourceSpec, count: int, occupied: int) -> str:
         total = len(self.cluster.hosts)
