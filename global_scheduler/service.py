@@ -41,6 +41,7 @@ KERNEL_STATES = {
     "starting": common_pb2.KERNEL_STATE_STARTING, "idle": common_pb2.KERNEL_STATE_IDLE,
     "busy": common_pb2.KERNEL_STATE_BUSY, "degraded": common_pb2.KERNEL_STATE_DEGRADED,
     "stopping": common_pb2.KERNEL_STATE_STOPPING, "failed": common_pb2.KERNEL_STATE_FAILED,
+    "recovering": common_pb2.KERNEL_STATE_RECOVERING,
 }
 REPLICA_STATES = {
     ReplicaState.STARTING: common_pb2.REPLICA_STATE_STARTING,
@@ -87,6 +88,7 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         self.lock = threading.RLock()
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
+        self._recovery_guards: dict[str, threading.Lock] = {}  # one recovery per kernel at once
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
@@ -348,29 +350,74 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         self._pool.submit(self._restore_replica_count, entry.kernel_id)
 
     def _restore_replica_count(self, kernel_id: str) -> None:
-        """Start replacements (joining the running group) until the kernel has R replicas."""
-        for attempt in range(5):
+        """Bring the kernel back to R replicas: replacements join the running group while it has
+        a Raft majority; without one, the group is rebuilt from the store's last checkpoint."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None:
+                return
+            guard = self._recovery_guards.setdefault(kernel_id, threading.Lock())
+        if not guard.acquire(blocking=False):
+            return  # a recovery of this kernel is running; it re-reads the state each attempt
+        try:
+            self._stop.wait(0.5)  # let failures that happened together all be reported
+            for attempt in range(6):
+                with self.lock:
+                    entry = self.kernels.get(kernel_id)
+                    if entry is None or entry.state in ("stopping", "failed"):
+                        return
+                    live = len(entry.replicas)
+                    missing = self.replicas_per_kernel - live
+                    if missing <= 0:
+                        if entry.state == "degraded":  # a rebuild's message stays visible
+                            entry.message = ""
+                        entry.state = "idle"
+                        self._save_kernel(entry)
+                        return
+                    rebuild = live * 2 <= self.replicas_per_kernel
+                try:
+                    if rebuild:
+                        self._rebuild_from_checkpoint(kernel_id)
+                    else:
+                        self._add_replicas(kernel_id, 1, join=True)
+                except StartError as exc:
+                    log.warning("kernel %s: recovery attempt %d failed: %s", kernel_id,
+                                attempt + 1, exc)
+                    self._stop.wait(min(8.0, 0.5 * 2 ** attempt))
             with self.lock:
                 entry = self.kernels.get(kernel_id)
-                if entry is None or entry.state in ("stopping", "failed"):
-                    return
-                missing = self.replicas_per_kernel - len(entry.replicas)
-                if missing <= 0:
-                    entry.state, entry.message = "idle", ""
-                    self._save_kernel(entry)
-                    return
-                if not entry.replicas:
+                if entry is not None and len(entry.replicas) == 0:
                     entry.state = "failed"
-                    entry.message = ("every replica was lost; rebuilding from a checkpoint is "
-                                     "not implemented in the scheduler yet")
+                    entry.message = "every replica was lost and the rebuild failed; see the log"
                     self._save_kernel(entry)
-                    return
-            try:
-                self._add_replicas(kernel_id, 1, join=True)
-            except StartError as exc:
-                log.warning("kernel %s: replacement attempt %d failed: %s", kernel_id,
-                            attempt + 1, exc)
-                self._stop.wait(min(8.0, 0.5 * 2 ** attempt))
+        finally:
+            guard.release()
+
+    def _rebuild_from_checkpoint(self, kernel_id: str) -> None:
+        """The group lost its majority: stop the survivors (they cannot commit anything) and
+        start a fresh group whose replicas load the store's last checkpoint."""
+        with self.lock:
+            entry = self.kernels[kernel_id]
+            survivors = list(entry.replicas.values())
+            entry.state = "recovering"
+            entry.message = ("Raft majority lost: rebuilding the kernel from its last "
+                             "checkpoint; cells since then are lost")
+            log.warning("kernel %s: %s", kernel_id, entry.message)
+            for r in survivors:
+                entry.replicas.pop(r.replica_id, None)
+                if r.replica_id in self.cluster.kernels[kernel_id].replicas:
+                    self.cluster.remove_replica(kernel_id, r.replica_id)
+            entry.raft_removals.clear()
+            if entry.front is not None:
+                entry.front.set_replicas([])
+            self._save_kernel(entry)
+        for r in survivors:
+            self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
+        self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=True)
+        with self.lock:
+            entry.state = "idle"
+            entry.message = "rebuilt from the last checkpoint after losing the Raft majority"
+            self._save_kernel(entry)
 
     # -- kernels ------------------------------------------------------------------------------
 
@@ -464,7 +511,7 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             entry.session_gpus = (rid, rl.host_id, list(resp.device_ids))
 
     def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
-                      on_host: str | None = None) -> list[int]:
+                      on_host: str | None = None, restore: bool = False) -> list[int]:
         """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says),
         start them, wait until they answer; returns their ids. Raises StartError."""
         with self.lock:
@@ -507,7 +554,8 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
                 kernel_id=kernel_id, replica_id=rid, raft_address=raft,
                 raft_peers=[p for p in peers if p.replica_id != rid], store_url=self.store_url,
                 key=entry.key, signature_scheme=entry.signature_scheme, resources=request_spec,
-                use_prewarmed=True, join_existing_group=join, env=entry.env,
+                use_prewarmed=True, join_existing_group=join,
+                restore_from_checkpoint=restore, env=entry.env,
                 kernel_name=entry.kernel_name)
             calls[rid] = (link, raft, link.stub.StartReplica.future(req, timeout=60))
         started: dict[int, ReplicaLink] = {}

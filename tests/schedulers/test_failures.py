@@ -78,11 +78,27 @@ def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_o
     cluster.start_gs()
     cluster.wait_hosts(3)
     status = cluster.kernel(kernel_id)
-    assert (status.connection.shell_port, status.connection.iopub_port) == (
-        ports.shell_port, ports.iopub_port)
+    names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+    assert [getattr(status.connection, n) for n in names] == [getattr(ports, n) for n in names]
     assert _replicas(cluster, kernel_id) == replicas
     # The same client, connected to the same ports, goes on with the same namespace.
     assert result_text(run_cell(kc, "sorted(data.values())")) == "[1, 2]"
-    cluster.wait(lambda: all(h.last_heartbeat_unix > 0 for h in cluster.status().hosts), 10,
-                 "Local Schedulers heartbeating to the new instance")
+    # Every Local Scheduler noticed the restart and registered again with its replicas.
+    cluster.wait(lambda: all(cluster.log(h).count(f"registered host {h}") >= 2
+                             for h in cluster.ls), 20, "Local Schedulers registered again")
+    assert _replicas(cluster, kernel_id) == replicas
 
+
+
+def test_losing_the_majority_rebuilds_the_kernel_from_its_last_checkpoint(make_cluster):
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    assert run_cell(kc, "data['e'] = 5")["reply"]["content"]["status"] == "ok"
+    before = _replicas(cluster, kernel_id)
+    for rid in sorted(before)[:2]:
+        os.kill(before[rid][1], signal.SIGKILL)
+    cluster.wait(lambda: not set(_replicas(cluster, kernel_id)) & set(before)
+                 and _recovered(cluster, kernel_id, before), 120, "a rebuilt group")
+    status = cluster.kernel(kernel_id)
+    assert "checkpoint" in status.message
+    assert _pid_gone(before[max(before)][1])  # the survivor was stopped, not left diverging
+    assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b', 'e']"
