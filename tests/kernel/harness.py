@@ -11,6 +11,7 @@ tests call it from a fixture finalizer.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import queue
 import signal
@@ -49,6 +50,10 @@ def kill_group(proc: subprocess.Popen, timeout: float = 5.0) -> None:
         proc.wait(timeout=timeout)
 
 REPLICA_ARGS = ["--HistoryManager.enabled=False", "--IPKernelApp.log_level=INFO"]
+
+
+class ReplicaExited(RuntimeError):
+    """A replica process ended while the harness waited for it."""
 
 
 @dataclass
@@ -171,7 +176,7 @@ class ReplicaGroup:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not replica.alive:
-                raise RuntimeError(f"replica {replica.replica_id} exited:\n{replica.log_tail()}")
+                raise ReplicaExited(f"replica {replica.replica_id} exited:\n{replica.log_tail()}")
             msg_id = client.kernel_info()
             try:
                 self._wait_reply(client.get_shell_msg, msg_id, 1.0)
@@ -180,17 +185,40 @@ class ReplicaGroup:
                 continue
         raise RuntimeError(f"replica {replica.replica_id} did not answer:\n{replica.log_tail()}")
 
-    def start(self, *flags: str, ready: Iterable[int] | None = None) -> ReplicaGroup:
-        """Launch every replica in parallel; wait until ``ready`` (default: all) have quorum."""
-        for replica in self.replicas.values():
-            peers = {r.replica_id: r.raft_address for r in self.replicas.values() if r is not replica}
-            self._launch(replica, peers, *flags)
-        for replica in self.replicas.values():
-            self._connect(replica)
+    def start(
+        self, *flags: str, ready: Iterable[int] | None = None, attempts: int = 3
+    ) -> ReplicaGroup:
+        """Launch every replica in parallel; wait until ``ready`` (default: all) have quorum.
+
+        A replica that exits at start (a port picked free was taken before it bound it, on a
+        busy machine) makes the whole group start again on fresh ports.
+        """
+        for attempt in range(attempts):
+            for replica in self.replicas.values():
+                peers = {r.replica_id: r.raft_address for r in self.replicas.values()
+                         if r is not replica}
+                self._launch(replica, peers, *flags)
+            try:
+                for replica in self.replicas.values():
+                    self._connect(replica)
+                break
+            except ReplicaExited:
+                if attempt == attempts - 1:
+                    raise
+                self.stop()
+                for replica in self.replicas.values():
+                    self._fresh_ports(replica)
         wanted = set(self.replicas if ready is None else ready)
         self.wait_status(lambda s: all(
             s[rid]["raft_ready"] and s[rid]["has_quorum"] for rid in wanted))
         return self
+
+    def _fresh_ports(self, replica: Replica) -> None:
+        key = json.loads(replica.connection_file.read_text())["key"]  # keep a test's own key
+        replica.connection_file.unlink()
+        write_connection_file(str(replica.connection_file), ip="127.0.0.1", key=key.encode())
+        replica.raft_address = f"127.0.0.1:{free_port()}"
+        replica.proc = None
 
     def add_replacement(self, via: int) -> Replica:
         """Start a fresh replica with --join and add it to the group through replica ``via``."""
