@@ -85,7 +85,8 @@ class _Pending:
     answered: set[int] = field(default_factory=set)
     last_reply: list[bytes] | None = None
     sent_unix: float = field(default_factory=time.time)
-    client_msg: dict | None = None  # the client's execute_request (for resubmission)
+    client_msg: dict | None = None  # the client's request (resubmission, error replies)
+    frames: list[bytes] = field(default_factory=list)  # its signed frames (re-routing)
     client_msg_id: str = ""  # the client's msg_id when this is a resubmission under a new id
     attempt: int = 0
 
@@ -296,7 +297,8 @@ class KernelFront:
             targets = [pick]
             source = pick
             self._remember(self._iopub_source, msg_id, pick)
-        self._pending[msg_id] = _Pending(channel, idents, msg_type, source, asked=set(targets))
+        self._pending[msg_id] = _Pending(channel, idents, msg_type, source, asked=set(targets),
+                                         client_msg=msg, frames=list(msg_list))
         for rid in targets:
             getattr(self._replicas[rid], channel).send_multipart([b"<IDS|MSG>", *msg_list])
 
@@ -403,8 +405,22 @@ class KernelFront:
         """Every replica still asked has answered and none executed: resubmit when they all
         yielded (nothing ran), else give the client the replicas' reason."""
         if pending.msg_type != "execute_request":
-            if not pending.asked:  # its replica is gone: answer instead of leaving it hanging
-                del self._pending[msg_id]
+            if pending.asked:
+                return
+            # Its replica is gone: ask another live one, or answer instead of leaving it hanging.
+            live = sorted(self._replicas)
+            if live and pending.frames and pending.source is not None:
+                pending.source = live[0]
+                pending.asked = {live[0]}
+                self._remember(self._iopub_source, msg_id, live[0])
+                sock = getattr(self._replicas[live[0]], pending.channel)
+                sock.send_multipart([b"<IDS|MSG>", *pending.frames])
+                return
+            del self._pending[msg_id]
+            if pending.client_msg is not None and pending.msg_type.endswith("_request"):
+                self._reply_error(pending.channel, pending.idents, pending.client_msg,
+                                  "NotebookOSReplicaLost",
+                                  "the replica handling this request was lost; retry")
             return
         if not pending.answered >= pending.asked:
             return
