@@ -1,0 +1,66 @@
+"""Control through the front and the Global Scheduler: interrupt_request on the control channel
+and the InterruptKernel RPC stop a running cell; the kernel keeps its state; StopKernel stops
+every replica and closes the front."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import grpc
+import pytest
+from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+
+from notebookos.proto import global_scheduler_pb2
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _wait_reply(kc, msg_id: str, timeout: float = 30):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+    raise AssertionError("no reply")
+
+
+def test_interrupts_reach_the_executor_and_stop_kernel_cleans_up(make_cluster):
+    cluster = make_cluster()
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "kept = 'yes'")["reply"]["content"]["status"] == "ok"
+
+    # interrupt_request on the front's control channel
+    msg_id = kc.execute("import time\nfor _ in range(600): time.sleep(0.1)")
+    cluster.wait(lambda: cluster.status().gpus_committed == 1, 20, "the cell running")
+    started = time.monotonic()
+    kc.control_channel.send(kc.session.msg("interrupt_request", {}))
+    reply = _wait_reply(kc, msg_id)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - started < 20
+    cluster.wait(lambda: cluster.status().gpus_committed == 0, 10, "GPUs released")
+
+    # the InterruptKernel RPC (SIGINT to the executor through its Local Scheduler)
+    msg_id = kc.execute("import time\nfor _ in range(600): time.sleep(0.1)")
+    cluster.wait(lambda: cluster.status().gpus_committed == 1, 20, "the cell running")
+    answer = cluster.stub.InterruptKernel(
+        global_scheduler_pb2.InterruptKernelRequest(kernel_id=kernel_id), timeout=10)
+    assert answer.cell_was_running
+    assert _wait_reply(kc, msg_id)["content"]["ename"] == "KeyboardInterrupt"
+    assert result_text(run_cell(kc, "kept")) == "'yes'"
+
+    pids = [r.pid for r in cluster.kernel(kernel_id).replicas]
+    cluster.stub.StopKernel(global_scheduler_pb2.StopKernelRequest(kernel_id=kernel_id),
+                            timeout=60)
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.kernel(kernel_id)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert all(h.subscribed.gpus == 0 for h in cluster.status().hosts)
