@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +89,7 @@ class RaftLog:
         raft_max_timeout: float = 0.6,
         compaction_entries: int = 5000,
     ) -> None:
+        check_bindable(self_address)
         self.self_address = self_address
         self._closed = False
         self._consumer = _BookConsumer(members, on_commit, on_restore)
@@ -204,6 +206,19 @@ class RaftLog:
             self._sync.destroy()
         except Exception:  # noqa: BLE001 - best effort at shutdown
             log.debug("raft destroy failed", exc_info=True)
+
+
+def check_bindable(address: str) -> None:
+    """Fail at start, with the address in the message, when the Raft port cannot be bound
+    (pysyncobj would otherwise retry silently forever and the replica would never be ready)."""
+    host, _, port = address.rpartition(":")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), int(port)))
+        except OSError as exc:
+            raise OSError(f"cannot listen for Raft on {address}: {exc.strerror}") from exc
 
 
 def _node(address: str):

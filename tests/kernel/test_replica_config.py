@@ -44,3 +44,16 @@ def test_missing_raft_address_fails_with_a_clear_message(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "--raft-address" in proc.stderr + proc.stdout
+
+
+def test_a_raft_port_in_use_is_reported_at_start():
+    import socket
+
+    from notebookos.kernel.raft_log import check_bindable
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(OSError, match="cannot listen for Raft on 127.0.0.1"):
+            check_bindable(address)
