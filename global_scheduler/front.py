@@ -269,6 +269,7 @@ class KernelFront:
     # -- client -> replicas -----------------------------------------------------------------
 
     def _from_client(self, channel: str, frames: list[bytes]) -> None:
+        self._apply_commands()  # replica changes queued before this message came in
         idents, msg_list = self.session.feed_identities(frames, copy=True)
         msg = self._verify(msg_list)
         if msg is None:

@@ -707,8 +707,47 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         return global_scheduler_pb2.InterruptKernelResponse(cell_was_running=bool(running))
 
     def RestartKernel(self, request, context):  # noqa: N802
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      "RestartKernel is not implemented yet: stop the kernel and start it again")
+        """Fresh replicas (empty namespace) behind the same front ports."""
+        with self.lock:
+            entry = self.kernels.get(request.kernel_id)
+            if entry is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+            if entry.state in ("stopping", "starting"):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"kernel {request.kernel_id} is {entry.state}")
+            guard = self._recovery_guards.setdefault(request.kernel_id, threading.Lock())
+        with guard:
+            with self.lock:
+                old = list(entry.replicas.values())
+                entry.state = "starting"
+                kernel = self.cluster.kernels[request.kernel_id]
+                for r in old:
+                    entry.replicas.pop(r.replica_id, None)
+                    if r.replica_id in kernel.replicas:
+                        self.cluster.remove_replica(request.kernel_id, r.replica_id)
+                entry.raft_removals.clear()
+                entry.executions.clear()
+                entry.session_gpus = None
+                kernel.executor = None
+                if entry.front is not None:
+                    entry.front.set_replicas([])
+            list(self._pool.map(lambda r: self._stop_replica_quietly(
+                r.host_id, request.kernel_id, r.replica_id), old))
+            try:
+                self._add_replicas(request.kernel_id, self.replicas_per_kernel, join=False)
+                if self.policy.gpu_binding is GpuBinding.SESSION:
+                    self._bind_for_session(entry, kernel.request)
+            except StartError as exc:
+                with self.lock:
+                    entry.state, entry.message = "failed", f"restart failed: {exc}"
+                    self._save_kernel(entry)
+                context.abort(exc.code, str(exc))
+            with self.lock:
+                entry.state, entry.message = "idle", ""
+                self._save_kernel(entry)
+                status = self._kernel_status(entry)
+        return global_scheduler_pb2.RestartKernelResponse(
+            connection=self._connection(entry, with_key=True), status=status)
 
     def MigrateReplica(self, request, context):  # noqa: N802
         if not request.kernel_id or request.replica_id < 1:

@@ -54,6 +54,18 @@ def test_interrupts_reach_the_executor_and_stop_kernel_cleans_up(make_cluster):
     assert _wait_reply(kc, msg_id)["content"]["ename"] == "KeyboardInterrupt"
     assert result_text(run_cell(kc, "kept")) == "'yes'"
 
+    # RestartKernel: fresh interpreters behind the same ports; the same client goes on.
+    ports = cluster.kernel(kernel_id).connection
+    old_pids = {r.pid for r in cluster.kernel(kernel_id).replicas}
+    restarted = cluster.stub.RestartKernel(
+        global_scheduler_pb2.RestartKernelRequest(kernel_id=kernel_id), timeout=90)
+    assert restarted.connection.shell_port == ports.shell_port
+    assert restarted.connection.iopub_port == ports.iopub_port
+    assert len(restarted.status.replicas) == 3
+    assert not old_pids & {r.pid for r in restarted.status.replicas}
+    gone = run_cell(kc, "kept")["reply"]["content"]
+    assert gone["status"] == "error" and gone["ename"] == "NameError"
+
     pids = [r.pid for r in cluster.kernel(kernel_id).replicas]
     cluster.stub.StopKernel(global_scheduler_pb2.StopKernelRequest(kernel_id=kernel_id),
                             timeout=60)
