@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -308,3 +310,25 @@ def test_round_trip_one_gib(store: LargeObjectStore) -> None:
     del value
     store.delete("k/objects/gib")
     assert not store.exists("k/objects/gib")
+
+
+def test_hashing_works_in_a_forked_child(tmp_path) -> None:
+    """The MAC's thread pool does not survive fork(); a child must get a fresh one, not hang."""
+    store = open_store(f"file://{tmp_path}", HMAC_KEY)
+    data = payload(4 * BLOCK_SIZE, seed=7)
+    store.put("k/v", data)
+    assert store.get("k/v") == data  # starts the hashing threads in the parent
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        ok = open_store(f"file://{tmp_path}", HMAC_KEY).get("k/v") == data
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("store.get hung in a forked child")

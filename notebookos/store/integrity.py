@@ -119,6 +119,16 @@ def _pool() -> ThreadPoolExecutor:
         return _hash_pool
 
 
+def _forget_pool_after_fork() -> None:
+    global _hash_pool, _hash_pool_lock
+    _hash_pool = None  # its threads did not survive the fork
+    _hash_pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def block_digests(data: bytes | bytearray | memoryview) -> list[bytes]:
     """SHA-256 of each ``BLOCK_SIZE`` block of ``data`` (a block-aligned piece of a value).
 
