@@ -151,7 +151,8 @@ def large_objects(workdir: Path, mib: int) -> dict[str, float]:
         raw_read = time.perf_counter() - t0
         assert len(body) == len(data)
         del body, data
-        group = ReplicaGroup(workdir / "large", store_url=server.store_url(bucket, credentials=True))
+        store_url = server.store_url(bucket, credentials=True)
+        group = ReplicaGroup(workdir / "large", store_url=store_url)
         try:
             group.start()
             group.execute("import torch", target=1, timeout=120)

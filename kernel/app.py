@@ -29,7 +29,10 @@ ENV_OPTIONS = {
     "NOTEBOOKOS_STORE_URL": "store-url",
     "NOTEBOOKOS_ELECTION_TIMEOUT": "election-timeout",
 }
-ENV_FLAGS = {"NOTEBOOKOS_JOIN": "join", "NOTEBOOKOS_RESTORE_FROM_CHECKPOINT": "restore-from-checkpoint"}
+ENV_FLAGS = {
+    "NOTEBOOKOS_JOIN": "join",
+    "NOTEBOOKOS_RESTORE_FROM_CHECKPOINT": "restore-from-checkpoint",
+}
 
 
 class ReplicaKernelApp(IPKernelApp):

@@ -190,7 +190,11 @@ class ElectionBook:
 
     def _apply_completion(self, c: Completion) -> Applied:
         election = self.elections.get(c.election_id)
-        if election is None or election.phase is not Phase.RUNNING or election.executor != c.executor:
+        if (
+            election is None
+            or election.phase is not Phase.RUNNING
+            or election.executor != c.executor
+        ):
             return Applied(election=election, ignored_completion=True)
         election.phase = Phase.COMPLETED
         election.status = c.status

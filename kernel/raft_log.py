@@ -42,7 +42,12 @@ def raft_password(kernel_key: bytes | str) -> str:
 class _BookConsumer(SyncObjConsumer):
     """Holds the replicated ElectionBook; pysyncobj snapshots whatever this object serialises."""
 
-    def __init__(self, members: dict[int, str], on_commit: CommitHandler, on_restore: Callable[[], None]):
+    def __init__(
+        self,
+        members: dict[int, str],
+        on_commit: CommitHandler,
+        on_restore: Callable[[], None],
+    ) -> None:
         # attributes set before SyncObjConsumer.__init__ are local, never serialised
         self._on_commit = on_commit
         self._on_restore = on_restore

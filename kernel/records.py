@@ -34,7 +34,7 @@ class Vote:
 
 @dataclass(frozen=True)
 class Completion:
-    """The executor finished the cell; carries the state-sync update (or None when there is none)."""
+    """The executor finished the cell; carries the state-sync update (None when there is none)."""
 
     election_id: str
     executor: int

@@ -74,18 +74,23 @@ class ReplicaKernel(IPythonKernel):
     implementation = "notebookos"
     implementation_version = "0.1.0"
 
-    replica_id = Int(1, help="This replica's id (unique within the kernel's group).").tag(config=True)
+    replica_id = Int(1, help="This replica's id (unique within the kernel's group).").tag(
+        config=True
+    )
     raft_address = Unicode("", help="host:port this replica's Raft listens on.").tag(config=True)
     peers = Unicode(
         "", help="The other replicas: comma-separated id=host:port (e.g. 2=10.0.0.2:7001)."
     ).tag(config=True)
     kernel_id = Unicode("", help="The distributed kernel's id (store keys, logs).").tag(config=True)
-    store_url = Unicode("", help="Large-object store URL (file://, redis://, s3://).").tag(config=True)
+    store_url = Unicode("", help="Large-object store URL (file://, redis://, s3://).").tag(
+        config=True
+    )
     election_timeout = Float(
         0.2, help="Seconds after the first committed LEAD before voting without missing proposals."
     ).tag(config=True)
     no_lead_timeout = Float(
-        1.0, help="Seconds after the first committed proposal before failing an election with no LEAD."
+        1.0,
+        help="Seconds after the first committed proposal before failing an election with no LEAD.",
     ).tag(config=True)
     yield_delay = Float(
         0.05, help="Seconds a standby holds its YIELD back, expecting the sticky LEAD to decide."
@@ -93,7 +98,9 @@ class ReplicaKernel(IPythonKernel):
     executor_dead_after = Float(
         1.0, help="Seconds the executor may be unreachable mid-cell before the cell is aborted."
     ).tag(config=True)
-    join = Bool(False, help="Join an existing group as a fresh replacement replica.").tag(config=True)
+    join = Bool(False, help="Join an existing group as a fresh replacement replica.").tag(
+        config=True
+    )
     restore_from_checkpoint = Bool(
         False, help="Rebuild the namespace from the store's checkpoint (all replicas were lost)."
     ).tag(config=True)
@@ -399,7 +406,9 @@ class ReplicaKernel(IPythonKernel):
         while True:
             change = self._change
             with self.raft.lock:
-                others = [e for e in self.raft.book.open_elections() if e.election_id != election_id]
+                others = [
+                    e for e in self.raft.book.open_elections() if e.election_id != election_id
+                ]
             with self._apply_lock:
                 pending = self._applies_pending
             if not (others or pending or self._restore_needed or self._rebuilding
@@ -487,7 +496,8 @@ class ReplicaKernel(IPythonKernel):
             election = await self._wait_decided(election_id)
 
         if election.phase is Phase.FAILED:
-            self._send_execute_reply(stream, ident, parent, replies.all_yielded(election, self.replica_id))
+            reply = replies.all_yielded(election, self.replica_id)
+            self._send_execute_reply(stream, ident, parent, reply)
             return
         if (
             election.executor == self.replica_id
@@ -501,7 +511,8 @@ class ReplicaKernel(IPythonKernel):
             election = await self._wait_settled(election_id)
         self.shell.execution_count = self._book_execution_count() + 1
         if election.phase is Phase.ABORTED:
-            self._send_execute_reply(stream, ident, parent, replies.executor_failed(election, self.replica_id))
+            reply = replies.executor_failed(election, self.replica_id)
+            self._send_execute_reply(stream, ident, parent, reply)
         else:
             self._send_execute_reply(
                 stream, ident, parent, replies.standby(election, self.replica_id)
@@ -595,7 +606,9 @@ class ReplicaKernel(IPythonKernel):
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((ok, reason)))
 
         self.raft.propose(
-            Completion(election.election_id, self.replica_id, status, update_bytes, tuple(warnings)),
+            Completion(
+                election.election_id, self.replica_id, status, update_bytes, tuple(warnings)
+            ),
             on_done=committed,
         )
         ok, reason = await done
