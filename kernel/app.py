@@ -37,6 +37,7 @@ ENV_FLAGS = {
 
 class ReplicaKernelApp(IPKernelApp):
     name = "notebookos-kernel"
+    classes = [*IPKernelApp.classes, ReplicaKernel]  # so --help documents the replica options
     kernel_class = Type(ReplicaKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
     aliases = Dict({
         **kernel_aliases,

@@ -57,3 +57,12 @@ def test_a_raft_port_in_use_is_reported_at_start():
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(OSError, match="cannot listen for Raft on 127.0.0.1"):
             check_bindable(address)
+
+
+def test_help_documents_the_replica_options():
+    proc = subprocess.run([sys.executable, "-m", "notebookos.kernel", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for option in ("--replica-id", "--raft-address", "--peers", "--store-url", "--join",
+                   "--restore-from-checkpoint", "--election-timeout"):
+        assert option in proc.stdout
