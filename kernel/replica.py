@@ -569,7 +569,8 @@ class ReplicaKernel(IPythonKernel):
         reply_metadata = replies.role_metadata("executor", self.replica_id, election)
         self._send_execute_reply(stream, ident, parent, (reply, reply_metadata))
         self._replied.add(election.election_id)
-        await self._sync_after_cell(parent, election, code, reply.get("status", "ok"))
+        with ignore_sigint():  # the group waits for this cell's Completion: never abandon it
+            await self._sync_after_cell(parent, election, code, reply.get("status", "ok"))
 
     def _announce_restore(self, parent, election: Election) -> None:
         """The first cell of a group rebuilt from the store tells the user what survived."""
