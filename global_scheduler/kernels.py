@@ -61,4 +61,5 @@ class KernelEntry:
                 "front_ports": dict(self.front.ports) if self.front else {},
                 "replicas": [r.to_doc() for r in self.replicas.values()],
                 "next_replica_id": self.next_replica_id, "created_unix": self.created_unix,
-                "raft_removals": list(self.raft_removals)}
+                "raft_removals": list(self.raft_removals),
+                "session_gpus": list(self.session_gpus) if self.session_gpus else None}

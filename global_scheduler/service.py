@@ -89,6 +89,7 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
         self._recovery_guards: dict[str, threading.Lock] = {}  # one recovery per kernel at once
+        self._orphan_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
@@ -145,6 +146,15 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             replica.state = ReplicaState.RUNNING
             replica.pid = link.pid
             entry.replicas[link.replica_id] = link
+        session = doc.get("session_gpus")
+        if session and session[0] in entry.replicas:
+            rid, host_id, ids = int(session[0]), str(session[1]), [int(i) for i in session[2]]
+            entry.session_gpus = (rid, host_id, ids)
+            host = self.cluster.hosts[host_id]
+            try:
+                host.commit(self.cluster.kernels[kernel_id].replicas[rid].owner, request, ids)
+            except AccountingError as exc:
+                log.warning("registry: kernel %s session GPUs: %s", kernel_id, exc)
         entry.front = KernelFront(kernel_id, entry.key, entry.signature_scheme, self,
                                   ip=self.ip, ports=doc.get("front_ports") or None)
         entry.front.set_replicas(entry.endpoints())
@@ -240,14 +250,43 @@ class GlobalSchedulerService(gs_grpc.GlobalSchedulerServicer):
             link.last_heartbeat = time.time()
             link.prewarm_pool_size = request.prewarm_pool_size
             reported = {(r.kernel_id, r.replica_id): r for r in request.replicas}
+            orphaned = []
             for entry in self.kernels.values():
                 for rid, rl in entry.replicas.items():
                     r = reported.get((entry.kernel_id, rid))
                     if rl.host_id == request.host_id and r is not None:
                         rl.pid = r.pid
+                        if r.committed_gpu_device_ids and not self._holds_gpus(entry, rid):
+                            orphaned.append((entry.kernel_id, rid))
+            # GPUs committed on the host for a request the GS does not know (it restarted
+            # mid-cell): released when seen in two heartbeats in a row.
+            suspects = self._orphan_suspects.setdefault(request.host_id, set())
+            confirmed = [o for o in orphaned if o in suspects]
+            suspects.clear()
+            suspects.update(o for o in orphaned if o not in confirmed)
+        for kernel_id, rid in confirmed:
+            self._pool.submit(self._release_orphaned, link, kernel_id, rid)
         return global_scheduler_pb2.HeartbeatResponse(
             prewarm_pool_target=link.prewarm_pool_size,
             heartbeat_interval_s=self.heartbeat_interval_s)
+
+    def _holds_gpus(self, entry: KernelEntry, replica_id: int) -> bool:
+        if entry.session_gpus is not None and entry.session_gpus[0] == replica_id:
+            return True
+        return any(rid == replica_id for rid, _ in entry.executions.values())
+
+    def _release_orphaned(self, link: HostLink, kernel_id: str, replica_id: int) -> None:
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None or self._holds_gpus(entry, replica_id):
+                return
+        log.warning("kernel %s: releasing GPUs replica %d holds on %s for a request this "
+                    "scheduler does not know", kernel_id, replica_id, link.host_id)
+        try:
+            link.stub.ReleaseGpus(local_scheduler_pb2.ReleaseGpusRequest(
+                kernel_id=kernel_id, replica_id=replica_id, all_requests=True), timeout=5)
+        except grpc.RpcError as exc:
+            log.info("releasing orphaned GPUs on %s: %s", link.host_id, exc.details())
 
     def DeregisterHost(self, request, context):  # noqa: N802
         with self.lock:

@@ -315,7 +315,10 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
 
     def ReleaseGpus(self, request, context):  # noqa: N802
         entry = self._entry(request.kernel_id, request.replica_id, context)
-        released = self.binder.release(request.request_id)
+        if request.all_requests:
+            released = self.binder.release_owner(entry.spec.owner)
+        else:
+            released = self.binder.release(request.request_id)
         if entry.state == RS.REPLICA_STATE_EXECUTING:
             entry.state = RS.REPLICA_STATE_IDLE
         return local_scheduler_pb2.ReleaseGpusResponse(released_device_ids=released)

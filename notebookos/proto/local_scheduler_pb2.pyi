@@ -141,14 +141,16 @@ class CommitGpusResponse(_message.Message):
     def __init__(self, committed: _Optional[bool] = ..., device_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., gpus_idle: _Optional[int] = ...) -> None: ...
 
 class ReleaseGpusRequest(_message.Message):
-    __slots__ = ("kernel_id", "replica_id", "request_id")
+    __slots__ = ("kernel_id", "replica_id", "request_id", "all_requests")
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ALL_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     replica_id: int
     request_id: str
-    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    all_requests: bool
+    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., request_id: _Optional[str] = ..., all_requests: _Optional[bool] = ...) -> None: ...
 
 class ReleaseGpusResponse(_message.Message):
     __slots__ = ("released_device_ids",)

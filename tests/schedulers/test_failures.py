@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 import signal
 
+import grpc
 import pytest
 from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+
+from notebookos.proto import local_scheduler_pb2
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,6 +65,13 @@ def test_a_killed_local_scheduler_means_its_replicas_are_replaced(make_cluster):
     assert result_text(run_cell(kc, "data['c'] = 3\nsorted(data)")) == "['a', 'b', 'c']"
 
 
+def _ls_committed(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        status = ls_grpc.LocalSchedulerStub(channel).GetHostStatus(
+            local_scheduler_pb2.GetHostStatusRequest(), timeout=10)
+    return status.host.gpus_committed
+
+
 def _pid_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -73,10 +84,17 @@ def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_o
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=3)
     ports = cluster.kernel(kernel_id).connection
     replicas = _replicas(cluster, kernel_id)
+    kc.execute("import time; time.sleep(2)")  # mid-cell when the GS dies: its GPU is committed
+    cluster.wait(lambda: cluster.status().gpus_committed == 1, 20, "the cell running")
+    addresses = [h.address for h in cluster.status().hosts]
     cluster.gs.send_signal(signal.SIGKILL)
     cluster.gs.wait(10)
     cluster.start_gs()
     cluster.wait_hosts(3)
+    # The new instance does not know that request: the GPU is released (reconciled from the
+    # Local Schedulers' heartbeats) instead of staying committed forever.
+    cluster.wait(lambda: sum(_ls_committed(a) for a in addresses) == 0, 20,
+                 "the orphaned GPU released")
     status = cluster.kernel(kernel_id)
     names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
     assert [getattr(status.connection, n) for n in names] == [getattr(ports, n) for n in names]

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
 
-from notebookos.proto import local_scheduler_pb2
+from notebookos.proto import common_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 
 pytestmark = pytest.mark.timeout(150)
@@ -22,23 +22,26 @@ def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_clu
     for i in range(3):
         cluster.start_ls(f"host-{i}", gpus=1)
     cluster.wait_hosts(3)
-    a, _ = cluster.start_kernel(gpus=1)
     b, kc = cluster.start_kernel(gpus=1)
     assert result_text(run_cell(kc, "v = 'kept'\nv")) == "'kept'"
 
-    # Another kernel's replicas take every GPU of the three hosts (through their Local
-    # Schedulers, as the cells of that kernel would).
+    # Work the Global Scheduler does not schedule takes every GPU of the three hosts: a replica
+    # of another kernel started on each host directly, holding its host's GPU.
     addresses = {h.host_id: h.address for h in cluster.status().hosts}
     channels = []
-    for replica in cluster.kernel(a).replicas:
-        channel = grpc.insecure_channel(addresses[replica.host_id])
+    for host_id, address in addresses.items():
+        channel = grpc.insecure_channel(address)
         channels.append(channel)
-        held = ls_grpc.LocalSchedulerStub(channel).CommitGpus(
-            local_scheduler_pb2.CommitGpusRequest(kernel_id=a, replica_id=replica.replica_id,
-                                                  request_id="hold", gpus=1), timeout=10)
+        stub = ls_grpc.LocalSchedulerStub(channel)
+        stub.StartReplica(local_scheduler_pb2.StartReplicaRequest(
+            kernel_id=f"hog-{host_id}", replica_id=1, raft_address="127.0.0.1:0", key="h" * 32,
+            resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=64, gpus=1)), timeout=60)
+        held = stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+            kernel_id=f"hog-{host_id}", replica_id=1, request_id="hold", gpus=1), timeout=10)
         assert held.committed
 
     # Nowhere to go: every host holds a replica of b already. A clear error, nothing runs.
+    time.sleep(1.5)  # several heartbeats: the hogs' GPUs stay committed (not b's requests)
     started = time.monotonic()
     refused = run_cell(kc, "v = 'changed'")
     content = refused["reply"]["content"]
