@@ -137,6 +137,7 @@ class ReplicaKernel(IPythonKernel):
         self._unreachable_since: dict[int, float] = {}
         self._executed_here: set[str] = set()
         self._replied: set[str] = set()
+        self._synced: set[str] = set()  # elections whose Completion this replica proposed
         self._applies: deque[tuple[str, bytes]] = deque()
         self._applies_pending = 0
         self._apply_lock = threading.Lock()
@@ -237,6 +238,7 @@ class ReplicaKernel(IPythonKernel):
             self._aborts_sent.discard(eid)
             self._executed_here.discard(eid)
             self._replied.discard(eid)
+            self._synced.discard(eid)
 
     def _on_snapshot(self) -> None:
         self._restore_needed = True
@@ -527,7 +529,7 @@ class ReplicaKernel(IPythonKernel):
     ) -> None:
         try:
             await self._run_cell(stream, ident, parent, election, code, silent, metadata)
-        except Exception as exc:  # noqa: BLE001 - the group must always learn the outcome
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the group must learn it
             self.log.exception("executing %s failed inside the replica", election.election_id)
             failure = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc),
                        "traceback": [], "execution_count": election.execution_count}
@@ -536,7 +538,11 @@ class ReplicaKernel(IPythonKernel):
                     stream, ident, parent,
                     (failure, replies.role_metadata("executor", self.replica_id, election)),
                 )
-            self.raft.propose(Completion(election.election_id, self.replica_id, "error"))
+            if election.election_id in self._synced:
+                return  # its Completion was proposed already
+            # the cell may have run partly: replicate what it changed so standbys stay equal
+            with ignore_sigint():
+                await self._sync_after_cell(parent, election, code, "error")
 
     async def _run_cell(
         self, stream, ident, parent, election: Election, code: str, silent: bool, metadata: dict
@@ -591,6 +597,7 @@ class ReplicaKernel(IPythonKernel):
 
     async def _sync_after_cell(self, parent, election: Election, code: str, status: str) -> None:
         """Encode what the cell changed, warn about what cannot be synced, propose COMPLETION."""
+        self._synced.add(election.election_id)
         update_bytes, warnings = await self.sync.encode_cell(self.shell, code)
         for warning in warnings:
             self.session.send(
