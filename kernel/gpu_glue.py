@@ -24,6 +24,11 @@ def requested_gpu_ids(metadata: dict[str, Any]) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def gpu_ids_usable(ids: tuple[int, ...], cuda: bool, device_count: int) -> bool:
+    """Whether this host can bind ``ids``: virtual ids always can; real ones must exist."""
+    return not cuda or all(i < device_count for i in ids)
+
+
 class GpuGlue:
     def __init__(self, log: logging.Logger) -> None:
         self.log = log
@@ -36,6 +41,25 @@ class GpuGlue:
             self.log.error("GPU binding unavailable (notebookos.kernel.gpu_binding): %s", exc)
             return None
         return gpu_binding
+
+    def can_lead(self, metadata: dict[str, Any]) -> bool:
+        """False when the request names GPUs this host does not have (then the replica YIELDs)."""
+        try:
+            ids = requested_gpu_ids(metadata)
+        except ValueError:
+            return True  # bind() reports it; the cell runs without GPUs
+        if not ids:
+            return True
+        gpu_binding = self._module()
+        if gpu_binding is None or not gpu_binding.cuda_available():
+            return True
+        import torch
+
+        usable = gpu_ids_usable(ids, True, torch.cuda.device_count())
+        if not usable:
+            self.log.error("request names GPUs %s; this host has %d: yielding",
+                           ids, torch.cuda.device_count())
+        return usable
 
     def bind(self, namespace: MutableMapping[str, Any], metadata: dict[str, Any]) -> None:
         gpu_binding = self._module()

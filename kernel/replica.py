@@ -493,7 +493,7 @@ class ReplicaKernel(IPythonKernel):
             if election is None or (
                 election.phase is Phase.PROPOSING and self.replica_id not in election.proposals
             ):
-                kind = LEAD if lead else YIELD
+                kind = LEAD if lead and self.gpu.can_lead(metadata) else YIELD
                 self.raft.propose(Proposal(election_id, self.replica_id, kind, silent))
             election = await self._wait_decided(election_id)
 

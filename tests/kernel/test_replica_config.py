@@ -66,3 +66,25 @@ def test_help_documents_the_replica_options():
     for option in ("--replica-id", "--raft-address", "--peers", "--store-url", "--join",
                    "--restore-from-checkpoint", "--election-timeout"):
         assert option in proc.stdout
+
+
+@pytest.mark.parametrize("ids,cuda,count,usable", [
+    ((0,), False, 0, True),     # no CUDA: ids are virtual
+    ((0, 1), True, 2, True),
+    ((3,), True, 2, False),     # this host has no GPU 3: the replica yields
+    ((), True, 0, True),
+])
+def test_gpu_ids_usable(ids, cuda, count, usable):
+    from notebookos.kernel.gpu_glue import gpu_ids_usable
+
+    assert gpu_ids_usable(ids, cuda, count) is usable
+
+
+def test_requested_gpu_ids_validates():
+    from notebookos.kernel.gpu_glue import requested_gpu_ids
+
+    assert requested_gpu_ids({"gpu_device_ids": [1, 2]}) == (1, 2)
+    assert requested_gpu_ids({}) == ()
+    for bad in ("0", [-1], [True], [1.5]):
+        with pytest.raises(ValueError, match="gpu_device_ids"):
+            requested_gpu_ids({"gpu_device_ids": bad})
