@@ -28,6 +28,17 @@ def group(tmp_path_factory: pytest.TempPathFactory):
         replicas.stop()
 
 
+def wait_for_execute_input(group: ReplicaGroup, replica_id: int, msg_id: str) -> None:
+    """Block until the replica started running the cell (its execute_input on IOPub)."""
+    client = group.replicas[replica_id].client
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=30)
+        if msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
+            return
+    raise AssertionError(f"replica {replica_id} never started {msg_id}")
+
+
 def notebookos_meta(reply: dict) -> dict:
     return reply["metadata"]["notebookos"]
 
@@ -130,12 +141,7 @@ def test_stdin_works_on_the_executor(group: ReplicaGroup):
 
 def test_interrupt_on_control_stops_the_executor_cell(group: ReplicaGroup):
     msg_id = group.send_execute("import time\nstarted = 1\ntime.sleep(30)\nfinished = 1", target=2)
-    client = group.replicas[2].client
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # wait until the cell runs
-        msg = client.get_iopub_msg(timeout=10)
-        if msg["msg_type"] == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
-            break
+    wait_for_execute_input(group, 2, msg_id)
     time.sleep(0.2)
     t0 = time.monotonic()
     reply = group.control(2, "interrupt_request", {})
@@ -200,7 +206,8 @@ def test_interrupt_sent_to_every_replica_stops_only_the_running_cell(group: Repl
     group.execute("import time", target=1)
     slow = group.send_execute("time.sleep(20)\nslow_done = True", target=1)
     queued = group.send_execute("queued_ran = True", target=1)  # waits for the slow cell
-    time.sleep(0.7)
+    wait_for_execute_input(group, 1, slow)
+    time.sleep(0.2)
     for rid in group.alive_ids():  # standbys and the waiting request ignore it, nobody dies
         assert group.control(rid, "interrupt_request", {})["content"]["status"] == "ok"
     first = group.collect(slow, group.alive_ids(), target=1)
