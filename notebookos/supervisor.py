@@ -109,9 +109,9 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def marked_processes(marker: str) -> list[int]:
-    """Pids of live processes whose environment carries ``MARKER_VAR=marker`` (Linux /proc)."""
-    needle = f"{MARKER_VAR}={marker}".encode()
+def marked_processes(marker: str, var: str = MARKER_VAR) -> list[int]:
+    """Pids of live processes whose environment carries ``var=marker`` (Linux /proc)."""
+    needle = f"{var}={marker}".encode()
     found = []
     me = os.getpid()
     for entry in Path("/proc").iterdir():

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +20,11 @@ import pytest
 from notebookos.testing.seaweed import S3Server, weed_binary
 
 REQUIRE_SERVICES = os.environ.get("NOTEBOOKOS_REQUIRE_SERVICES") == "1"
+
+# Every process the tests start inherits this marker, so the session can find and kill what a
+# test left behind (a finalizer that never ran because the test was killed, say).
+TEST_SESSION_VAR = "NOTEBOOKOS_TEST_SESSION"
+os.environ[TEST_SESSION_VAR] = uuid.uuid4().hex
 REDIS_URL = os.environ.get("NOTEBOOKOS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
@@ -101,3 +107,20 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 def s3_store_url(s3_server: S3Server) -> str:
     """An ``s3://`` store URL on a fresh bucket of the session's S3 server."""
     return s3_server.store_url(s3_server.new_bucket())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Kill every process still carrying this session's marker, and say so."""
+    from notebookos.supervisor import marked_processes
+
+    leftovers = marked_processes(os.environ[TEST_SESSION_VAR], var=TEST_SESSION_VAR)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if leftovers:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"conftest: killed {len(leftovers)} process(es) that tests left "
+                                f"running: {leftovers}", yellow=True)
