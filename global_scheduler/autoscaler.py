@@ -69,9 +69,12 @@ class Autoscaler:
                  if host.committed.gpus == 0 and host.pending.gpus == 0
                  and not svc.hosts[h].draining),
                 key=lambda h: (replicas_on.get(h, 0), -list(cluster.hosts).index(h)))
+            active = [h for h, link in svc.hosts.items() if not link.draining]
+            gpus = sum(cluster.hosts[h].capacity.gpus for h in active)
+            per_host = round(gpus / len(active)) if active and gpus else self.gpus_per_host
             view = ScalingView(
-                hosts=len(cluster.hosts) + len(self._provisioning),
-                gpus_per_host=self.gpus_per_host, committed_gpus=cluster.committed_gpus,
+                hosts=len(active) + len(self._provisioning),
+                gpus_per_host=max(1, per_host), committed_gpus=cluster.committed_gpus,
                 waiting_gpus=self._waiting_gpus, subscribed_gpus=cluster.subscribed_gpus,
                 releasable_host_ids=releasable)
             self._waiting_gpus = 0
@@ -107,7 +110,7 @@ class Autoscaler:
                     link.draining = False
                 return False
         try:
-            self.provider.release_host(host_id, link.address)
+            self.provider.release_host(host_id, link.address)  # the host stays draining
         except grpc.RpcError as exc:
             log.warning("autoscaler: releasing %s failed: %s", host_id, exc.details())
             with svc.lock:

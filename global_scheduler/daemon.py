@@ -10,7 +10,11 @@ from pathlib import Path
 
 import grpc
 from notebookos.global_scheduler.autoscaler import Autoscaler
-from notebookos.global_scheduler.providers import LocalProcessProvider
+from notebookos.global_scheduler.providers import (
+    HostProvider,
+    LocalProcessProvider,
+    StaticPoolProvider,
+)
 from notebookos.global_scheduler.registry_store import (
     FileRegistryStore,
     RedisRegistryStore,
@@ -67,10 +71,14 @@ class GlobalSchedulerDaemon:
         self.address = f"{gs.host}:{port}"
         self._stopped = threading.Event()
         self.autoscaler: Autoscaler | None = None
-        if gs.autoscale and gs.host_provider == "local":
-            provider = LocalProcessProvider(
-                self.address, Path(config.state_path), config.local_scheduler.virtual_gpus,
-                config.local_scheduler.prewarm_pool_size, ip=gs.host)
+        if gs.autoscale and gs.host_provider in ("local", "static"):
+            provider: HostProvider
+            if gs.host_provider == "local":
+                provider = LocalProcessProvider(
+                    self.address, Path(config.state_path), config.local_scheduler.virtual_gpus,
+                    config.local_scheduler.prewarm_pool_size, ip=gs.host)
+            else:
+                provider = StaticPoolProvider(self.service)
             self.autoscaler = Autoscaler(
                 self.service, provider, interval_s=gs.autoscale_interval_s,
                 gpus_per_host=max(1, config.local_scheduler.virtual_gpus),

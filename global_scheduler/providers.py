@@ -95,3 +95,27 @@ class LocalProcessProvider(HostProvider):
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+class StaticPoolProvider(HostProvider):
+    """Deployments with a fixed pool of pre-started Local Schedulers: scaling in keeps a released
+    host registered but in reserve (draining: it takes no replicas); scaling out puts reserved
+    hosts back to work. Hosts are never started or stopped."""
+
+    name = "static"
+
+    def __init__(self, service) -> None:  # noqa: ANN001 - a GlobalSchedulerService
+        self.service = service
+
+    def add_hosts(self, count: int) -> list[str]:
+        svc = self.service
+        with svc.lock:
+            reserved = [h for h, link in svc.hosts.items() if link.draining][:count]
+            for host_id in reserved:
+                svc.hosts[host_id].draining = False
+        if reserved:
+            log.info("autoscaler: %s back from the static pool's reserve", ", ".join(reserved))
+        return []  # already registered: nothing to wait for
+
+    def release_host(self, host_id: str, address: str) -> None:
+        log.info("autoscaler: %s kept in the static pool's reserve", host_id)

@@ -123,8 +123,9 @@ class GlobalSchedulerSettings:
     max_hosts: int = setting(32, "The autoscaler never goes above this many hosts.", _at_least(1))
     host_provider: str = setting(
         "local", "Where the autoscaler gets hosts: `local` starts Local Scheduler processes with "
-        "local_scheduler.virtual_gpus virtual GPUs on this machine; `none` never adds hosts.",
-        lambda v: None if v in ("local", "none") else "local or none")
+        "local_scheduler.virtual_gpus virtual GPUs on this machine; `static` keeps a fixed pool "
+        "of registered hosts and moves idle ones in and out of reserve; `none` never adds hosts.",
+        lambda v: None if v in ("local", "static", "none") else "local, static or none")
     replica_start_timeout_s: float = setting(
         120.0, "How long a new replica may take to answer before its start fails.",
         _at_least(1.0))

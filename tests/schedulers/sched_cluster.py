@@ -116,7 +116,9 @@ class Cluster:
         for kc in self.clients:
             kc.stop_channels()
         self._channel.close()
-        for proc in reversed(self.procs):  # Local Schedulers take their replicas with them
+        # The Global Scheduler first (so it does not try to recover what is being torn down),
+        # then the Local Schedulers, which take their replicas with them.
+        for proc in sorted(self.procs, key=lambda p: p is not self.gs):
             kill_group(proc)
 
 

@@ -41,3 +41,39 @@ def test_scale_out_under_load_and_in_when_idle(make_cluster):
     assert added[0] not in {h.host_id for h in cluster.status().hosts}
     assert result_text(run_cell(kc_a, "a")) == "1"
     assert result_text(run_cell(kc_b, "b")) == "2"
+
+
+def test_static_pool_keeps_idle_hosts_in_reserve_and_brings_them_back(make_cluster):
+    cluster = make_cluster({
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE": "true",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_HOST_PROVIDER": "static",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE_INTERVAL_S": "1",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": "3",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_SCALING_BUFFER_HOSTS": "1",
+    })
+    cluster.start_gs()
+    for i in range(4):
+        cluster.start_ls(f"host-{i}", gpus=2)
+    cluster.wait_hosts(4)
+
+    def reserved() -> list[str]:
+        return [h.host_id for h in cluster.status().hosts if h.draining]
+
+    # Idle: one host goes into reserve (still registered, takes no replicas).
+    cluster.wait(lambda: len(reserved()) == 1, 30, "a host in reserve")
+    spare = reserved()[0]
+    a, kc_a = cluster.start_kernel(gpus=2)
+    b, kc_b = cluster.start_kernel(gpus=2)
+    for kernel_id in (a, b):
+        assert spare not in {r.host_id for r in cluster.kernel(kernel_id).replicas}
+
+    # Load: 4 committed GPUs need 3 hosts plus the spare one, so the reserve comes back.
+    kc_a.execute("import time; time.sleep(6)")
+    kc_b.execute("import time; time.sleep(6)")
+    cluster.wait(lambda: not reserved(), 30, "the reserve back at work")
+    assert len(cluster.status().hosts) == 4
+    kc_a.get_shell_msg(timeout=60)
+    kc_b.get_shell_msg(timeout=60)
+    cluster.wait(lambda: len(reserved()) == 1, 30, "a host back in reserve when idle")
+    assert all(p.poll() is None for p in cluster.ls.values())  # nothing was stopped
+    assert result_text(run_cell(kc_a, "1 + 1")) == "2"
