@@ -22,7 +22,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,7 +107,9 @@ class KernelFront:
         self.session = Session(key=key.encode(), signature_scheme=signature_scheme,
                                username="notebookos-gs")
         self.context = zmq.Context.instance()
-        self.identity = f"gs-{kernel_id}-{uuid.uuid4().hex[:8]}".encode()
+        # The same identity across Global Scheduler restarts: a replica's reply to a request
+        # routed by the previous instance is routed by its ROUTER to this one.
+        self.identity = f"notebookos-gs-{kernel_id}".encode()
         self.bad_signatures = 0
         self.malformed = 0
         self.ports: dict[str, int] = {}
@@ -381,6 +382,7 @@ class KernelFront:
             return
         pending = self._pending.get(parent_id)
         if pending is None:
+            self._orphan_reply(channel, rid, msg, msg_list)
             return
         pending.answered.add(rid)
         role = ((msg.get("metadata") or {}).get("notebookos") or {}).get("role")
@@ -401,6 +403,18 @@ class KernelFront:
             return
         pending.last_reply = msg_list
         self._settle(parent_id, pending)
+
+    def _orphan_reply(self, channel: str, rid: int, msg: dict, msg_list: list[bytes]) -> None:
+        """A reply to a request this front did not route (sent before a Global Scheduler
+        restart): the executor's reply goes to the client whose session sent the request
+        (jupyter_client's shell identity is its session id); other replies are dropped."""
+        parent = msg.get("parent_header") or {}
+        role = ((msg.get("metadata") or {}).get("notebookos") or {}).get("role")
+        session = parent.get("session")
+        if channel != "shell" or role != "executor" or not session:
+            return
+        self._remember(self._iopub_source, parent.get("msg_id", ""), rid)
+        self._sockets["shell"].send_multipart([str(session).encode(), b"<IDS|MSG>", *msg_list])
 
     def _settle(self, msg_id: str, pending: _Pending) -> None:
         """Every replica still asked has answered and none executed: resubmit when they all
@@ -475,6 +489,13 @@ class KernelFront:
             if pending is not None and source is None:  # broadcast: the first replica speaks
                 source = rid
                 self._remember(self._iopub_source, parent_id, rid)
+            elif pending is None and parent_id and msg["header"]["msg_type"] != "status":
+                # A request routed before a restart: standbys publish only status, so the
+                # replica publishing anything else is its executor.
+                source = rid
+                self._remember(self._iopub_source, parent_id, rid)
+        log.debug("kernel %s: iopub %s from replica %d (parent %s, source %s)", self.kernel_id,
+                  msg["header"]["msg_type"], rid, parent_id[-12:], source)
         if source != rid:
             return
         original = self._aliases.get(parent_id)

@@ -15,12 +15,12 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import free_port, kill_group, wait_for_port
 from jupyter_client import BlockingKernelClient
 
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto.convert import connection_info_to_dict
+from notebookos.testing.processes import free_port, kill_group, wait_for_port
 
 NOTEBOOKOS = [sys.executable, "-m", "notebookos.cli"]
 

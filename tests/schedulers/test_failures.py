@@ -84,7 +84,7 @@ def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_o
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=3)
     ports = cluster.kernel(kernel_id).connection
     replicas = _replicas(cluster, kernel_id)
-    kc.execute("import time; time.sleep(2)")  # mid-cell when the GS dies: its GPU is committed
+    running = kc.execute("import time; time.sleep(3)")  # mid-cell when the GS dies
     cluster.wait(lambda: cluster.status().gpus_committed == 1, 20, "the cell running")
     addresses = [h.address for h in cluster.status().hosts]
     cluster.gs.send_signal(signal.SIGKILL)
@@ -95,6 +95,10 @@ def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_o
     # Local Schedulers' heartbeats) instead of staying committed forever.
     cluster.wait(lambda: sum(_ls_committed(a) for a in addresses) == 0, 20,
                  "the orphaned GPU released")
+    # ...and the cell that ran across the restart still gets its reply (its outputs may be lost).
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == running
+    assert reply["content"]["status"] == "ok"
     status = cluster.kernel(kernel_id)
     names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
     assert [getattr(status.connection, n) for n in names] == [getattr(ports, n) for n in names]
