@@ -52,9 +52,9 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def start_gs(self, *extra: str) -> subprocess.Popen:
+    def start_gs(self, *extra: str, state: str = "state") -> subprocess.Popen:
         self.gs = self._spawn("gs", ["global-scheduler", "--port", str(self.gs_port),
-                                     "--state-dir", str(self.workdir / "state"), *extra])
+                                     "--state-dir", str(self.workdir / state), *extra])
         assert wait_for_port(self.gs_port, 30, self.gs), self.log("gs")
         return self.gs
 

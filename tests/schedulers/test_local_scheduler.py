@@ -160,3 +160,23 @@ def test_bad_requests_get_clear_errors_and_the_daemon_lives(host):
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert cluster.ls["solo"].poll() is None
     assert _host_status(stub).registered
+
+
+def test_registers_again_with_a_new_global_scheduler_and_stops_replicas_it_does_not_know(host):
+    cluster, stub = host
+    kernel = f"old-{uuid.uuid4().hex[:6]}"
+    resp = _start(stub, kernel)  # the GS never heard of this kernel
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    cluster.start_gs(state="state-new")  # a Global Scheduler with an empty registry
+    cluster.wait_hosts(1)
+    assert cluster.status().hosts[0].host_id == "solo"
+    assert cluster.log("solo").count("registered host solo") >= 2
+    deadline = time.monotonic() + 20
+    while any(r.kernel_id == kernel for r in _host_status(stub).replicas):
+        assert time.monotonic() < deadline, "the unknown replica was not stopped"
+        time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(resp.pid, 0)
+            time.sleep(0.1)
