@@ -77,3 +77,38 @@ def test_static_pool_keeps_idle_hosts_in_reserve_and_brings_them_back(make_clust
     cluster.wait(lambda: len(reserved()) == 1, 30, "a host back in reserve when idle")
     assert all(p.poll() is None for p in cluster.ls.values())  # nothing was stopped
     assert result_text(run_cell(kc_a, "1 + 1")) == "2"
+
+
+def test_scale_in_moves_a_hosts_replicas_off_before_releasing_it(make_cluster):
+    cluster = make_cluster({
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE": "true",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_HOST_PROVIDER": "static",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE_INTERVAL_S": "12",  # first decision after setup
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": "3",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_SCALING_BUFFER_HOSTS": "0",
+    })
+    cluster.start_gs()
+    for i in range(4):
+        cluster.start_ls(f"host-{i}", gpus=2)
+    cluster.wait_hosts(4)
+    a, kc_a = cluster.start_kernel(gpus=2)
+    kc_a.execute("import time; time.sleep(20)")  # a's executor host is busy from now on
+    cluster.wait(lambda: cluster.status().gpus_committed == 2, 10, "a's cell running")
+    busy = next(h.host_id for h in cluster.status().hosts if h.gpus_committed == 2)
+    b, kc_b = cluster.start_kernel(gpus=2)  # placed on the three hosts with idle GPUs
+    assert result_text(run_cell(kc_b, "kept = 'b'\nkept")) == "'b'"
+    b_hosts = {r.host_id for r in cluster.kernel(b).replicas}
+    assert busy not in b_hosts
+    # Every host holds replicas now; the one with the fewest that is not busy holds one of b's.
+    victim = next(h for h in sorted(b_hosts) if h not in {r.host_id for r in
+                                                          cluster.kernel(a).replicas})
+    assert all(h.draining is False for h in cluster.status().hosts)
+
+    # The next decision wants 3 hosts: the victim's replica moves to the busy host (the only one
+    # without a replica of b), then the victim goes into reserve.
+    cluster.wait(lambda: any(h.draining for h in cluster.status().hosts), 40, "a scale-in")
+    reserved = [h.host_id for h in cluster.status().hosts if h.draining]
+    assert reserved == [victim]
+    b_hosts_after = {r.host_id for r in cluster.kernel(b).replicas}
+    assert victim not in b_hosts_after and busy in b_hosts_after and len(b_hosts_after) == 3
+    assert result_text(run_cell(kc_b, "kept")) == "'b'"
