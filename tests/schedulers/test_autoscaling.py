@@ -106,7 +106,12 @@ def test_scale_in_moves_a_hosts_replicas_off_before_releasing_it(make_cluster):
 
     # The next decision wants 3 hosts: the victim's replica moves to the busy host (the only one
     # without a replica of b), then the victim goes into reserve.
-    cluster.wait(lambda: any(h.draining for h in cluster.status().hosts), 40, "a scale-in")
+    def moved() -> bool:
+        hosts = [r.host_id for r in cluster.kernel(b).replicas if r.pid > 0]
+        return victim not in hosts and len(hosts) == 3
+
+    cluster.wait(lambda: any(h.draining for h in cluster.status().hosts) and moved(), 40,
+                 "a scale-in that moved b's replica")
     reserved = [h.host_id for h in cluster.status().hosts if h.draining]
     assert reserved == [victim]
     b_hosts_after = {r.host_id for r in cluster.kernel(b).replicas}
