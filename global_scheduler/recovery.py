@@ -1,0 +1,205 @@
+"""Keeping kernels whole: losing a replica, replacing it (Raft membership changes), rebuilding a
+group that lost its majority from the last checkpoint, moving a replica to another host. Mixed
+into ``GlobalSchedulerService``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+from notebookos.global_scheduler.control import ControlError, control_request
+from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.kernels import KernelEntry
+
+from notebookos.proto import local_scheduler_pb2
+from notebookos.resources import ResourceSpec
+
+log = logging.getLogger(__name__)
+
+
+class RecoveryMixin:
+    def _lose_replica(self, entry: KernelEntry, replica_id: int, why: str) -> None:
+        """A replica is gone: drop it from the front and accounting, schedule a replacement."""
+        if entry.replicas.pop(replica_id, None) is not None:
+            entry.raft_removals.append(replica_id)
+        kernel = self.cluster.kernels.get(entry.kernel_id)
+        if kernel is not None and replica_id in kernel.replicas:
+            self.cluster.remove_replica(entry.kernel_id, replica_id)
+        for msg_id, (rid, _) in list(entry.executions.items()):
+            if rid == replica_id:
+                del entry.executions[msg_id]
+        if entry.front is not None:
+            entry.front.set_replicas(entry.endpoints())
+        entry.state = "degraded"
+        entry.message = why
+        log.warning("kernel %s: %s; %d replica(s) left", entry.kernel_id, why,
+                    len(entry.replicas))
+        self._save_kernel(entry)
+        self._pool.submit(self._restore_replica_count, entry.kernel_id)
+
+    def _restore_replica_count(self, kernel_id: str) -> None:
+        """Bring the kernel back to R replicas: replacements join the running group while it has
+        a Raft majority; without one, the group is rebuilt from the store's last checkpoint."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None:
+                return
+            guard = self._recovery_guards.setdefault(kernel_id, threading.Lock())
+        if not guard.acquire(blocking=False):
+            return  # a recovery of this kernel is running; it re-reads the state each attempt
+        try:
+            self._stop.wait(0.5)  # let failures that happened together all be reported
+            for attempt in range(6):
+                with self.lock:
+                    entry = self.kernels.get(kernel_id)
+                    if entry is None or entry.state in ("stopping", "failed"):
+                        return
+                    live = len(entry.replicas)
+                    missing = self.replicas_per_kernel - live
+                    if missing <= 0:
+                        if entry.state == "degraded":  # a rebuild's message stays visible
+                            entry.message = ""
+                        entry.state = "idle"
+                        self._save_kernel(entry)
+                        return
+                    rebuild = live * 2 <= self.replicas_per_kernel
+                try:
+                    if rebuild:
+                        self._rebuild_from_checkpoint(kernel_id)
+                    else:
+                        self._add_replicas(kernel_id, 1, join=True)
+                except StartError as exc:
+                    log.warning("kernel %s: recovery attempt %d failed: %s", kernel_id,
+                                attempt + 1, exc)
+                    self._stop.wait(min(8.0, 0.5 * 2 ** attempt))
+            with self.lock:
+                entry = self.kernels.get(kernel_id)
+                if entry is not None and len(entry.replicas) == 0:
+                    entry.state = "failed"
+                    entry.message = "every replica was lost and the rebuild failed; see the log"
+                    self._save_kernel(entry)
+        finally:
+            guard.release()
+
+    def _rebuild_from_checkpoint(self, kernel_id: str) -> None:
+        """The group lost its majority: stop the survivors (they cannot commit anything) and
+        start a fresh group whose replicas load the store's last checkpoint."""
+        with self.lock:
+            entry = self.kernels[kernel_id]
+            survivors = list(entry.replicas.values())
+            entry.state = "recovering"
+            entry.message = ("Raft majority lost: rebuilding the kernel from its last "
+                             "checkpoint; cells since then are lost")
+            log.warning("kernel %s: %s", kernel_id, entry.message)
+            for r in survivors:
+                entry.replicas.pop(r.replica_id, None)
+                if r.replica_id in self.cluster.kernels[kernel_id].replicas:
+                    self.cluster.remove_replica(kernel_id, r.replica_id)
+            entry.raft_removals.clear()
+            if entry.front is not None:
+                entry.front.set_replicas([])
+            self._save_kernel(entry)
+        for r in survivors:
+            self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
+        self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=True)
+        with self.lock:
+            entry.state = "idle"
+            entry.message = "rebuilt from the last checkpoint after losing the Raft majority"
+            self._save_kernel(entry)
+
+    def migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
+                        request: ResourceSpec | None = None) -> tuple[int, str]:
+        """Replace one replica by a new one on another host; returns (new id, host).
+
+        The old replica leaves the Raft group and stops; the new one joins and catches up.
+        Raises StartError (RESOURCE_EXHAUSTED when no host can take it now)."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None:
+                raise StartError(grpc.StatusCode.NOT_FOUND, f"no kernel {kernel_id!r}")
+            need = request or kernel.request
+            if replica_id is None or target_host is None:
+                decision = self.policy.choose_migration(self.cluster, kernel, need)
+                if decision is None:
+                    raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"policy {self.policy.name} does not migrate replicas")
+                replica_id = replica_id if replica_id is not None else decision.replica_id
+                target_host = target_host or decision.target_host_id
+                if target_host is None:
+                    raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     f"no host can take a replica of kernel {kernel_id} now: "
+                                     f"{decision.reason}")
+            victim = entry.replicas.get(replica_id)
+            if victim is None:
+                raise StartError(grpc.StatusCode.NOT_FOUND,
+                                 f"kernel {kernel_id} has no replica {replica_id}")
+            if target_host not in self.cluster.hosts:
+                raise StartError(grpc.StatusCode.NOT_FOUND, f"no host {target_host!r}")
+            if any(r.host_id == target_host for r in entry.replicas.values()):
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"host {target_host} already holds a replica of {kernel_id}")
+            if any(rid == replica_id for rid, _ in entry.executions.values()):
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"replica {replica_id} is executing a cell")
+            victim_link = self.hosts.get(victim.host_id)
+        log.info("kernel %s: migrating replica %d from %s to %s", kernel_id, replica_id,
+                 victim.host_id, target_host)
+        if victim_link is not None:
+            try:
+                victim_link.stub.PrepareReplicaToMigrate(
+                    local_scheduler_pb2.PrepareReplicaToMigrateRequest(
+                        kernel_id=kernel_id, replica_id=replica_id, timeout_s=10), timeout=15)
+            except grpc.RpcError as exc:
+                log.info("prepare-to-migrate of %s/%d: %s", kernel_id, replica_id,
+                         exc.details())
+        with self.lock:  # out of the group first (one membership change at a time)
+            entry.replicas.pop(replica_id, None)
+            entry.raft_removals.append(replica_id)
+            if replica_id in kernel.replicas:
+                self.cluster.remove_replica(kernel_id, replica_id)
+            if entry.front is not None:
+                entry.front.set_replicas(entry.endpoints())
+        t0 = time.monotonic()
+        self._stop_replica_quietly(victim.host_id, kernel_id, replica_id)
+        t1 = time.monotonic()
+        try:
+            new_ids = self._add_replicas(kernel_id, 1, join=True, on_host=target_host)
+        except StartError:
+            self._pool.submit(self._restore_replica_count, kernel_id)
+            raise
+        log.info("kernel %s: replica %d replaced by %d on %s (stop %.2fs, start+join %.2fs)",
+                 kernel_id, replica_id, new_ids[0], target_host, t1 - t0, time.monotonic() - t1)
+        return new_ids[0], target_host
+
+    def _remove_lost_members(self, entry: KernelEntry, members: list[ReplicaEndpoint]) -> None:
+        """Take lost replicas out of the Raft group, one at a time, before adding others; asks
+        each live member in turn. Raises StartError (the caller retries later) when no member
+        could commit the change."""
+        for rid in list(entry.raft_removals):
+            self._membership_change(entry, members, "remove_replica_request",
+                                    {"replica_id": rid})
+            with self.lock:
+                if rid in entry.raft_removals:
+                    entry.raft_removals.remove(rid)
+                self._save_kernel(entry)
+
+    def _membership_change(self, entry: KernelEntry, members: list[ReplicaEndpoint],
+                           msg_type: str, content: dict) -> None:
+        reasons = []
+        for member in members:
+            try:
+                control_request(member, entry.key, entry.signature_scheme, msg_type, content,
+                                timeout_s=30)
+                return
+            except ControlError as exc:
+                reasons.append(str(exc))
+                log.warning("kernel %s: %s %s via replica %d failed: %s", entry.kernel_id,
+                            msg_type, content, member.replica_id, exc)
+        raise StartError(grpc.StatusCode.UNAVAILABLE,
+                         f"kernel {entry.kernel_id}: {msg_type} {content} failed: "
+                         + "; ".join(reasons))
+
