@@ -5,6 +5,7 @@ host links and kernel entries); the kernel fronts call these hooks on their own 
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 from notebookos.global_scheduler.errors import StartError
@@ -27,9 +28,13 @@ class ExecutionMixin:
             if entry is None or kernel is None:
                 raise PlacementFailed(f"kernel {kernel_id} is not known to the scheduler")
             request = kernel.request
+            entry.cell_arrived[msg_id] = time.monotonic()
+            if len(entry.cell_arrived) > 1024:  # cells that never started (failed placement)
+                entry.cell_arrived.pop(next(iter(entry.cell_arrived)))
             if entry.session_gpus is not None and entry.session_gpus[0] in entry.replicas:
                 rid, host_id, ids = entry.session_gpus
                 entry.executions[msg_id] = (rid, host_id)
+                entry.last_cell_gpus[rid] = list(ids)
                 return rid, list(ids)
             order = self._executor_order(kernel, request)
             links = {rid: (entry.replicas[rid].host_id, self.hosts.get(entry.replicas[rid].host_id))
@@ -59,6 +64,7 @@ class ExecutionMixin:
                         log.warning("accounting differs from host %s: %s", host_id, exc)
                 kernel.executor = rid
                 entry.executions[msg_id] = (rid, host_id)
+                entry.last_cell_gpus[rid] = list(resp.device_ids)
             return rid, list(resp.device_ids)
         why = ("; ".join(reasons) if reasons else "the kernel has no replica to run the cell")
         if not self.policy.supports_migration or not reasons:
@@ -106,6 +112,7 @@ class ExecutionMixin:
                         log.warning("accounting differs from host %s: %s", host_id, exc)
                 kernel.executor = rid
                 entry.executions[msg_id] = (rid, host_id)
+                entry.last_cell_gpus[rid] = list(resp.device_ids)
             return rid, list(resp.device_ids)
         raise PlacementFailed(
             f"every replica's host is busy ({why}) and migrating a replica failed after "
@@ -145,6 +152,13 @@ class ExecutionMixin:
             except grpc.RpcError as exc:
                 log.warning("release of GPUs for %s on %s failed: %s", msg_id, host_id,
                             exc.details())
+
+    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            arrived = entry.cell_arrived.pop(msg_id, None) if entry is not None else None
+            if arrived is not None:
+                entry.last_interactivity_ms[replica_id] = (time.monotonic() - arrived) * 1000
 
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:

@@ -60,6 +60,9 @@ class FrontHooks(Protocol):
 
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None: ...
 
+    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        """The executor published ``execute_input``: the cell's code starts now."""
+
 
 @dataclass
 class _ReplicaSockets:
@@ -498,6 +501,8 @@ class KernelFront:
                   msg["header"]["msg_type"], rid, parent_id[-12:], source)
         if source != rid:
             return
+        if msg["header"]["msg_type"] == "execute_input":
+            self.hooks.execute_started(self.kernel_id, rid, parent_id)
         original = self._aliases.get(parent_id)
         if original is not None:
             self.session.send(self._sockets["iopub"], {**msg, "parent_header": original,

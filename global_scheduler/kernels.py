@@ -50,6 +50,11 @@ class KernelEntry:
     executions: dict[str, tuple[int, str]] = field(default_factory=dict)  # msg -> (replica, host)
     raft_removals: list[int] = field(default_factory=list)  # lost members still in the group
     session_gpus: tuple[int, str, list[int]] | None = None  # reservation: (replica, host, ids)
+    # What the status shows of the last cell: the GPUs each replica had bound for the last cell
+    # it executed, and the interactivity delay (request at the front -> execute_input).
+    cell_arrived: dict[str, float] = field(default_factory=dict)  # msg -> monotonic arrival
+    last_cell_gpus: dict[int, list[int]] = field(default_factory=dict)
+    last_interactivity_ms: dict[int, float] = field(default_factory=dict)
 
     def endpoints(self) -> list[ReplicaEndpoint]:
         return [r.endpoint for r in self.replicas.values()]

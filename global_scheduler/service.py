@@ -687,7 +687,9 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                     kernel_id=entry.kernel_id, replica_id=rid, host_id=replica.host_id,
                     pid=rl.pid if rl else 0, state=state, executor=kernel.executor == rid,
                     raft_address=rl.raft_address if rl else "",
-                    resources=resource_spec_to_proto(kernel.request)))
+                    resources=resource_spec_to_proto(kernel.request),
+                    last_cell_gpu_device_ids=entry.last_cell_gpus.get(rid, []),
+                    last_interactivity_delay_ms=entry.last_interactivity_ms.get(rid, 0.0)))
         state = "busy" if entry.state == "idle" and entry.executions else entry.state
         return common_pb2.KernelStatus(
             kernel_id=entry.kernel_id, state=KERNEL_STATES.get(state, 0),

@@ -142,6 +142,9 @@ def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
         "NOTEBOOKOS_CLUSTER_STATE_DIR": state_dir,
         "NOTEBOOKOS_CLUSTER_STORE": config.store_url,
         "NOTEBOOKOS_CLUSTER_POLICY": config.cluster.policy,
+        # The autoscaler must not release the hosts started here; it may add more.
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": str(max(hosts, gs.min_hosts)),
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_MAX_HOSTS": str(max(hosts, gs.max_hosts)),
     })
     cli = [sys.executable, "-m", "notebookos.cli"]
     gs_child = supervisor.start("global-scheduler", [
