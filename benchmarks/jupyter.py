@@ -150,9 +150,8 @@ def pct(values: list[float], q: float) -> float:
 
 def start_cluster(workdir: Path) -> tuple[Supervisor, dict[str, str]]:
     """A Global Scheduler and three Local Schedulers (as `notebookos up` starts them)."""
-    from notebookos.provisioner.kernelspecs import install_kernelspecs
-
     from notebookos.commands.up_cmd import start_schedulers
+    from notebookos.provisioner.kernelspecs import install_kernelspecs
 
     install_kernelspecs(prefix=sys.prefix)
     config = load_config(env={}, overrides={

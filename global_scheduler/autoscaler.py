@@ -9,9 +9,9 @@ import threading
 import time
 
 import grpc
+
 from notebookos.global_scheduler.providers import HostProvider
 from notebookos.global_scheduler.service import GlobalSchedulerService, StartError
-
 from notebookos.policies import ScalingView
 
 log = logging.getLogger(__name__)

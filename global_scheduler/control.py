@@ -7,6 +7,7 @@ from typing import Any
 
 import zmq
 from jupyter_client.session import Session
+
 from notebookos.global_scheduler.front import ReplicaEndpoint
 
 

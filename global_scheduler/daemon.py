@@ -9,6 +9,8 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+
+from notebookos.config import Config
 from notebookos.global_scheduler.autoscaler import Autoscaler
 from notebookos.global_scheduler.providers import (
     HostProvider,
@@ -21,8 +23,6 @@ from notebookos.global_scheduler.registry_store import (
     RegistryStore,
 )
 from notebookos.global_scheduler.service import GlobalSchedulerService
-
-from notebookos.config import Config
 from notebookos.policies import get_policy
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 

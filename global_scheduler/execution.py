@@ -8,12 +8,12 @@ import logging
 import time
 
 import grpc
+
+from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
-
-from notebookos.cluster import AccountingError
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 

@@ -6,6 +6,7 @@ import time
 
 import zmq
 from jupyter_client.session import Session
+
 from notebookos.global_scheduler.front import ReplicaEndpoint
 
 

@@ -9,11 +9,11 @@ import threading
 import time
 
 import grpc
+
 from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry
-
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 

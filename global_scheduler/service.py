@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent import futures
 
 import grpc
+
+from notebookos.cluster import AccountingError, Cluster, Host, ReplicaState
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import (
@@ -27,8 +29,6 @@ from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.readiness import wait_until_ready
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
-
-from notebookos.cluster import AccountingError, Cluster, Host, ReplicaState
 from notebookos.policies import ContainerLifetime, GpuBinding, Policy
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc

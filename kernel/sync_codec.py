@@ -51,8 +51,8 @@ from typing import Any
 
 import cloudpickle
 import cloudpickle.cloudpickle as cloudpickle_internals
-from notebookos.kernel.ast_effects import CellEffects
 
+from notebookos.kernel.ast_effects import CellEffects
 from notebookos.store.base import LargeObjectStore
 
 log = logging.getLogger(__name__)

@@ -11,13 +11,13 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+
+from notebookos.config import Config
 from notebookos.local_scheduler.gpus import detect_gpus
 from notebookos.local_scheduler.gs_link import GlobalSchedulerLink
 from notebookos.local_scheduler.launcher import ProcessLauncher
 from notebookos.local_scheduler.prewarm import PrewarmPool
 from notebookos.local_scheduler.service import HostInfo, LocalSchedulerService
-
-from notebookos.config import Config
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 
 log = logging.getLogger(__name__)

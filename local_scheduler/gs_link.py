@@ -14,8 +14,8 @@ import threading
 import uuid
 
 import grpc
-from notebookos.local_scheduler.service import LocalSchedulerService
 
+from notebookos.local_scheduler.service import LocalSchedulerService
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto.convert import resource_spec_to_proto

@@ -21,9 +21,8 @@ class Cluster:
 
 
 def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2) -> tuple[Cluster, Supervisor]:
-    from notebookos.provisioner.kernelspecs import install_kernelspecs
-
     from notebookos.commands.up_cmd import start_schedulers
+    from notebookos.provisioner.kernelspecs import install_kernelspecs
 
     install_kernelspecs(prefix=sys.prefix)
     config = load_config(env={}, overrides={

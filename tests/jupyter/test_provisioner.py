@@ -17,10 +17,10 @@ import grpc
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
-from notebookos.provisioner.kernelspecs import kernelspec, kernelspec_name
-from notebookos.provisioner.provisioner import NotebookOSProvisioner
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.provisioner.kernelspecs import kernelspec, kernelspec_name
+from notebookos.provisioner.provisioner import NotebookOSProvisioner
 
 ALIVE, DEAD = common_pb2.REPLICA_STATE_IDLE, common_pb2.REPLICA_STATE_DEAD
 

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
+
 from notebookos.kernel.ast_effects import CellEffects, analyze_cell
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+
 from notebookos.kernel.election import ElectionBook, Phase, choose_vote
 from notebookos.kernel.records import (
     LEAD,

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+
 from notebookos.kernel import gpu_binding
 from notebookos.kernel.gpu_binding import (
     assigned_device,

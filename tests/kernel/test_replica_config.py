@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from notebookos.kernel.app import argv_with_env
 from notebookos.kernel.peers import parse_peers
 from notebookos.kernel.raft_log import raft_password

@@ -14,6 +14,7 @@ import pytest
 import zmq
 from harness import ReplicaGroup
 from jupyter_client.session import Session
+
 from notebookos.kernel.replies import ALL_YIELDED
 
 

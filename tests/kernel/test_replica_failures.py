@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness import ReplicaGroup
+
 from notebookos.kernel.replies import EXECUTOR_FAILED
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from notebookos.kernel.ast_effects import CellEffects, analyze_cell
 from notebookos.kernel.sync_codec import (
     Checkpoint,
@@ -27,7 +28,6 @@ from notebookos.kernel.sync_codec import (
     restore_namespace,
     write_checkpoint,
 )
-
 from notebookos.store import KeyNotFound, LargeObjectStore, open_store
 
 torch = pytest.importorskip("torch")

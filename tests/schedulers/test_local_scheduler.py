@@ -11,10 +11,10 @@ import uuid
 
 import grpc
 import pytest
-from notebookos.global_scheduler.front import ReplicaEndpoint
-from notebookos.global_scheduler.readiness import wait_until_ready
 from sched_cluster import make_cluster_fixture  # noqa: F401 - fixture
 
+from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.readiness import wait_until_ready
 from notebookos.proto import common_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 
