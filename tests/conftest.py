@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -33,40 +30,6 @@ def service_missing(reason: str) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"required service missing (NOTEBOOKOS_REQUIRE_SERVICES=1): {reason}")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            return False
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.1)
-    return False
-
-
-def kill_group(proc: subprocess.Popen, timeout: float = 5.0) -> None:
-    """Terminate a process started with start_new_session=True and everything it spawned."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,26 +27,7 @@ from typing import Any
 from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def kill_group(proc: subprocess.Popen, timeout: float = 5.0) -> None:
-    """SIGTERM the process group of ``proc`` (started with start_new_session), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=timeout)
+from notebookos.testing.processes import free_port, kill_group
 
 REPLICA_ARGS = ["--HistoryManager.enabled=False", "--IPKernelApp.log_level=INFO"]
 
