@@ -1,1 +1,21 @@
-"""The distributed kernel replica: an ipykernel subclass with Raft, executor election, state sync."""
+"""The distributed kernel replica: an ipykernel subclass with Raft, executor election, state sync.
+
+For notebook code: ``notebookos.kernel.assigned_gpus()`` gives the GPU device ids bound for the
+running cell and ``notebookos.kernel.assigned_device()`` the torch device the notebook's state was
+moved to (see docs/state-sync.md). They are loaded on first use, so importing this package stays
+cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_USER_API = ("assigned_gpus", "assigned_device")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _USER_API:
+        from notebookos.kernel import gpu_binding
+
+        return getattr(gpu_binding, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

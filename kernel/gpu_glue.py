@@ -10,6 +10,7 @@ are virtual and nothing moves.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -73,7 +74,15 @@ class GpuGlue:
         gpu_binding.set_assigned_gpus(ids)
         self._moved = False
         if ids and gpu_binding.cuda_available():
-            moved = gpu_binding.move_namespace_to_device(namespace, f"cuda:{ids[0]}")
+            try:
+                moved = gpu_binding.move_namespace_to_device(namespace, f"cuda:{ids[0]}")
+            except Exception as exc:  # noqa: BLE001 - an invisible device, CUDA out of memory
+                # The move puts back what it had moved before raising; the cell still runs.
+                self.log.error("could not bind GPUs %s: %s", ids, exc)
+                print(f"NotebookOS warning: could not move this notebook's torch state to "
+                      f"cuda:{ids[0]} ({type(exc).__name__}: {exc}); it stays in host memory "
+                      "for this cell.", file=sys.stderr)
+                return
             self._moved = True
             self.log.info("bound GPUs %s: moved %d objects to cuda:%d", ids, moved, ids[0])
 
