@@ -21,7 +21,20 @@ log = logging.getLogger(__name__)
 
 
 class ExecutionMixin:
+    def _wait_for_replicas(self, kernel_id: str) -> None:
+        """A cell that arrives while the kernel has no replica because it is being rebuilt or
+        its replacements are starting waits for them (up to the replica start timeout) instead
+        of failing at once."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            with self.lock:
+                entry = self.kernels.get(kernel_id)
+                if entry is None or entry.replicas or entry.state in ("stopping", "failed"):
+                    return
+            self._stop.wait(0.1)
+
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        self._wait_for_replicas(kernel_id)
         with self.lock:
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)

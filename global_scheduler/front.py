@@ -124,6 +124,13 @@ class KernelFront:
         self._aliases: OrderedDict[str, dict] = OrderedDict()  # resubmitted id -> client header
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._stop = threading.Event()
+        # Shell requests wait (briefly) until a client has subscribed to IOPub: after a restart
+        # the front's XPUB is new, and what it publishes before the client's SUB reconnects is
+        # lost (ZMQ's slow joiner), so the client would wait forever for the cell's idle.
+        self._iopub_subscribed = False
+        self._deferred: list[tuple[str, list[bytes]]] = []
+        self._subscription_wait_s = 3.0
+        self._bound_at = time.monotonic()
         self._thread: threading.Thread | None = None
         self.preferred_replica: int | None = None
         self._bind(ports or {})
@@ -217,7 +224,7 @@ class KernelFront:
             self._apply_commands()
             poller = zmq.Poller()
             poller_sockets.clear()
-            for name in ("shell", "control", "stdin", "hb"):
+            for name in ("shell", "control", "stdin", "hb", "iopub"):
                 poller.register(self._sockets[name], zmq.POLLIN)
                 poller_sockets[self._sockets[name]] = (name, None)
             for rid, r in self._replicas.items():
@@ -229,6 +236,7 @@ class KernelFront:
                 events = poller.poll(50)
             except zmq.ZMQError:
                 continue
+            self._release_deferred()
             for sock, _ in events:
                 name, rid = poller_sockets[sock]
                 try:
@@ -245,6 +253,23 @@ class KernelFront:
                     self.malformed += 1
                     log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
 
+    def _must_defer(self) -> bool:
+        if self._iopub_subscribed:
+            return False
+        return time.monotonic() - self._bound_at < self._subscription_wait_s
+
+    def _release_deferred(self) -> None:
+        if not self._deferred or self._must_defer():
+            return
+        deferred, self._deferred = self._deferred, []
+        for name, frames in deferred:
+            try:
+                self._from_client(name, frames)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
+                self.malformed += 1
+                log.exception("kernel %s: dropping a deferred message on %s", self.kernel_id,
+                              name)
+
     def _apply_commands(self) -> None:
         while True:
             try:
@@ -255,6 +280,12 @@ class KernelFront:
     def _dispatch(self, name: str, rid: int | None, frames: list[bytes]) -> None:
         if name == "hb":
             self._sockets["hb"].send_multipart(frames)
+        elif name == "iopub":  # XPUB: (un)subscription frames from clients
+            if frames and frames[0][:1] == b"\x01":
+                self._iopub_subscribed = True
+                self._release_deferred()
+        elif name == "shell" and self._must_defer():
+            self._deferred.append((name, frames))
         elif name in ("shell", "control", "stdin"):
             self._from_client(name, frames)
         elif name == "replica-iopub":

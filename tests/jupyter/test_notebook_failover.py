@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import grpc
 import nbformat
 from nbclient import NotebookClient
 
-from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 
+LIVE = (common_pb2.REPLICA_STATE_IDLE, common_pb2.REPLICA_STATE_STANDBY,
+        common_pb2.REPLICA_STATE_EXECUTING)
 CELLS = [
     "import math\nhistory = []",
     "def step(x):\n    history.append(x)\n    return x * 2",
@@ -36,11 +39,20 @@ def outputs_of(nb: nbformat.NotebookNode) -> list[list[dict]]:
             for cell in nb.cells]
 
 
-def executor_pid(address: str, kernel_id: str) -> int:
+def executor_pid(address: str, kernel_id: str, timeout: float = 60) -> int:
+    """The executor's pid, once the kernel has all three replicas again: this test is about one
+    replica dying at a time (losing two at once is a checkpoint rebuild, tested elsewhere)."""
+    deadline = time.monotonic() + timeout
     with grpc.insecure_channel(address) as channel:
         stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
-        status = stub.GetKernelStatus(
-            global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
+        while True:
+            status = stub.GetKernelStatus(
+                global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
+            live = [r for r in status.replicas if r.state in LIVE and r.pid]
+            if len(live) == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert len(live) == 3, f"the kernel did not get back to 3 replicas: {status}"
     (executor,) = [r for r in status.replicas if r.executor]
     assert executor.pid > 0
     return executor.pid
