@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
-from notebookos.cluster import Cluster, Host
-from notebookos.policies.base import ContainerLifetime, GpuBinding, Policy
-from notebookos.policies.reservation import best_fit_hosts
-from notebookos.resources import ResourceSpec
+from notebookos.policies.base import ContainerLifetime, GpuBinding
+from notebookos.policies.best_fit import BestFitPolicy
 
 
-class LCPPolicy(Policy):
+class LCPPolicy(BestFitPolicy):
     name: ClassVar[str] = "lcp"
     replicas_per_kernel: ClassVar[int] = 1
     gpu_binding: ClassVar[GpuBinding] = GpuBinding.CELL
@@ -31,13 +28,3 @@ class LCPPolicy(Policy):
         if warm_containers_per_host < 0:
             raise ValueError(f"warm_containers_per_host={warm_containers_per_host!r} must be >= 0")
         self.warm_containers_per_host = int(warm_containers_per_host)
-
-    def choose_hosts(
-        self,
-        cluster: Cluster,
-        request: ResourceSpec,
-        count: int | None = None,
-        exclude: Sequence[str] = (),
-    ) -> list[Host] | None:
-        """Best fit among hosts that can bind the task's GPUs now."""
-        return best_fit_hosts(self, cluster, request, count, exclude)
