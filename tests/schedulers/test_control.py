@@ -25,6 +25,19 @@ def _wait_reply(kc, msg_id: str, timeout: float = 30):  # noqa: ANN001, ANN202
     raise AssertionError("no reply")
 
 
+def _wait_started(kc, msg_id: str, timeout: float = 30) -> None:  # noqa: ANN001
+    """Wait for the cell's execute_input: the user code runs from here on. (GPUs are committed
+    earlier, before the replicas' election, and an interrupt then would find no running cell.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if (msg["msg_type"] == "execute_input"
+                and msg["parent_header"].get("msg_id") == msg_id):
+            time.sleep(0.2)  # into the loop of the cell
+            return
+    raise AssertionError("the cell never started")
+
+
 def test_interrupts_reach_the_executor_and_stop_kernel_cleans_up(make_cluster):
     cluster = make_cluster()
     cluster.start_gs()
@@ -37,6 +50,7 @@ def test_interrupts_reach_the_executor_and_stop_kernel_cleans_up(make_cluster):
     # interrupt_request on the front's control channel
     msg_id = kc.execute("import time\nfor _ in range(600): time.sleep(0.1)")
     cluster.wait(lambda: cluster.status().gpus_committed == 1, 20, "the cell running")
+    _wait_started(kc, msg_id)
     started = time.monotonic()
     kc.control_channel.send(kc.session.msg("interrupt_request", {}))
     reply = _wait_reply(kc, msg_id)
@@ -48,6 +62,7 @@ def test_interrupts_reach_the_executor_and_stop_kernel_cleans_up(make_cluster):
     # the InterruptKernel RPC (SIGINT to the executor through its Local Scheduler)
     msg_id = kc.execute("import time\nfor _ in range(600): time.sleep(0.1)")
     cluster.wait(lambda: cluster.status().gpus_committed == 1, 20, "the cell running")
+    _wait_started(kc, msg_id)
     answer = cluster.stub.InterruptKernel(
         global_scheduler_pb2.InterruptKernelRequest(kernel_id=kernel_id), timeout=10)
     assert answer.cell_was_running
