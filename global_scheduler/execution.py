@@ -68,16 +68,8 @@ class ExecutionMixin:
                 reasons.append(f"host {host_id}: {resp.reason}")
                 continue
             with self.lock:
-                host = self.cluster.hosts.get(host_id)
-                replica = kernel.replicas.get(rid)
-                if host is not None and replica is not None:
-                    try:
-                        host.commit(replica.owner, request, list(resp.device_ids))
-                    except AccountingError as exc:
-                        log.warning("accounting differs from host %s: %s", host_id, exc)
-                kernel.executor = rid
-                entry.executions[msg_id] = (rid, host_id)
-                entry.last_cell_gpus[rid] = list(resp.device_ids)
+                self._record_commit(entry, kernel, msg_id, rid, host_id, request,
+                                    list(resp.device_ids))
             return rid, list(resp.device_ids)
         why = ("; ".join(reasons) if reasons else "the kernel has no replica to run the cell")
         if not self.policy.supports_migration or not reasons:
@@ -115,21 +107,29 @@ class ExecutionMixin:
             with self.lock:
                 entry = self.kernels.get(kernel_id)
                 kernel = self.cluster.kernels.get(kernel_id)
-                host = self.cluster.hosts.get(host_id)
                 if entry is None or kernel is None:
                     raise PlacementFailed(f"kernel {kernel_id} was stopped during migration")
-                if host is not None and rid in kernel.replicas:
-                    try:
-                        host.commit(kernel.replicas[rid].owner, request, list(resp.device_ids))
-                    except AccountingError as exc:
-                        log.warning("accounting differs from host %s: %s", host_id, exc)
-                kernel.executor = rid
-                entry.executions[msg_id] = (rid, host_id)
-                entry.last_cell_gpus[rid] = list(resp.device_ids)
+                self._record_commit(entry, kernel, msg_id, rid, host_id, request,
+                                    list(resp.device_ids))
             return rid, list(resp.device_ids)
         raise PlacementFailed(
             f"every replica's host is busy ({why}) and migrating a replica failed after "
             f"{attempts} attempt(s): {last}")
+
+    def _record_commit(self, entry: KernelEntry, kernel, msg_id: str, rid: int,  # noqa: ANN001
+                       host_id: str, request: ResourceSpec, device_ids: list[int]) -> None:
+        """A Local Scheduler committed GPUs for ``rid``: mirror it in the cluster model and
+        remember the executor and the cell's GPUs. Called with the lock held."""
+        host = self.cluster.hosts.get(host_id)
+        replica = kernel.replicas.get(rid)
+        if host is not None and replica is not None:
+            try:
+                host.commit(replica.owner, request, device_ids)
+            except AccountingError as exc:
+                log.warning("accounting differs from host %s: %s", host_id, exc)
+        kernel.executor = rid
+        entry.executions[msg_id] = (rid, host_id)
+        entry.last_cell_gpus[rid] = device_ids
 
     def _executor_order(self, kernel, request: ResourceSpec) -> list[int]:  # noqa: ANN001
         decision = self.policy.choose_executor(self.cluster, kernel, request)
