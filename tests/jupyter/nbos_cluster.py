@@ -3,12 +3,17 @@ them) for the Jupyter-side tests."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from notebookos.config import load_config
+from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.supervisor import Supervisor
 from notebookos.testing.processes import free_port
 
@@ -39,3 +44,34 @@ def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2) -> tuple[Cl
     assert env is not None
     address = f"127.0.0.1:{config.global_scheduler.grpc_port}"
     return Cluster(address, env, workdir), supervisor
+
+
+def replica_pids(address: str, kernel_id: str) -> list[int] | None:
+    """Pids of the kernel's replicas; None once the scheduler has stopped or forgotten it."""
+    with grpc.insecure_channel(address) as channel:
+        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+        try:
+            status = stub.GetKernelStatus(
+                global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+    if status.state == common_pb2.KERNEL_STATE_STOPPED:
+        return None
+    return [r.pid for r in status.replicas if r.pid]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]

@@ -9,26 +9,11 @@ import sys
 import time
 import uuid
 
-import grpc
-from nbos_cluster import Cluster
+from nbos_cluster import Cluster, replica_pids, wait_gone
 from tornado.httpclient import AsyncHTTPClient
 from wsclient import run_cells, start_kernel
 
-from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.testing.processes import free_port, kill_group, wait_for_port
-
-
-def kernel_state(address: str, kernel_id: str) -> tuple[int, list[int]] | None:
-    with grpc.insecure_channel(address) as channel:
-        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
-        try:
-            status = stub.GetKernelStatus(
-                global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
-    return status.state, [r.pid for r in status.replicas if r.pid]
 
 
 def test_culler_stops_every_replica(nbos_cluster: Cluster) -> None:
@@ -49,9 +34,8 @@ def test_culler_stops_every_replica(nbos_cluster: Cluster) -> None:
         kernel = asyncio.run(start_kernel(port, token, "notebookos"))
         results = asyncio.run(run_cells(port, token, kernel["id"], ["z = 1"]))
         assert results[0]["reply"]["status"] == "ok"
-        state = kernel_state(nbos_cluster.address, kernel["id"])
-        assert state is not None and len(state[1]) == 3
-        pids = state[1]
+        pids = replica_pids(nbos_cluster.address, kernel["id"])
+        assert pids is not None and len(pids) == 3
 
         async def listed() -> list[str]:
             resp = await AsyncHTTPClient().fetch(
@@ -62,21 +46,9 @@ def test_culler_stops_every_replica(nbos_cluster: Cluster) -> None:
         while time.monotonic() < deadline and kernel["id"] in asyncio.run(listed()):
             time.sleep(0.5)
         assert kernel["id"] not in asyncio.run(listed()), "the culler did not cull the kernel"
-        after = kernel_state(nbos_cluster.address, kernel["id"])
-        assert after is None or after[0] == common_pb2.KERNEL_STATE_STOPPED
-        deadline = time.monotonic() + 20
-        alive = pids
-        while alive and time.monotonic() < deadline:
-            alive = [p for p in pids if _alive(p)]
-            time.sleep(0.2)
+        assert replica_pids(nbos_cluster.address, kernel["id"]) is None
+        alive = wait_gone(pids)
         assert alive == [], f"replicas {alive} outlived the culled kernel"
     finally:
         kill_group(server)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False

@@ -5,46 +5,11 @@ kernel from the saved provisioner info (what a restarted Jupyter Server does).""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
-import grpc
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
-from nbos_cluster import Cluster
-
-from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
-
-
-def replica_pids(address: str, kernel_id: str) -> list[int] | None:
-    """Pids of the kernel's replicas; None once the scheduler has stopped or forgotten it."""
-    with grpc.insecure_channel(address) as channel:
-        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
-        try:
-            status = stub.GetKernelStatus(
-                global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
-    if status.state == common_pb2.KERNEL_STATE_STOPPED:
-        return None
-    return [r.pid for r in status.replicas if r.pid]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.2)
-    return [p for p in pids if alive(p)]
+from nbos_cluster import Cluster, replica_pids, wait_gone
 
 
 async def execute(km: AsyncKernelManager, code: str, timeout: float = 60) -> dict:
