@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -188,7 +189,8 @@ class ReplicaKernel(IPythonKernel):
     async def do_shutdown(self, restart: bool) -> dict:
         self.raft.close()
         self.sync.close()
-        return await super().do_shutdown(restart)
+        result = super().do_shutdown(restart)  # a dict in ipykernel 7, awaitable in others
+        return await result if inspect.isawaitable(result) else result
 
     # ---- commits (pysyncobj tick thread) ------------------------------------------------------
     def _on_commit(self, record: Record, applied: Applied) -> None:
@@ -469,6 +471,14 @@ class ReplicaKernel(IPythonKernel):
                 pass
 
     # ---- shell handlers ----------------------------------------------------------------------
+    def _publish_status(self, status, channel, parent=None) -> None:  # noqa: ANN001
+        """No busy/idle for a ``yield_request``: a standby's part in a cell is internal to the
+        group, and the scheduler forwards only the executor's IOPub (one busy, one idle)."""
+        parent = parent or self.get_parent(channel)
+        if (parent or {}).get("header", {}).get("msg_type") == "yield_request":
+            return
+        super()._publish_status(status, channel, parent)
+
     async def execute_request(self, stream, ident, parent) -> None:  # noqa: D401
         await self._elected_request(stream, ident, parent, lead=True)
 
@@ -596,7 +606,9 @@ class ReplicaKernel(IPythonKernel):
         )
 
     async def _sync_after_cell(self, parent, election: Election, code: str, status: str) -> None:
-        """Encode what the cell changed, warn about what cannot be synced, propose COMPLETION."""
+        """Encode what the cell changed, warn about what cannot be synced, propose COMPLETION and
+        wait for its commit: ``idle`` then means the cell's state survives the loss of any one
+        replica. A full checkpoint follows the commit, off the kernel's loop."""
         self._synced.add(election.election_id)
         update_bytes, warnings = await self.sync.encode_cell(self.shell, code)
         for warning in warnings:
@@ -607,10 +619,17 @@ class ReplicaKernel(IPythonKernel):
                 parent=parent,
                 ident=self._topic("stream"),
             )
-        done = asyncio.get_running_loop().create_future()
         loop = asyncio.get_running_loop()
+        done = loop.create_future()
 
-        def committed(ok: bool, reason: str) -> None:
+        def committed(ok: bool, reason: str) -> None:  # on pysyncobj's thread
+            if ok:  # a cell that changed nothing needs no checkpoint soon: the store has it
+                checkpoint = (self.sync.checkpoint_in_background if update_bytes is not None
+                              else self.sync.checkpoint_later)
+                checkpoint(
+                    election.execution_count,
+                    lambda count: self.raft.propose(Checkpointed(count, election.election_id)),
+                )
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((ok, reason)))
 
         self.raft.propose(
@@ -622,13 +641,6 @@ class ReplicaKernel(IPythonKernel):
         ok, reason = await done
         if not ok:
             self.log.error("COMPLETION of %s did not commit: %s", election.election_id, reason)
-            return
-        self.sync.checkpoint_in_background(
-            election.execution_count,
-            on_done=lambda: self.raft.propose(
-                Checkpointed(election.execution_count, election.election_id)
-            ),
-        )
 
     def _send_execute_reply(self, stream, ident, parent, reply_and_metadata) -> None:
         content, metadata = reply_and_metadata

@@ -31,6 +31,11 @@ class StateSync:
         self._encoder = None
         self._applier = None
         self._checkpoint_lock = threading.Lock()
+        self._checkpoint_wanted = 0  # the execution_count the next checkpoint must cover
+        self._checkpoint_written = -1
+        self._checkpoint_running = False
+        self._checkpoint_on_done: Callable[[int], None] | None = None
+        self._checkpoint_timer: threading.Timer | None = None
         if not store_url:
             self.disabled_reason = "the replica was started without --store-url"
             return
@@ -68,10 +73,15 @@ class StateSync:
         effects = analyze_cell(source)
         encoder = self._encoder
         try:
-            update = await asyncio.to_thread(encoder.encode, shell.user_ns, effects)
+            if effects.rescan or encoder.candidate_names(shell.user_ns, effects):
+                update = await asyncio.to_thread(encoder.encode, shell.user_ns, effects)
+            else:  # the cell touched no name (``1+1``, ``print(3)``): nothing to pickle
+                update = encoder.encode(shell.user_ns, effects)
         except Exception as exc:  # noqa: BLE001 - never hang or crash the kernel on sync
             self.log.exception("state sync failed")
             return None, [f"state sync failed, standbys lack this cell's changes: {exc}"]
+        if not update.entries and not update.warnings:
+            return None, []  # no update: standbys have nothing to apply
         return update.to_bytes(), list(update.warnings)
 
     def prefetch(self, update: bytes) -> None:
@@ -104,24 +114,75 @@ class StateSync:
             return False
         return all(e.store_key is None and not e.tensors for e in parsed.entries)
 
-    def checkpoint_in_background(self, execution_count: int, on_done: Callable[[], None]) -> None:
-        """Write a full checkpoint of the synced namespace, then call ``on_done``."""
+    def checkpoint_in_background(
+        self, execution_count: int, on_done: Callable[[int], None]
+    ) -> None:
+        """Write a full checkpoint of the synced namespace, then call ``on_done(count)``.
+
+        Coalesced: while one checkpoint is being written, further requests only raise the count
+        wanted, and one more checkpoint (of the latest state) follows. Quick cells thus cost one
+        write per write time rather than one per cell, and the store always ends up holding the
+        state after the last completed cell.
+        """
         if self._encoder is None or self.store is None:
             return
+        with self._checkpoint_lock:
+            self._checkpoint_wanted = max(self._checkpoint_wanted, execution_count)
+            self._checkpoint_on_done = on_done
+            if self._checkpoint_running:
+                return
+            self._checkpoint_running = True
+        threading.Thread(target=self._write_checkpoints, name="notebookos-checkpoint",
+                         daemon=True).start()
 
-        def write() -> None:
-            from .sync_codec import write_checkpoint
+    def checkpoint_later(
+        self, execution_count: int, on_done: Callable[[int], None], delay_s: float = 2.0
+    ) -> None:
+        """Like ``checkpoint_in_background`` after ``delay_s``, for a cell that changed nothing:
+        the store holds its state already, only the checkpoint's cell number lags (at most
+        ``delay_s``). A cell that changes state checkpoints at once and covers this one."""
+        if self._encoder is None or self.store is None:
+            return
+        with self._checkpoint_lock:
+            self._checkpoint_wanted = max(self._checkpoint_wanted, execution_count)
+            self._checkpoint_on_done = on_done
+            if self._checkpoint_timer is not None or self._checkpoint_running:
+                return
+            timer = threading.Timer(delay_s, self._checkpoint_timer_fired)
+            timer.daemon = True
+            self._checkpoint_timer = timer
+        timer.start()
 
+    def _checkpoint_timer_fired(self) -> None:
+        with self._checkpoint_lock:
+            self._checkpoint_timer = None
+            on_done = self._checkpoint_on_done
+        if on_done is not None:
+            self.checkpoint_in_background(0, on_done)
+
+    def _write_checkpoints(self) -> None:
+        from .sync_codec import write_checkpoint
+
+        while True:
             with self._checkpoint_lock:
-                try:
-                    entries = self._encoder.snapshot_entries()
-                    write_checkpoint(self.store, self.kernel_id, entries, execution_count)
-                except Exception:  # noqa: BLE001 - next cell's checkpoint retries
-                    self.log.exception("checkpoint after cell %d failed", execution_count)
+                count, on_done = self._checkpoint_wanted, self._checkpoint_on_done
+                if count <= self._checkpoint_written or on_done is None:
+                    self._checkpoint_running = False
                     return
-            on_done()
-
-        threading.Thread(target=write, name="notebookos-checkpoint", daemon=True).start()
+            try:
+                entries = self._encoder.snapshot_entries()
+                write_checkpoint(self.store, self.kernel_id, entries, count)
+            except Exception:  # noqa: BLE001 - the next cell's checkpoint retries
+                self.log.exception("checkpoint after cell %d failed", count)
+                with self._checkpoint_lock:
+                    self._checkpoint_running = False
+                return
+            with self._checkpoint_lock:
+                self._checkpoint_written = count
+            try:
+                on_done(count)
+            except Exception:  # noqa: BLE001
+                self.log.exception("after the checkpoint of cell %d", count)
 
     def restore_checkpoint(self, namespace: MutableMapping[str, Any]) -> tuple[int, list[str]]:
         """Load the store's checkpoint into ``namespace``.
@@ -137,6 +198,10 @@ class StateSync:
         return int(checkpoint.execution_count), failed
 
     def close(self) -> None:
+        with self._checkpoint_lock:
+            timer, self._checkpoint_timer = self._checkpoint_timer, None
+        if timer is not None:
+            timer.cancel()
         if self._applier is not None:
             self._applier.close()
         if self.store is not None:

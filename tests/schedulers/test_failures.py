@@ -114,9 +114,29 @@ def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_o
 
 
 
+def _wait_checkpointed(kc, execution_count: int, timeout: float = 20) -> None:  # noqa: ANN001
+    """Until the group's store checkpoint covers ``execution_count`` (it is written after the
+    cell's Completion commits, off the cell's critical path: ``idle`` does not wait for it)."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        request = kc.session.msg("replica_status_request", {})
+        kc.control_channel.send(request)
+        reply = kc.get_control_msg(timeout=10)
+        if reply["parent_header"].get("msg_id") != request["header"]["msg_id"]:
+            continue
+        seen = reply["content"].get("checkpoint_count")
+        if seen is not None and seen >= execution_count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint of cell {execution_count} (last seen: {seen})")
+
+
 def test_losing_the_majority_rebuilds_the_kernel_from_its_last_checkpoint(make_cluster):
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
-    assert run_cell(kc, "data['e'] = 5")["reply"]["content"]["status"] == "ok"
+    cell = run_cell(kc, "data['e'] = 5")
+    assert cell["reply"]["content"]["status"] == "ok"
+    _wait_checkpointed(kc, cell["reply"]["content"]["execution_count"])
     before = _replicas(cluster, kernel_id)
     for rid in sorted(before)[:2]:
         os.kill(before[rid][1], signal.SIGKILL)

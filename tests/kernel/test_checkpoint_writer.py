@@ -1,0 +1,62 @@
+"""The replica's checkpoint writer (``kernel/state_sync.StateSync``) on a real file store:
+coalesced writes, the deferred checkpoint of a cell that changed nothing, and what ends up in
+the store."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from notebookos.kernel.state_sync import StateSync
+from notebookos.kernel.sync_codec import read_checkpoint
+from notebookos.store import open_store
+
+KEY = b"k" * 32
+
+
+def _sync(tmp_path: Path) -> StateSync:
+    return StateSync(f"file://{tmp_path}/store", KEY, "kern", 1 << 20, logging.getLogger("t"))
+
+
+def _wait(predicate, timeout: float = 10) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_burst_of_cells_is_coalesced_and_the_last_count_is_stored(tmp_path):
+    sync = _sync(tmp_path)
+    written: list[int] = []
+    lock = threading.Lock()
+
+    def done(count: int) -> None:
+        with lock:
+            written.append(count)
+
+    for count in range(1, 51):
+        sync.checkpoint_in_background(count, done)
+    _wait(lambda: written and written[-1] == 50)
+    assert written == sorted(written) and len(written) < 50, written  # fewer writes than cells
+    store = open_store(f"file://{tmp_path}/store", KEY)
+    assert read_checkpoint(store, "kern").execution_count == 50
+    sync.close()
+
+
+def test_a_cell_that_changed_nothing_is_checkpointed_later_unless_another_cell_covers_it(tmp_path):
+    sync = _sync(tmp_path)
+    written: list[int] = []
+    sync.checkpoint_later(3, written.append, delay_s=0.3)
+    time.sleep(0.1)
+    assert written == []  # not yet
+    _wait(lambda: written == [3])
+    # a state-changing cell writes at once and covers a pending deferred one
+    sync.checkpoint_later(4, written.append, delay_s=5)
+    sync.checkpoint_in_background(5, written.append)
+    _wait(lambda: written[-1] == 5)
+    assert 4 not in written
+    sync.close()  # cancels the timer
+    time.sleep(0.1)
+    assert written == [3, 5]
