@@ -58,6 +58,7 @@ class ExecutionMixin:
             if link is None:
                 continue
             try:
+                link.wait_for_releases()  # the previous cell's GPUs first
                 resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
                     kernel_id=kernel_id, replica_id=rid, request_id=msg_id, gpus=request.gpus),
                     timeout=5)
@@ -95,6 +96,7 @@ class ExecutionMixin:
             if link is None:
                 continue
             try:
+                link.wait_for_releases()
                 resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
                     kernel_id=kernel_id, replica_id=rid, request_id=msg_id, gpus=request.gpus),
                     timeout=5)
@@ -158,13 +160,9 @@ class ExecutionMixin:
                     and host.commitment_of(replica.owner) is not None:
                 host.release(replica.owner)
             link = self.hosts.get(host_id)
-        if link is not None:
-            try:
-                link.stub.ReleaseGpus(local_scheduler_pb2.ReleaseGpusRequest(
-                    kernel_id=kernel_id, replica_id=rid, request_id=msg_id), timeout=5)
-            except grpc.RpcError as exc:
-                log.warning("release of GPUs for %s on %s failed: %s", msg_id, host_id,
-                            exc.details())
+        if link is not None:  # not waited for: the front forwards the idle meanwhile
+            link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+                kernel_id=kernel_id, replica_id=rid, request_id=msg_id))
 
     def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -9,7 +10,10 @@ from typing import Any
 
 import grpc
 
+from notebookos.proto import local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -25,6 +29,7 @@ class HostLink:
     _stub: ls_grpc.LocalSchedulerStub | None = None
     _channel: grpc.Channel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _releases: list[grpc.Future] = field(default_factory=list)
 
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:
@@ -33,6 +38,33 @@ class HostLink:
                 self._channel = grpc.insecure_channel(self.address)
                 self._stub = ls_grpc.LocalSchedulerStub(self._channel)
             return self._stub
+
+    def release_gpus_async(self, request: local_scheduler_pb2.ReleaseGpusRequest) -> None:
+        """Release a cell's GPUs without waiting for the reply (it is off the cell's critical
+        path); ``wait_for_releases`` orders the next commit on this host after it."""
+        future = self.stub.ReleaseGpus.future(request, timeout=5)
+        future.add_done_callback(self._report_release)
+        with self._lock:
+            self._releases = [f for f in self._releases if not f.done()]
+            self._releases.append(future)
+
+    def _report_release(self, future: grpc.Future) -> None:
+        try:
+            future.result()
+        except grpc.RpcError as exc:
+            log.warning("release of GPUs on %s failed: %s", self.host_id, exc.details())
+        except Exception as exc:  # noqa: BLE001 - cancelled at shutdown
+            log.info("release of GPUs on %s did not finish: %s", self.host_id, exc)
+
+    def wait_for_releases(self, timeout: float = 5.0) -> None:
+        """Wait until every release sent to this host so far has been answered (or failed)."""
+        with self._lock:
+            pending, self._releases = self._releases, []
+        for future in pending:
+            try:
+                future.result(timeout=timeout)
+            except Exception:  # noqa: BLE001 - reported by _report_release
+                pass
 
     @property
     def ip(self) -> str:
