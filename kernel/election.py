@@ -93,6 +93,9 @@ class ElectionBook:
         self.last_executor: int | None = None
         self.elections: dict[str, Election] = {}
         self.order: list[str] = []  # election ids in term order
+        # ids of the elections not settled yet, in term order: the replica asks for them on every
+        # wake-up, and a long session's ``order`` holds up to ``max_elections`` settled ones
+        self.open_ids: dict[str, None] = {}
         self.checkpoint_count = 0  # execution_count covered by the latest store checkpoint
         # sync updates after the latest checkpoint, in order: (execution_count, election_id, bytes)
         self.updates: list[tuple[int, str, bytes]] = []
@@ -106,7 +109,7 @@ class ElectionBook:
         return self.elections.get(election_id)
 
     def open_elections(self) -> list[Election]:
-        return [e for e in (self.elections[i] for i in self.order) if not e.phase.settled]
+        return [self.elections[i] for i in self.open_ids]
 
     # ---- the transition function ----------------------------------------------------------
     def apply(self, record: Record) -> Applied:
@@ -145,6 +148,7 @@ class ElectionBook:
             election = Election(election_id=election_id, term=self.term, silent=silent)
             self.elections[election_id] = election
             self.order.append(election_id)
+            self.open_ids[election_id] = None
             self._prune()
         return election
 
@@ -179,6 +183,7 @@ class ElectionBook:
         election.votes.append((voter, candidate))
         if candidate is None:
             election.phase = Phase.FAILED
+            self.open_ids.pop(election.election_id, None)
         else:
             election.phase = Phase.RUNNING
             election.executor = candidate
@@ -197,6 +202,7 @@ class ElectionBook:
         ):
             return Applied(election=election, ignored_completion=True)
         election.phase = Phase.COMPLETED
+        self.open_ids.pop(election.election_id, None)
         election.status = c.status
         if c.update is not None:
             self.updates.append((election.execution_count, election.election_id, c.update))
@@ -207,6 +213,7 @@ class ElectionBook:
         if election is None or election.phase is not Phase.RUNNING:
             return Applied(election=election)
         election.phase = Phase.ABORTED
+        self.open_ids.pop(election.election_id, None)
         election.abort_reason = a.reason
         election.status = "aborted"
         return Applied(election=election, aborted=True)

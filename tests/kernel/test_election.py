@@ -138,3 +138,25 @@ def test_replay_is_deterministic():
                Completion("a", 2, "ok", b"x"), Proposal("b", 1, YIELD), Vote("b", 1, None)]
     one, two = book_with(*records), book_with(*records)
     assert pickle.dumps(one.__dict__) == pickle.dumps(two.__dict__)
+
+
+def test_open_elections_are_exactly_the_unsettled_ones_in_term_order():
+    """``open_elections`` is asked on every wake-up; it tracks the open ones instead of scanning
+    every election of a long session, and must agree with that scan."""
+    book = ElectionBook(MEMBERS)
+    book.max_elections = 50
+    for i in range(200):
+        eid = f"c{i}"
+        book.apply(Proposal(eid, 1, LEAD))
+        book.apply(Vote(eid, 1, 1))
+        if i % 7 == 3:
+            book.apply(Abort(eid, 2, "gone"))
+        elif i % 5 != 4:  # every fifth cell stays running
+            book.apply(Completion(eid, 1, "ok"))
+        book.apply(Proposal(f"y{i}", 2, YIELD))
+        if i % 3 == 0:
+            book.apply(Vote(f"y{i}", 2, None))  # failed
+        scan = [book.elections[e] for e in book.order if not book.elections[e].phase.settled]
+        assert book.open_elections() == scan
+    assert all(not e.phase.settled for e in book.open_elections())
+    assert pickle.loads(pickle.dumps(book)).open_ids == book.open_ids
