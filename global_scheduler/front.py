@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -123,7 +122,9 @@ class KernelFront:
         self._iopub_source: OrderedDict[str, int] = OrderedDict()  # msg_id -> replica
         self._input_source: OrderedDict[str, int] = OrderedDict()  # input_request -> replica
         self._aliases: OrderedDict[str, dict] = OrderedDict()  # resubmitted id -> client header
-        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        # commands for the front's thread (deque: appends and pops are atomic, and an empty
+        # check costs nothing on the hot path, unlike Queue.get_nowait's exception)
+        self._commands: deque[Callable[[], None]] = deque()
         self._stop = threading.Event()
         # Shell requests wait (briefly) until a client has subscribed to IOPub: after a restart
         # the front's XPUB is new, and what it publishes before the client's SUB reconnects is
@@ -198,7 +199,7 @@ class KernelFront:
         if self._thread is None or not self._thread.is_alive():
             apply()
         else:
-            self._commands.put(apply)
+            self._commands.append(apply)
             if wait:
                 done.wait(timeout=5)
 
@@ -276,11 +277,8 @@ class KernelFront:
                               name)
 
     def _apply_commands(self) -> None:
-        while True:
-            try:
-                self._commands.get_nowait()()
-            except queue.Empty:
-                return
+        while self._commands:
+            self._commands.popleft()()
 
     def _dispatch(self, name: str, rid: int | None, frames: list[bytes]) -> None:
         if name == "hb":
@@ -383,7 +381,7 @@ class KernelFront:
         client_msg_id = msg["header"]["msg_id"]
         if msg_id != client_msg_id:
             self._remember(self._aliases, msg_id, msg["header"])
-        log.info("kernel %s: %s -> execute on replica %d (GPUs %s), yield on %s", self.kernel_id,
+        log.debug("kernel %s: %s -> execute on replica %d (GPUs %s), yield on %s", self.kernel_id,
                  msg_id[:8], executor, device_ids, sorted(set(self._replicas) - {executor}))
         self._pending[msg_id] = _Pending("shell", idents, "execute_request", executor,
                                          asked=set(self._replicas), client_msg=msg,

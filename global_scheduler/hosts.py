@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ class HostLink:
     _stub: ls_grpc.LocalSchedulerStub | None = None
     _channel: grpc.Channel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _releases: list[grpc.Future] = field(default_factory=list)
+    _releases: list[futures.Future] = field(default_factory=list)
 
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:
@@ -42,13 +43,13 @@ class HostLink:
     def release_gpus_async(self, request: local_scheduler_pb2.ReleaseGpusRequest) -> None:
         """Release a cell's GPUs without waiting for the reply (it is off the cell's critical
         path); ``wait_for_releases`` orders the next commit on this host after it."""
-        future = self.stub.ReleaseGpus.future(request, timeout=5)
+        future = _release_pool().submit(self.stub.ReleaseGpus, request, timeout=5)
         future.add_done_callback(self._report_release)
         with self._lock:
             self._releases = [f for f in self._releases if not f.done()]
             self._releases.append(future)
 
-    def _report_release(self, future: grpc.Future) -> None:
+    def _report_release(self, future: futures.Future) -> None:
         try:
             future.result()
         except grpc.RpcError as exc:
@@ -82,3 +83,16 @@ class HostLink:
                 "instance_id": self.instance_id, "gpus": self.gpus,
                 "virtual_gpus": self.virtual_gpus, "capacity": capacity,
                 "prewarm_pool_size": self.prewarm_pool_size}
+
+
+_POOL: futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _release_pool() -> futures.ThreadPoolExecutor:
+    """Threads that send GPU releases (a grpc future would start a thread per call)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="gs-release")
+        return _POOL
