@@ -6,7 +6,11 @@ Measures, in one run and with one client:
   NotebookOS's websocket fix (TCP_NODELAY, installed through jupyter_server_config.d);
 - ``stock_plain_p50_ms``: the same kernel on a stock server (the fix switched off);
 - ``nbos_p50_ms`` / ``nbos_p99_ms``: the ``notebookos`` kernel on the fixed server, when the
-  ``notebookos`` kernelspec is installed and its cluster is reachable (else ``null`` with a reason).
+  ``notebookos`` kernelspec is installed and its cluster is reachable (else ``null`` with a reason);
+- ``plain_cpu_ms_per_cell`` / ``nbos_cpu_ms_per_cell``: CPU time (user + system) spent per cell
+  by the plain kernel process, and by the whole NotebookOS cluster (Global Scheduler, Local
+  Schedulers, three replicas): a figure that, unlike latency on a shared 2-core machine, barely
+  moves with what else runs.
 
 A round trip is from sending ``execute_request`` on the websocket to receiving both its
 ``execute_reply`` and the ``status: idle`` that follows. Usage:
@@ -27,13 +31,15 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from notebookos.config import load_config
-from notebookos.supervisor import Supervisor
+from notebookos.supervisor import Supervisor, marked_processes
 
 STOCK_CLASS = "jupyter_server.services.kernels.connection.channels.ZMQChannelsWebsocketConnection"
 
@@ -101,7 +107,25 @@ class Server:
         self.log.close()
 
 
-async def measure(server: Server, kernel_name: str, cells: int, warmup: int = 10) -> list[float]:
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (those that exist)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def measure(server: Server, kernel_name: str, cells: int, warmup: int = 10,
+                  kernel_pids: Callable[[], list[int]] | None = None) -> tuple[list[float], float]:
+    """Round trips (ms) and the kernel side's CPU per cell (ms): the processes
+    ``kernel_pids`` names, by default the server's children (a plain kernel)."""
+    if kernel_pids is None:
+        def kernel_pids() -> list[int]:
+            return [c.pid for c in psutil.Process(server.proc.pid).children(recursive=True)]
     kernel_id = await server.start_kernel(kernel_name)
     session = uuid.uuid4().hex
     ws = await websocket_connect(
@@ -110,7 +134,12 @@ async def measure(server: Server, kernel_name: str, cells: int, warmup: int = 10
     )
     try:
         times = []
+        pids: list[int] = []
+        cpu_before = 0.0
         for i in range(warmup + cells):
+            if i == warmup:
+                pids = kernel_pids()
+                cpu_before = cpu_seconds(pids)
             msg_id = uuid.uuid4().hex
             msg = {
                 "header": {"msg_id": msg_id, "username": "bench", "session": session,
@@ -137,7 +166,7 @@ async def measure(server: Server, kernel_name: str, cells: int, warmup: int = 10
                     got_idle = True
             if i >= warmup:
                 times.append((time.perf_counter() - start) * 1000)
-        return times
+        return times, (cpu_seconds(pids) - cpu_before) * 1000 / cells
     finally:
         ws.close()
         await server.delete_kernel(kernel_id)
@@ -171,7 +200,8 @@ async def run(cells: int) -> dict:
         workdir = Path(tmp)
         supervisor, env = start_cluster(workdir)
         try:
-            await measure_servers(workdir, env, cells, result)
+            await measure_servers(workdir, env, cells, result,
+                                  lambda: marked_processes(supervisor.marker))
         finally:
             supervisor.stop()
     if result.get("stock_plain_p50_ms") and result.get("plain_p50_ms"):
@@ -181,23 +211,27 @@ async def run(cells: int) -> dict:
     return result
 
 
-async def measure_servers(workdir: Path, env: dict[str, str], cells: int, result: dict) -> None:
+async def measure_servers(workdir: Path, env: dict[str, str], cells: int, result: dict,
+                          cluster_pids: Callable[[], list[int]]) -> None:
     for stock in (False, True):
         server = Server(stock, workdir, env)
         try:
             await server.wait_ready()
-            plain = await measure(server, "python3", cells)
+            plain, plain_cpu = await measure(server, "python3", cells)
             if stock:
                 result["stock_plain_p50_ms"] = pct(plain, 0.5)
                 result["stock_plain_p99_ms"] = pct(plain, 0.99)
                 continue
             result["plain_p50_ms"] = pct(plain, 0.5)
             result["plain_p99_ms"] = pct(plain, 0.99)
+            result["plain_cpu_ms_per_cell"] = round(plain_cpu, 2)
             if "notebookos" in await server.kernelspecs():
                 try:
-                    nbos = await measure(server, "notebookos", cells)
+                    nbos, nbos_cpu = await measure(server, "notebookos", cells,
+                                                   kernel_pids=cluster_pids)
                     result["nbos_p50_ms"] = pct(nbos, 0.5)
                     result["nbos_p99_ms"] = pct(nbos, 0.99)
+                    result["nbos_cpu_ms_per_cell"] = round(nbos_cpu, 2)
                 except Exception as exc:  # noqa: BLE001 - report why, keep the baseline
                     result["nbos_p50_ms"] = result["nbos_p99_ms"] = None
                     result["nbos_skipped"] = f"notebookos kernel did not run: {exc}"
