@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import os
 
+import zmq
 from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
-from traitlets import Dict, Type
+from traitlets import Dict, Int, Type
 
+from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
+
+from .iopub import BufferedIOPubThread
 from .replica import ReplicaKernel
 
 ENV_OPTIONS = {
@@ -49,6 +53,8 @@ class ReplicaKernelApp(IPKernelApp):
         "election-timeout": "ReplicaKernel.election_timeout",
         "executor-dead-after": "ReplicaKernel.executor_dead_after",
         "raft-compaction-entries": "ReplicaKernel.raft_compaction_entries",
+        "iopub-backlog-messages": "ReplicaKernelApp.iopub_backlog_messages",
+        "iopub-backlog-bytes": "ReplicaKernelApp.iopub_backlog_bytes",
     })
     flags = Dict({
         **kernel_flags,
@@ -58,6 +64,33 @@ class ReplicaKernelApp(IPKernelApp):
             "Rebuild the namespace from the store's checkpoint.",
         ),
     })
+    iopub_backlog_messages = Int(
+        DEFAULT_MAX_MESSAGES,
+        help="IOPub messages kept while no scheduler subscribes (oldest dropped beyond).",
+    ).tag(config=True)
+    iopub_backlog_bytes = Int(
+        DEFAULT_MAX_BYTES, help="Bytes of IOPub messages kept while no scheduler subscribes."
+    ).tag(config=True)
+
+    def init_iopub(self, context: zmq.Context) -> None:
+        """ipykernel's XPUB, published by a ``BufferedIOPubThread`` (kernel/iopub.py) so nothing
+        is lost while the Global Scheduler is away."""
+        self.iopub_socket = context.socket(zmq.XPUB)
+        self.iopub_socket.linger = 1000
+        # A held backlog is sent in one burst on subscription: the send queue must take it all.
+        self.iopub_socket.sndhwm = max(1000, self.iopub_backlog_messages)
+        # A subscriber on a host that vanished (no FIN/RST) is dropped, so holding starts.
+        self.iopub_socket.heartbeat_ivl = 2000
+        self.iopub_socket.heartbeat_timeout = 6000
+        self._apply_curve_server_options(self.iopub_socket)
+        self.iopub_port = self._bind_socket(self.iopub_socket, self.iopub_port)
+        self.log.debug("iopub XPUB Channel on port: %i", self.iopub_port)
+        self.configure_tornado_logger()
+        self.iopub_thread = BufferedIOPubThread(
+            self.iopub_socket, pipe=True, session=self.session,
+            max_messages=self.iopub_backlog_messages, max_bytes=self.iopub_backlog_bytes)
+        self.iopub_thread.start()
+        self.iopub_socket = self.iopub_thread.background_socket
 
 
 def argv_with_env(argv: list[str], environ: dict[str, str] | None = None) -> list[str]:
