@@ -12,6 +12,12 @@ Routing (DESIGN section 3):
 - other shell requests go to one live replica; ``interrupt_request``/``shutdown_request`` on control
   go to every replica (first reply forwarded); other control requests to one replica.
 - stdin: ``input_request`` from the executor goes to the client; the ``input_reply`` goes back.
+- IOPub while no client subscribes (after a (re)bind, until the client's SUB reconnects) is held
+  in a bounded backlog and published on the client's subscription. The replicas hold theirs while
+  this front is away (kernel/iopub.py), so a cell running across a Global Scheduler restart loses
+  no output: for a request this instance did not route, the first replica publishing for it is
+  taken as its executor (standbys publish nothing for a ``yield_request``), so the client sees
+  the executor's busy, output and idle once.
 Messages with a bad signature (either side) are dropped and counted; nothing here raises out of the
 loop.
 """
@@ -29,6 +35,8 @@ from typing import Any, Protocol
 
 import zmq
 from jupyter_client.session import Session
+
+from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +140,9 @@ class KernelFront:
         self._iopub_subscribed = False
         self._deferred: list[tuple[str, list[bytes]]] = []
         self._subscription_wait_s = 3.0
+        # IOPub for clients: held while no client subscribes (see the module doc).
+        self._iopub_topics: set[bytes] = set()
+        self.iopub_held = Backlog(DEFAULT_MAX_MESSAGES, DEFAULT_MAX_BYTES)
         self._bound_at = time.monotonic()
         self._thread: threading.Thread | None = None
         self.preferred_replica: int | None = None
@@ -148,6 +159,8 @@ class KernelFront:
                 sock.linger = 0
                 if name in ("shell", "control", "stdin"):
                     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                if name == "iopub":  # a held backlog goes out in one burst on subscription
+                    sock.sndhwm = max(1000, self.iopub_held.max_messages)
                 port = ports.get(f"{name}_port", 0)
                 if port:
                     sock.bind(f"tcp://{self.ip}:{port}")
@@ -284,9 +297,7 @@ class KernelFront:
         if name == "hb":
             self._sockets["hb"].send_multipart(frames)
         elif name == "iopub":  # XPUB: (un)subscription frames from clients
-            if frames and frames[0][:1] == b"\x01":
-                self._iopub_subscribed = True
-                self._release_deferred()
+            self._iopub_subscription(frames)
         elif name == "shell" and self._must_defer():
             self._deferred.append((name, frames))
         elif name in ("shell", "control", "stdin"):
@@ -295,6 +306,39 @@ class KernelFront:
             self._from_replica_iopub(rid, frames)
         else:
             self._from_replica(name.removeprefix("replica-"), rid, frames)
+
+    def _iopub_subscription(self, frames: list[bytes]) -> None:
+        """XPUB reports a topic's first subscriber (``\\x01topic``) and its last one leaving
+        (``\\x00topic``, also when the client's connection dies)."""
+        for frame in frames:
+            if frame[:1] == b"\x01":
+                self._iopub_topics.add(bytes(frame[1:]))
+                self._iopub_subscribed = True
+            elif frame[:1] == b"\x00":
+                self._iopub_topics.discard(bytes(frame[1:]))
+        if self._iopub_topics:
+            self._flush_iopub()
+            self._release_deferred()
+
+    def _publish(self, frames: list[bytes]) -> None:
+        """Send on the client IOPub, or hold while no client subscribes."""
+        if self._iopub_topics and not self.iopub_held:
+            self._sockets["iopub"].send_multipart(frames)
+            return
+        dropped = self.iopub_held.append(frames)
+        if dropped:
+            log.warning("kernel %s: no IOPub subscriber; dropped %d oldest held message(s) "
+                        "(%d so far)", self.kernel_id, dropped, self.iopub_held.dropped)
+        self._flush_iopub()
+
+    def _flush_iopub(self) -> None:
+        while self.iopub_held and self._iopub_topics:
+            self._sockets["iopub"].send_multipart(self.iopub_held.popleft()[0])
+
+    def _send_iopub(self, msg: dict, ident: bytes | list[bytes]) -> None:
+        """Sign ``msg`` (a Session message dict, buffers included) and publish it."""
+        frames = self.session.serialize(msg, ident=ident)
+        self._publish([*frames, *msg.get("buffers", [])])
 
     def _verify(self, msg_list: list[bytes], content: bool = True) -> dict | None:
         """``Session.deserialize``'s checks (signature, no replay, at least five frames) and
@@ -412,17 +456,16 @@ class KernelFront:
             f"{ename}: {evalue}"]}
         if reply_type == "execute_reply":
             content["execution_count"] = None
-        iopub = self._sockets["iopub"]
-        self.session.send(iopub, "status", {"execution_state": "busy"}, parent=parent,
-                          ident=b"kernel.notebookos.status")
+        msg = self.session.msg
+        self._send_iopub(msg("status", {"execution_state": "busy"}, parent=parent),
+                         b"kernel.notebookos.status")
         if reply_type == "execute_reply":
-            self.session.send(iopub, "error", {k: content[k] for k in ("ename", "evalue",
-                                                                        "traceback")},
-                              parent=parent, ident=b"kernel.notebookos.error")
+            error = {k: content[k] for k in ("ename", "evalue", "traceback")}
+            self._send_iopub(msg("error", error, parent=parent), b"kernel.notebookos.error")
         self.session.send(self._sockets[channel], reply_type, content, parent=parent,
                           ident=idents)
-        self.session.send(iopub, "status", {"execution_state": "idle"}, parent=parent,
-                          ident=b"kernel.notebookos.status")
+        self._send_iopub(msg("status", {"execution_state": "idle"}, parent=parent),
+                         b"kernel.notebookos.status")
 
     # -- replicas -> client -----------------------------------------------------------------
 
@@ -554,12 +597,12 @@ class KernelFront:
                 source = rid
                 self._remember(self._iopub_source, parent_id, rid)
             elif pending is None and parent_id:
-                header = self.session.unpack(msg_list[1])
-                if header.get("msg_type") != "status":
-                    # A request routed before a restart: standbys publish only status, so the
-                    # replica publishing anything else is its executor.
-                    source = rid
-                    self._remember(self._iopub_source, parent_id, rid)
+                # A request routed before a restart (replayed from the replicas' IOPub backlogs,
+                # or still running): standbys publish nothing for a yield_request, so the
+                # first replica publishing for it is its executor (or, for a broadcast control
+                # request, the one that speaks, as above).
+                source = rid
+                self._remember(self._iopub_source, parent_id, rid)
         if source != rid:
             return
         if not self._signature_ok(msg_list):
@@ -570,15 +613,17 @@ class KernelFront:
                   rid, parent_id[-12:])
         if msg_type == "execute_input":
             self.hooks.execute_started(self.kernel_id, rid, parent_id)
+        self._forward_iopub(parent_id, idents, msg_list)
+
+    def _forward_iopub(self, parent_id: str, idents: list[bytes], msg_list: list[bytes]) -> None:
         original = self._aliases.get(parent_id)
         if original is not None:
             msg = self._verify_quiet(msg_list)
             if msg is not None:
-                self.session.send(self._sockets["iopub"], {**msg, "parent_header": original,
-                                                           "buffers": msg_list[5:]},
-                                  ident=idents)
+                self._send_iopub({**msg, "parent_header": original, "buffers": msg_list[5:]},
+                                 idents)
             return
-        self._sockets["iopub"].send_multipart([*idents, b"<IDS|MSG>", *msg_list])
+        self._publish([*idents, b"<IDS|MSG>", *msg_list])
 
     def _signature_ok(self, msg_list: list[bytes]) -> bool:
         """The HMAC check of ``Session.deserialize`` without decoding the content."""

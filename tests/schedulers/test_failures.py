@@ -113,6 +113,58 @@ def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_o
     assert _replicas(cluster, kernel_id) == replicas
 
 
+LINES = 25
+PRINTING_CELL = (
+    "import time\nprint('a', flush=True)\n"
+    f"for i in range({LINES}):\n    time.sleep(0.2)\n    print(i, flush=True)\n"
+)
+
+
+def test_output_printed_while_the_global_scheduler_restarts_is_not_lost(make_cluster):
+    """The replicas hold IOPub while no Global Scheduler subscribes and the new front holds it
+    until the client resubscribes: every line arrives, in order, with one busy and one idle.
+    (The cell outlasts the restart: a reply sent while no Global Scheduler listens is lost.)"""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=3)
+    msg_id = kc.execute(PRINTING_CELL)
+    text, statuses = "", []
+
+    def collect(until) -> None:  # noqa: ANN001
+        nonlocal text
+        deadline = time.monotonic() + 60
+        while not until():
+            assert time.monotonic() < deadline, f"iopub so far: {text!r} {statuses}"
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except Exception:  # noqa: BLE001 - queue.Empty: keep waiting
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+            elif msg["msg_type"] == "status":
+                statuses.append(msg["content"]["execution_state"])
+
+    collect(lambda: "\n1\n" in text)  # mid-cell
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    cluster.start_gs()
+    collect(lambda: "idle" in statuses)
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "ok"
+    assert text == "a\n" + "".join(f"{i}\n" for i in range(LINES))
+    time.sleep(1)  # a second idle (a standby's) would arrive by now
+    collect(lambda: True)
+    while True:
+        try:
+            msg = kc.get_iopub_msg(timeout=0.5)
+        except Exception:  # noqa: BLE001 - queue.Empty: nothing more
+            break
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status":
+            statuses.append(msg["content"]["execution_state"])
+    assert statuses == ["busy", "idle"]
+    assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
+
 
 def _wait_checkpointed(kc, execution_count: int, timeout: float = 20) -> None:  # noqa: ANN001
     """Until the group's store checkpoint covers ``execution_count`` (it is written after the
