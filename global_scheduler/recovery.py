@@ -14,6 +14,7 @@ from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.policies.base import GpuBinding
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
@@ -68,9 +69,10 @@ class RecoveryMixin:
                     rebuild = live * 2 <= self.replicas_per_kernel
                 try:
                     if rebuild:
-                        self._rebuild_from_checkpoint(kernel_id)
+                        new_ids = self._rebuild_from_checkpoint(kernel_id)
                     else:
-                        self._add_replicas(kernel_id, 1, join=True)
+                        new_ids = self._add_replicas(kernel_id, 1, join=True)
+                    self._rebind_session_gpus(kernel_id, new_ids)
                 except StartError as exc:
                     log.warning("kernel %s: recovery attempt %d failed: %s", kernel_id,
                                 attempt + 1, exc)
@@ -84,9 +86,9 @@ class RecoveryMixin:
         finally:
             guard.release()
 
-    def _rebuild_from_checkpoint(self, kernel_id: str) -> None:
+    def _rebuild_from_checkpoint(self, kernel_id: str) -> list[int]:
         """The group lost its majority: stop the survivors (they cannot commit anything) and
-        start a fresh group whose replicas load the store's last checkpoint."""
+        start a fresh group whose replicas load the store's last checkpoint; returns their ids."""
         with self.lock:
             entry = self.kernels[kernel_id]
             survivors = list(entry.replicas.values())
@@ -104,10 +106,55 @@ class RecoveryMixin:
             self._save_kernel(entry)
         for r in survivors:
             self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
-        self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=True)
+        new_ids = self._add_replicas(kernel_id, self.replicas_per_kernel, join=False,
+                                     restore=True)
         with self.lock:
             entry.state = "idle"
             entry.message = "rebuilt from the last checkpoint after losing the Raft majority"
+            self._save_kernel(entry)
+        return new_ids
+
+    def _rebind_session_gpus(self, kernel_id: str, new_ids: list[int]) -> None:
+        """Reservation (``GpuBinding.SESSION``): the replica holding the kernel's GPUs was
+        replaced, so its replacement commits them on its own host (another live replica if that
+        host cannot). The old commitment left the cluster model with the old replica; it is
+        released on the old Local Scheduler too when that one is still reachable."""
+        if self.policy.gpu_binding is not GpuBinding.SESSION:
+            return
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None or entry.session_gpus is None:
+                return
+            old_rid, old_host, _ = entry.session_gpus
+            if old_rid in entry.replicas:
+                return  # the holder is alive
+            entry.session_gpus = None
+            old_link = self.hosts.get(old_host)
+            candidates = [r for r in new_ids if r in entry.replicas]
+            candidates += sorted(set(entry.replicas) - set(candidates))
+            spec = kernel.request
+        if old_link is not None:
+            try:
+                old_link.stub.ReleaseGpus(local_scheduler_pb2.ReleaseGpusRequest(
+                    kernel_id=kernel_id, replica_id=old_rid, all_requests=True), timeout=5)
+            except grpc.RpcError as exc:  # NOT_FOUND: it went with the replica
+                log.debug("kernel %s: releasing the old session GPUs on %s: %s", kernel_id,
+                          old_host, exc.details())
+        reasons = []
+        for rid in candidates:
+            try:
+                self._bind_for_session(entry, spec, rid)
+            except StartError as exc:
+                reasons.append(str(exc))
+                continue
+            log.info("kernel %s: session GPUs %s now committed to replica %d on %s",
+                     kernel_id, entry.session_gpus[2], rid, entry.session_gpus[1])
+            break
+        else:
+            log.warning("kernel %s: no replica could take the session's GPUs: %s; cells bind "
+                        "them per cell until one can", kernel_id, "; ".join(reasons))
+        with self.lock:
             self._save_kernel(entry)
 
     def migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
@@ -173,6 +220,7 @@ class RecoveryMixin:
             raise
         log.info("kernel %s: replica %d replaced by %d on %s (stop %.2fs, start+join %.2fs)",
                  kernel_id, replica_id, new_ids[0], target_host, t1 - t0, time.monotonic() - t1)
+        self._rebind_session_gpus(kernel_id, new_ids)
         return new_ids[0], target_host
 
     def _remove_lost_members(self, entry: KernelEntry, members: list[ReplicaEndpoint]) -> None:

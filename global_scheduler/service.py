@@ -412,9 +412,12 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
 
-    def _bind_for_session(self, entry: KernelEntry, spec: ResourceSpec) -> None:
-        """Reservation-style policies: commit the kernel's GPUs once, for its whole life."""
-        rid, rl = next(iter(sorted(entry.replicas.items())))
+    def _bind_for_session(self, entry: KernelEntry, spec: ResourceSpec,
+                          replica_id: int | None = None) -> None:
+        """Reservation-style policies: commit the kernel's GPUs once, for its whole life, to
+        ``replica_id`` (default: the lowest id; a replacement: recovery.py)."""
+        rid = min(entry.replicas) if replica_id is None else replica_id
+        rl = entry.replicas[rid]
         link = self.hosts[rl.host_id]
         try:
             resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(

@@ -3,8 +3,11 @@ time the same kernel goes on with its variables (real daemons and replicas on lo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import grpc
@@ -198,3 +201,69 @@ def test_losing_the_majority_rebuilds_the_kernel_from_its_last_checkpoint(make_c
     assert "checkpoint" in status.message
     assert _pid_gone(before[max(before)][1])  # the survivor was stopped, not left diverging
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b', 'e']"
+
+
+def _session_holder(cluster, kernel_id: str) -> tuple[int, str]:  # noqa: ANN001
+    """(replica id, host) of the reservation kernel's single replica, once it is running."""
+    (replica,) = cluster.kernel(kernel_id).replicas
+    return replica.replica_id, replica.host_id
+
+
+def _committed_by_host(cluster) -> dict[str, int]:  # noqa: ANN001
+    """GPUs committed per host as ``notebookos status --json`` shows them."""
+    out = subprocess.run([sys.executable, "-m", "notebookos.cli", "status", "--json",
+                          "--global-scheduler", cluster.gs_address],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return {h["id"]: h["gpus"]["committed"] for h in json.loads(out)["hosts"]}
+
+
+def _assigned_gpus(kc) -> list[int]:  # noqa: ANN001
+    run = run_cell(kc, "from notebookos.kernel.gpu_binding import assigned_gpus\n"
+                       "list(assigned_gpus())")
+    assert run["reply"]["content"]["status"] == "ok", run
+    return json.loads(result_text(run))
+
+
+def test_a_reservation_kernels_replacement_gets_the_session_gpus(make_cluster):
+    """Reservation binds the kernel's GPUs at start; when its replica is lost (SIGKILL, then
+    its Local Scheduler) the rebuilt replica commits them on its own host."""
+    cluster = make_cluster()
+    cluster.start_gs("--policy", "reservation")
+    for i in range(3):
+        cluster.start_ls(f"host-{i}", gpus=1)
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "x = 7")["reply"]["content"]["status"] == "ok"
+    rid, host = _session_holder(cluster, kernel_id)
+    assert _committed_by_host(cluster) == {f"host-{i}": int(f"host-{i}" == host)
+                                           for i in range(3)}
+    assert len(_assigned_gpus(kc)) == 1
+
+    def moved(old_rid: int) -> bool:
+        status = cluster.kernel(kernel_id)
+        return (len(status.replicas) == 1 and status.replicas[0].replica_id != old_rid
+                and status.replicas[0].pid > 0 and status.state in (2, 3))
+
+    def check_bound(lost_host: str | None) -> str:
+        new_rid, new_host = _session_holder(cluster, kernel_id)
+        committed = _committed_by_host(cluster)
+        assert committed[new_host] == 1, committed
+        assert sum(committed.values()) == 1, committed
+        addresses = {h.host_id: h.address for h in cluster.status().hosts}
+        assert _ls_committed(addresses[new_host]) == 1
+        if lost_host is not None and lost_host != new_host and lost_host in addresses:
+            assert _ls_committed(addresses[lost_host]) == 0
+        assert len(_assigned_gpus(kc)) == 1  # the next cell runs with its GPU
+        return new_host
+
+    os.kill(_replicas(cluster, kernel_id)[rid][1], signal.SIGKILL)
+    cluster.wait(lambda: moved(rid), 120, "the rebuilt replica")
+    host = check_bound(host)
+    assert result_text(run_cell(kc, "x")) == "7"  # from the checkpoint
+
+    rid, _ = _session_holder(cluster, kernel_id)
+    cluster.ls[host].send_signal(signal.SIGKILL)
+    cluster.wait(lambda: moved(rid) and _session_holder(cluster, kernel_id)[1] != host, 120,
+                 "a replica on another host")
+    check_bound(None)
+    assert result_text(run_cell(kc, "x")) == "7"
