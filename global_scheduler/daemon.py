@@ -34,6 +34,8 @@ def make_policy(config: Config):  # noqa: ANN201 - a notebookos.policies.Policy
     gs = config.global_scheduler
     params = {"scale_factor": gs.scaling_factor, "buffer_hosts": gs.scaling_buffer_hosts,
               "min_hosts": gs.min_hosts}
+    if name == "lcp":
+        params["warm_containers_per_host"] = gs.warm_containers_per_host
     if name == "notebookos":
         params["max_subscription_ratio"] = max(1.0, config.cluster.max_subscription_ratio)
         if config.cluster.max_subscription_ratio < 1.0:
@@ -61,6 +63,8 @@ class GlobalSchedulerDaemon:
             heartbeat_interval_s=config.local_scheduler.heartbeat_interval_s,
             heartbeat_timeout_s=gs.heartbeat_timeout_s,
             start_timeout_s=gs.replica_start_timeout_s,
+            cell_queue_timeout_s=gs.cell_queue_timeout_s,
+            cell_checkpoint_timeout_s=gs.cell_checkpoint_timeout_s,
         )
         self.service.migration_retries = gs.migration_retries
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))

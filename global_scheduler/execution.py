@@ -34,6 +34,15 @@ class ExecutionMixin:
             self._stop.wait(0.1)
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        if self.per_cell:
+            with self.lock:
+                entry = self.kernels.get(kernel_id)
+                kernel = self.cluster.kernels.get(kernel_id)
+                if entry is None or kernel is None:
+                    raise PlacementFailed(f"kernel {kernel_id} is not known to the scheduler")
+                entry.cell_arrived[msg_id] = time.monotonic()
+                request = kernel.request
+            return self.place_cell(kernel_id, msg_id, request)
         self._wait_for_replicas(kernel_id)
         with self.lock:
             entry = self.kernels.get(kernel_id)
@@ -163,6 +172,8 @@ class ExecutionMixin:
         if link is not None:  # not waited for: the front forwards the idle meanwhile
             link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
                 kernel_id=kernel_id, replica_id=rid, request_id=msg_id))
+        if self.per_cell:
+            self._cell_released(kernel_id)
 
     def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:
@@ -170,6 +181,7 @@ class ExecutionMixin:
             arrived = entry.cell_arrived.pop(msg_id, None) if entry is not None else None
             if arrived is not None:
                 entry.last_interactivity_ms[replica_id] = (time.monotonic() - arrived) * 1000
+                entry.kernel_interactivity_ms = entry.last_interactivity_ms[replica_id]
 
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:

@@ -386,8 +386,7 @@ class KernelFront:
             return
         live = sorted(self._replicas)
         if not live:
-            self._reply_error(channel, idents, msg, "NoReplicas",
-                              "the kernel has no live replica right now; retry shortly")
+            self._without_replicas(channel, idents, msg)
             return
         if channel == "shell" and msg_type == "execute_request":
             msg["content_frame"] = msg_list[4]  # re-sent as is to every replica
@@ -406,6 +405,11 @@ class KernelFront:
         for rid in targets:
             getattr(self._replicas[rid], channel).send_multipart([b"<IDS|MSG>", *msg_list])
 
+    def _without_replicas(self, channel: str, idents: list[bytes], msg: dict) -> None:
+        """A client request while the kernel has no replica connected."""
+        self._reply_error(channel, idents, msg, "NoReplicas",
+                          "the kernel has no live replica right now; retry shortly")
+
     def _route_execute(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int) -> None:
         """Send ``msg`` (the client's request) under ``msg_id``: the client's own id first, a fresh
         one for a resubmission after every replica yielded (a failed election never reruns)."""
@@ -415,6 +419,11 @@ class KernelFront:
         except PlacementFailed as exc:
             self._reply_error("shell", idents, msg, "NotebookOSNoGPUs", str(exc))
             return
+        self._send_execute(idents, msg, msg_id, attempt, executor, device_ids)
+
+    def _send_execute(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int,
+                      executor: int, device_ids: list[int]) -> None:
+        """The request is placed on ``executor`` with ``device_ids`` committed: send it."""
         self._apply_commands()  # a migration may just have connected a new replica
         if executor not in self._replicas:
             self.hooks.release_execute(self.kernel_id, msg_id)

@@ -24,7 +24,8 @@ class HostLink:
     instance_id: str
     gpus: list[dict[str, Any]]  # [{"device_id", "name", "vram_gb"}]
     virtual_gpus: bool
-    prewarm_pool_size: int = 0
+    prewarm_pool_size: int = 0  # prewarmed processes ready now (reported)
+    prewarm_pool_target: int = 0  # how many the host is asked to keep
     last_heartbeat: float = field(default_factory=time.time)
     draining: bool = False
     _stub: ls_grpc.LocalSchedulerStub | None = None
@@ -82,7 +83,8 @@ class HostLink:
         return {"host_id": self.host_id, "address": self.address,
                 "instance_id": self.instance_id, "gpus": self.gpus,
                 "virtual_gpus": self.virtual_gpus, "capacity": capacity,
-                "prewarm_pool_size": self.prewarm_pool_size}
+                "prewarm_pool_size": self.prewarm_pool_size,
+                "prewarm_pool_target": self.prewarm_pool_target}
 
 
 _POOL: futures.ThreadPoolExecutor | None = None

@@ -55,6 +55,17 @@ class KernelEntry:
     cell_arrived: dict[str, float] = field(default_factory=dict)  # msg -> monotonic arrival
     last_cell_gpus: dict[int, list[int]] = field(default_factory=dict)
     last_interactivity_ms: dict[int, float] = field(default_factory=dict)
+    kernel_interactivity_ms: float = 0.0  # the last cell's, whichever replica ran it
+    # Per-cell container policies (batch, lcp): where the next cell's container restores from
+    # (the execution_count its checkpoint covers; 0 = start empty), the cached kernel_info
+    # reply the parked kernel answers with, and what the last cell's container was.
+    checkpoint_count: int = 0
+    kernel_info: dict[str, Any] | None = None
+    parking: bool = False
+    lost_cells: set[str] = field(default_factory=set)
+    last_container_start_ms: float = 0.0
+    last_cell_pid: int = 0
+    last_cell_from_prewarm_pool: bool = False
 
     def endpoints(self) -> list[ReplicaEndpoint]:
         return [r.endpoint for r in self.replicas.values()]
@@ -67,4 +78,5 @@ class KernelEntry:
                 "replicas": [r.to_doc() for r in self.replicas.values()],
                 "next_replica_id": self.next_replica_id, "created_unix": self.created_unix,
                 "raft_removals": list(self.raft_removals),
-                "session_gpus": list(self.session_gpus) if self.session_gpus else None}
+                "session_gpus": list(self.session_gpus) if self.session_gpus else None,
+                "checkpoint_count": self.checkpoint_count, "kernel_info": self.kernel_info}

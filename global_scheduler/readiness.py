@@ -11,10 +11,12 @@ from notebookos.global_scheduler.front import ReplicaEndpoint
 
 
 def wait_until_ready(endpoints: list[ReplicaEndpoint], key: str, signature_scheme: str,
-                     timeout_s: float, alive=lambda rid: True) -> set[int]:  # noqa: ANN001
+                     timeout_s: float, alive=lambda rid: True,  # noqa: ANN001
+                     replies: dict[int, dict] | None = None) -> set[int]:
     """Replica ids that answered ``kernel_info_request`` within ``timeout_s``.
 
-    ``alive(replica_id)`` lets the caller stop waiting for a replica whose process exited.
+    ``alive(replica_id)`` lets the caller stop waiting for a replica whose process exited;
+    ``replies`` (when given) receives each replica's kernel_info_reply content.
     """
     session = Session(key=key.encode(), signature_scheme=signature_scheme,
                       username="notebookos-gs")
@@ -44,6 +46,8 @@ def wait_until_ready(endpoints: list[ReplicaEndpoint], key: str, signature_schem
                     continue
                 if msg["header"]["msg_type"] == "kernel_info_reply":
                     ready.add(sockets[sock])
+                    if replies is not None:
+                        replies[sockets[sock]] = msg["content"]
                     poller.unregister(sock)
             if time.monotonic() - last_send > 2.0:  # a request sent before the bind is lost
                 last_send = time.monotonic()

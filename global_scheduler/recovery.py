@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 class RecoveryMixin:
     def _lose_replica(self, entry: KernelEntry, replica_id: int, why: str) -> None:
         """A replica is gone: drop it from the front and accounting, schedule a replacement."""
+        if self.per_cell:  # a per-cell container is not replaced (cell_containers.py)
+            self._lose_cell_container(entry, replica_id, why)
+            return
         if entry.replicas.pop(replica_id, None) is not None:
             entry.raft_removals.append(replica_id)
         kernel = self.cluster.kernels.get(entry.kernel_id)

@@ -18,6 +18,8 @@ from concurrent import futures
 import grpc
 
 from notebookos.cluster import AccountingError, Cluster, Host, ReplicaState
+from notebookos.global_scheduler.cell_containers import CellContainerMixin
+from notebookos.global_scheduler.cell_front import CellFront
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import (
@@ -42,7 +44,7 @@ KERNEL_STATES = {
     "starting": common_pb2.KERNEL_STATE_STARTING, "idle": common_pb2.KERNEL_STATE_IDLE,
     "busy": common_pb2.KERNEL_STATE_BUSY, "degraded": common_pb2.KERNEL_STATE_DEGRADED,
     "stopping": common_pb2.KERNEL_STATE_STOPPING, "failed": common_pb2.KERNEL_STATE_FAILED,
-    "recovering": common_pb2.KERNEL_STATE_RECOVERING,
+    "recovering": common_pb2.KERNEL_STATE_RECOVERING, "parked": common_pb2.KERNEL_STATE_PARKED,
 }
 REPLICA_STATES = {
     ReplicaState.STARTING: common_pb2.REPLICA_STATE_STARTING,
@@ -53,7 +55,8 @@ REPLICA_STATES = {
 }
 
 
-class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedulerServicer):
+class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, CellContainerMixin,
+                             gs_grpc.GlobalSchedulerServicer):
     def __init__(
         self,
         policy: Policy,
@@ -66,6 +69,8 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
         heartbeat_interval_s: float = 2.0,
         heartbeat_timeout_s: float = 10.0,
         start_timeout_s: float = 120.0,
+        cell_queue_timeout_s: float = 300.0,
+        cell_checkpoint_timeout_s: float = 60.0,
     ) -> None:
         self.policy = policy
         self.store = store
@@ -88,10 +93,17 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
-        if policy.container_lifetime is ContainerLifetime.CELL:
-            log.warning("policy %s starts a container per cell; the live scheduler keeps one "
-                        "replica per kernel for its whole life instead (per-cell containers "
-                        "are modelled in the simulator only)", policy.name)
+        # Per-cell containers (batch, lcp): see cell_containers.py.
+        self.per_cell = policy.container_lifetime is ContainerLifetime.CELL
+        self.uses_warm_pool = self.per_cell and hasattr(policy, "warm_containers_per_host")
+        self.cell_queue_timeout_s = cell_queue_timeout_s
+        self.cell_checkpoint_timeout_s = cell_checkpoint_timeout_s
+        self._cell_waiters: list = []  # CellWaiter, in arrival order
+        self._cell_cv = threading.Condition(self.lock)
+        if self.per_cell and not store_url:
+            log.warning("policy %s keeps a kernel's state in the store between cells, but no "
+                        "store is configured: every cell starts with an empty namespace",
+                        policy.name)
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3
 
@@ -114,7 +126,8 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 try:
                     capacity = ResourceSpec.from_dict(doc["capacity"])
                     self._add_host(host_id, doc["address"], doc["instance_id"], capacity,
-                                   doc["gpus"], doc["virtual_gpus"], doc.get("prewarm_pool_size", 0))
+                                   doc["gpus"], doc["virtual_gpus"],
+                                   doc.get("prewarm_pool_target", doc.get("prewarm_pool_size", 0)))
                 except (KeyError, ValueError, AccountingError) as exc:
                     log.error("registry: skipping host %s: %s", host_id, exc)
             for kernel_id, doc in kernels.items():
@@ -131,7 +144,9 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
         entry = KernelEntry(kernel_id, doc["key"], doc["signature_scheme"], doc["kernel_name"],
                             dict(doc.get("env", {})), next_replica_id=doc["next_replica_id"],
                             created_unix=doc.get("created_unix", time.time()),
-                            raft_removals=list(doc.get("raft_removals", [])))
+                            raft_removals=list(doc.get("raft_removals", [])),
+                            checkpoint_count=int(doc.get("checkpoint_count", 0)),
+                            kernel_info=doc.get("kernel_info"))
         for rdoc in doc["replicas"]:
             link = ReplicaLink.from_doc(rdoc)
             if link.host_id not in self.hosts:
@@ -150,13 +165,16 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 host.commit(self.cluster.kernels[kernel_id].replicas[rid].owner, request, ids)
             except AccountingError as exc:
                 log.warning("registry: kernel %s session GPUs: %s", kernel_id, exc)
-        entry.front = KernelFront(kernel_id, entry.key, entry.signature_scheme, self,
-                                  ip=self.ip, ports=doc.get("front_ports") or None)
+        entry.front = self._new_front(entry, ports=doc.get("front_ports") or None)
         entry.front.set_replicas(entry.endpoints())
         entry.front.start()
         entry.state = "idle" if len(entry.replicas) >= self.replicas_per_kernel else "degraded"
         self.kernels[kernel_id] = entry
-        if entry.state == "degraded":
+        if self.per_cell:
+            entry.state = "idle" if entry.replicas else "parked"
+            if entry.replicas:  # a cell's container from before the restart: park it
+                self._pool.submit(self._park, kernel_id)
+        elif entry.state == "degraded":
             self._pool.submit(self._restore_replica_count, kernel_id)
 
     # -- hosts ------------------------------------------------------------------------------
@@ -167,7 +185,14 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                     gpu_device_ids=[g["device_id"] for g in gpus],
                     oversubscription=self.oversubscription, virtual_gpus=virtual)
         self.cluster.add_host(host)
-        self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual, prewarm)
+        self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual,
+                                       prewarm_pool_target=self._pool_target(prewarm))
+
+    def _pool_target(self, offered: int) -> int:
+        """A host's prewarm pool target: the pool it offers, or for lcp the policy's warm pool."""
+        if self.uses_warm_pool:
+            return int(self.policy.warm_containers_per_host)
+        return offered
 
     def RegisterHost(self, request, context):  # noqa: N802 - gRPC method name
         def bad(msg: str) -> None:
@@ -217,7 +242,7 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                          request.address, capacity.gpus)
             link.instance_id = request.instance_id
             link.last_heartbeat = time.time()
-            link.prewarm_pool_size = request.prewarm_pool_size
+            link.prewarm_pool_target = self._pool_target(request.prewarm_pool_size)
             for r in request.replicas:
                 # Placed replicas count as known, including those still starting.
                 kernel = self.cluster.kernels.get(r.kernel_id)
@@ -232,7 +257,7 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
         return global_scheduler_pb2.RegisterHostResponse(
             scheduler_instance_id=self.instance_id,
             heartbeat_interval_s=self.heartbeat_interval_s,
-            prewarm_pool_target=request.prewarm_pool_size, stale_replicas=stale)
+            prewarm_pool_target=link.prewarm_pool_target, stale_replicas=stale)
 
     def Heartbeat(self, request, context):  # noqa: N802
         if not request.host_id:
@@ -262,7 +287,7 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
         for kernel_id, rid in confirmed:
             self._pool.submit(self._release_orphaned, link, kernel_id, rid)
         return global_scheduler_pb2.HeartbeatResponse(
-            prewarm_pool_target=link.prewarm_pool_size,
+            prewarm_pool_target=link.prewarm_pool_target,
             heartbeat_interval_s=self.heartbeat_interval_s)
 
     def DeregisterHost(self, request, context):  # noqa: N802
@@ -387,7 +412,10 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
         try:
             for attempt in range(3):  # a replica can lose a port race at start: try again
                 try:
-                    self._add_replicas(kernel_id, self.replicas_per_kernel, join=False)
+                    if self.per_cell:
+                        self._start_first_container(kernel_id)
+                    else:
+                        self._add_replicas(kernel_id, self.replicas_per_kernel, join=False)
                     break
                 except StartError as exc:
                     if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
@@ -397,11 +425,13 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
             if self.policy.gpu_binding is GpuBinding.SESSION:
                 self._bind_for_session(entry, spec)
             with self.lock:
-                entry.front = KernelFront(kernel_id, key, scheme, self, ip=self.ip)
+                entry.front = self._new_front(entry)
                 entry.front.set_replicas(entry.endpoints())
                 entry.front.start()
                 entry.state = "idle"
                 self._save_kernel(entry)
+            if self.per_cell:
+                self._park(kernel_id)
             return entry
         except StartError:
             self._discard_kernel(kernel_id)
@@ -411,6 +441,15 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
             log.exception("kernel %s failed to start", kernel_id)
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
+
+    def _new_front(self, entry: KernelEntry, ports: dict[str, int] | None = None) -> KernelFront:
+        if not self.per_cell:
+            return KernelFront(entry.kernel_id, entry.key, entry.signature_scheme, self,
+                               ip=self.ip, ports=ports)
+        kernel_id = entry.kernel_id
+        return CellFront(kernel_id, entry.key, entry.signature_scheme, self, ip=self.ip,
+                         ports=ports, kernel_info=entry.kernel_info,
+                         on_interrupt_parked=lambda: self.cancel_waiting_cells(kernel_id))
 
     def _bind_for_session(self, entry: KernelEntry, spec: ResourceSpec,
                           replica_id: int | None = None) -> None:
@@ -441,9 +480,12 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
             entry.session_gpus = (rid, rl.host_id, list(resp.device_ids))
 
     def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
-                      on_host: str | None = None, restore: bool = False) -> list[int]:
+                      on_host: str | None = None, restore: bool = False,
+                      prewarmed: bool = True,
+                      extra_env: dict[str, str] | None = None) -> list[int]:
         """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says),
-        start them, wait until they answer; returns their ids. Raises StartError."""
+        start them (from the host's prewarm pool when ``prewarmed`` and it has one), wait until
+        they answer; returns their ids. Raises StartError."""
         with self.lock:
             entry = self.kernels[kernel_id]
             members = [r.endpoint for r in entry.replicas.values() if r.ready]
@@ -484,8 +526,8 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 kernel_id=kernel_id, replica_id=rid, raft_address=raft,
                 raft_peers=[p for p in peers if p.replica_id != rid], store_url=self.store_url,
                 key=entry.key, signature_scheme=entry.signature_scheme, resources=request_spec,
-                use_prewarmed=True, join_existing_group=join,
-                restore_from_checkpoint=restore, env=entry.env,
+                use_prewarmed=prewarmed, join_existing_group=join,
+                restore_from_checkpoint=restore, env={**entry.env, **(extra_env or {})},
                 kernel_name=entry.kernel_name)
             calls[rid] = (link, raft, link.stub.StartReplica.future(req, timeout=60))
         started: dict[int, ReplicaLink] = {}
@@ -511,11 +553,12 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 except StartError as exc:
                     errors.append(str(exc))
         t_added = time.monotonic()
+        infos: dict[int, dict] = {}
         if not errors:
             ready = wait_until_ready(
                 [r.endpoint for r in started.values()], entry.key, entry.signature_scheme,
                 self.start_timeout_s,
-                alive=lambda rid: (kernel_id, rid) not in self._died_starting)
+                alive=lambda rid: (kernel_id, rid) not in self._died_starting, replies=infos)
             errors = [f"replica {rid} on host {r.host_id} "
                       + ("died while starting" if (kernel_id, rid) in self._died_starting
                          else f"did not answer within {self.start_timeout_s:g}s")
@@ -535,6 +578,10 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
             raise StartError(code, f"kernel {kernel_id}: could not start replicas: "
                              + "; ".join(errors))
         with self.lock:
+            if infos and entry.kernel_info is None:
+                entry.kernel_info = next(iter(infos.values()))
+                if isinstance(entry.front, CellFront) and entry.front.kernel_info is None:
+                    entry.front.kernel_info = entry.kernel_info
             for rid, r in started.items():
                 r.ready = True
                 entry.replicas[rid] = r
@@ -583,6 +630,7 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
             entry.state = "stopping"
             replicas = list(entry.replicas.values())
+            self._cell_cv.notify_all()  # its cells waiting for a host stop waiting
         list(self._pool.map(lambda r: self._stop_replica_quietly(
             r.host_id, request.kernel_id, r.replica_id), replicas))
         self._discard_kernel(request.kernel_id)
@@ -597,6 +645,7 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"kernel {request.kernel_id} is {entry.state}")
             running = dict(entry.executions)
+        queued = self.cancel_waiting_cells(request.kernel_id) if self.per_cell else 0
         for rid, host_id in running.values():
             link = self.hosts.get(host_id)
             if link is not None:
@@ -606,7 +655,8 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 except grpc.RpcError as exc:
                     log.info("interrupt of %s/%d failed: %s", request.kernel_id, rid,
                              exc.details())
-        return global_scheduler_pb2.InterruptKernelResponse(cell_was_running=bool(running))
+        return global_scheduler_pb2.InterruptKernelResponse(
+            cell_was_running=bool(running or queued))
 
     def RestartKernel(self, request, context):  # noqa: N802
         """Fresh replicas (empty namespace) behind the same front ports."""
@@ -630,13 +680,18 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                 entry.raft_removals.clear()
                 entry.executions.clear()
                 entry.session_gpus = None
+                entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
+                entry.lost_cells.clear()
                 kernel.executor = None
                 if entry.front is not None:
                     entry.front.set_replicas([])
             list(self._pool.map(lambda r: self._stop_replica_quietly(
                 r.host_id, request.kernel_id, r.replica_id), old))
             try:
-                self._add_replicas(request.kernel_id, self.replicas_per_kernel, join=False)
+                if self.per_cell:
+                    self._start_first_container(request.kernel_id)
+                else:
+                    self._add_replicas(request.kernel_id, self.replicas_per_kernel, join=False)
                 if self.policy.gpu_binding is GpuBinding.SESSION:
                     self._bind_for_session(entry, kernel.request)
             except StartError as exc:
@@ -647,6 +702,9 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
             with self.lock:
                 entry.state, entry.message = "idle", ""
                 self._save_kernel(entry)
+            if self.per_cell:
+                self._park(request.kernel_id)
+            with self.lock:
                 status = self._kernel_status(entry)
         return global_scheduler_pb2.RestartKernelResponse(
             connection=self._connection(entry, with_key=True), status=status)
@@ -693,7 +751,10 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
                     resources=resource_spec_to_proto(kernel.request),
                     last_cell_gpu_device_ids=entry.last_cell_gpus.get(rid, []),
                     last_interactivity_delay_ms=entry.last_interactivity_ms.get(rid, 0.0)))
-        state = "busy" if entry.state == "idle" and entry.executions else entry.state
+        queued = self.queued_cells(entry.kernel_id) if self.per_cell else 0
+        state = entry.state
+        if state in ("idle", "parked") and (entry.executions or queued):
+            state = "busy"
         return common_pb2.KernelStatus(
             kernel_id=entry.kernel_id, state=KERNEL_STATES.get(state, 0),
             resources=resource_spec_to_proto(kernel.request) if kernel else None,
@@ -701,7 +762,12 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, gs_grpc.GlobalSchedu
             connection=self._connection(entry, with_key), message=entry.message,
             created_unix=entry.created_unix,
             dropped_messages=(entry.front.bad_signatures + entry.front.malformed)
-            if entry.front else 0)
+            if entry.front else 0,
+            last_interactivity_delay_ms=entry.kernel_interactivity_ms,
+            last_container_start_ms=entry.last_container_start_ms,
+            last_cell_pid=entry.last_cell_pid,
+            last_cell_from_prewarm_pool=entry.last_cell_from_prewarm_pool,
+            queued_cells=queued)
 
     def GetKernelStatus(self, request, context):  # noqa: N802
         with self.lock:

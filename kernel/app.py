@@ -7,7 +7,8 @@
 
 Every option can also come from the environment (NOTEBOOKOS_REPLICA_ID, NOTEBOOKOS_RAFT_ADDRESS,
 NOTEBOOKOS_PEERS, NOTEBOOKOS_KERNEL_ID, NOTEBOOKOS_STORE_URL, NOTEBOOKOS_ELECTION_TIMEOUT,
-NOTEBOOKOS_JOIN=1, NOTEBOOKOS_RESTORE_FROM_CHECKPOINT=1); a flag on the command line wins.
+NOTEBOOKOS_JOIN=1, NOTEBOOKOS_RESTORE_FROM_CHECKPOINT=1,
+NOTEBOOKOS_CELL_CONTAINER=1); a flag on the command line wins.
 The HMAC key in the connection file is the kernel's key: it signs Jupyter messages, derives the Raft
 password and authenticates values in the store. See docs/kernel-protocol.md.
 """
@@ -36,6 +37,7 @@ ENV_OPTIONS = {
 ENV_FLAGS = {
     "NOTEBOOKOS_JOIN": "join",
     "NOTEBOOKOS_RESTORE_FROM_CHECKPOINT": "restore-from-checkpoint",
+    "NOTEBOOKOS_CELL_CONTAINER": "cell-container",
 }
 
 
@@ -62,6 +64,10 @@ class ReplicaKernelApp(IPKernelApp):
         "restore-from-checkpoint": (
             {"ReplicaKernel": {"restore_from_checkpoint": True}},
             "Rebuild the namespace from the store's checkpoint.",
+        ),
+        "cell-container": (
+            {"ReplicaKernel": {"cell_container": True}},
+            "The container of one cell (batch, lcp): a restore is planned, not a loss.",
         ),
     })
     iopub_backlog_messages = Int(

@@ -105,6 +105,11 @@ class ReplicaKernel(IPythonKernel):
     restore_from_checkpoint = Bool(
         False, help="Rebuild the namespace from the store's checkpoint (all replicas were lost)."
     ).tag(config=True)
+    cell_container = Bool(
+        False, help="This replica is the container of one cell under a per-cell container policy "
+        "(batch, lcp): restoring from the checkpoint is the plan, not a loss, so the first cell "
+        "reports only names that could not be restored.",
+    ).tag(config=True)
     raft_compaction_entries = Int(
         5000, help="Compact the Raft log (in-memory snapshot) beyond this many entries."
     ).tag(config=True)
@@ -322,8 +327,11 @@ class ReplicaKernel(IPythonKernel):
         except Exception as exc:  # noqa: BLE001 - reported, the kernel starts empty
             self.log.error("could not restore from the checkpoint: %s", exc)
             self.restore_notes = [f"could not restore from the checkpoint: {exc}"]
-            return
-        self.restore_notes = [f"{name!r} could not be restored" for name in failed]
+            if not self.cell_container:
+                return
+            count, failed = 0, []  # a cell container tells its cell that it starts empty
+        else:
+            self.restore_notes = [f"{name!r} could not be restored" for name in failed]
         self.log.info("restored the namespace of cell %d from the checkpoint", count)
         await self._wait_raft_ready(30.0)
         loop = asyncio.get_running_loop()
@@ -594,6 +602,14 @@ class ReplicaKernel(IPythonKernel):
             restored_from = self.raft.book.restored_from
             notes = self.raft.book.restore_notes
         if restored_from is None or election.term != 1:
+            return
+        if self.cell_container:
+            if notes:
+                text = "".join(f"NotebookOS: {note}\n" for note in notes)
+                self.session.send(
+                    self.iopub_socket, "stream", {"name": "stderr", "text": text},
+                    parent=parent, ident=self._topic("stream"),
+                )
             return
         text = (
             "NotebookOS: every replica of this kernel was lost; the kernel was rebuilt from the "

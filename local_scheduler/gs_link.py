@@ -72,13 +72,13 @@ class GlobalSchedulerLink:
 
     def register(self) -> bool:
         host = self.service.host
-        status = self.service.host_status()
         request = global_scheduler_pb2.RegisterHostRequest(
             host_id=host.host_id, address=host.address, instance_id=self.instance_id,
             capacity=resource_spec_to_proto(host.capacity),
             gpus=[common_pb2.GpuDevice(device_id=g.device_id, name=g.name, vram_gb=g.vram_gb)
                   for g in host.gpus],
-            virtual_gpus=host.virtual_gpus, prewarm_pool_size=status.prewarm_pool_size,
+            # the pool size this host keeps (its target), not how many happen to be ready now
+            virtual_gpus=host.virtual_gpus, prewarm_pool_size=self.service.pool.target,
             replicas=self.service.replica_statuses(),
         )
         try:

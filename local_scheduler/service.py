@@ -256,6 +256,14 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "StopReplicaRequest.grace_period_s must be >= 0")
         code = self.stop_replica(entry, request.grace_period_s)
+        # Answer once the host no longer lists it (its exit watcher forgets it right after the
+        # exit): a replica of the same kernel may be started here next (per-cell containers).
+        key, deadline = (request.kernel_id, request.replica_id), time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._replicas.get(key) is not entry:
+                    break
+            time.sleep(0.01)
         return local_scheduler_pb2.StopReplicaResponse(exit_code=code)
 
     def InterruptReplica(self, request, context):  # noqa: N802

@@ -129,6 +129,16 @@ class GlobalSchedulerSettings:
     replica_start_timeout_s: float = setting(
         120.0, "How long a new replica may take to answer before its start fails.",
         _at_least(1.0))
+    cell_queue_timeout_s: float = setting(
+        300.0, "batch, lcp: how long a cell may wait for a host that can bind its GPUs before it "
+        "fails with an error reply.", _at_least(0.1))
+    cell_checkpoint_timeout_s: float = setting(
+        60.0, "batch, lcp: how long a cell's container may take to make the cell's checkpoint "
+        "durable before it is stopped anyway (the kernel's message then says so).",
+        _at_least(0.1))
+    warm_containers_per_host: int = setting(
+        8, "lcp: warm containers (prewarmed replica processes) the Global Scheduler asks every "
+        "host to keep; each cell borrows one and the host refills its pool.", _at_least(0))
 
 
 @dataclass(frozen=True)

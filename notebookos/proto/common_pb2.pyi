@@ -32,6 +32,7 @@ class KernelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KERNEL_STATE_STOPPING: _ClassVar[KernelState]
     KERNEL_STATE_STOPPED: _ClassVar[KernelState]
     KERNEL_STATE_FAILED: _ClassVar[KernelState]
+    KERNEL_STATE_PARKED: _ClassVar[KernelState]
 REPLICA_STATE_UNSPECIFIED: ReplicaState
 REPLICA_STATE_STARTING: ReplicaState
 REPLICA_STATE_IDLE: ReplicaState
@@ -50,6 +51,7 @@ KERNEL_STATE_RECOVERING: KernelState
 KERNEL_STATE_STOPPING: KernelState
 KERNEL_STATE_STOPPED: KernelState
 KERNEL_STATE_FAILED: KernelState
+KERNEL_STATE_PARKED: KernelState
 
 class ResourceSpec(_message.Message):
     __slots__ = ("millicpus", "memory_mb", "gpus", "vram_gb")
@@ -169,7 +171,7 @@ class HostStatus(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[ResourceSpec, _Mapping]] = ..., subscribed: _Optional[_Union[ResourceSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., virtual_gpus: _Optional[bool] = ..., gpus_committed: _Optional[int] = ..., gpus_pending: _Optional[int] = ..., subscription_ratio: _Optional[float] = ..., prewarm_pool_size: _Optional[int] = ..., last_heartbeat_unix: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class KernelStatus(_message.Message):
-    __slots__ = ("kernel_id", "state", "resources", "replicas", "executor_replica_id", "connection", "message", "created_unix", "dropped_messages")
+    __slots__ = ("kernel_id", "state", "resources", "replicas", "executor_replica_id", "connection", "message", "created_unix", "dropped_messages", "last_interactivity_delay_ms", "last_container_start_ms", "last_cell_pid", "last_cell_from_prewarm_pool", "queued_cells")
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +181,11 @@ class KernelStatus(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
     DROPPED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_INTERACTIVITY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONTAINER_START_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CELL_PID_FIELD_NUMBER: _ClassVar[int]
+    LAST_CELL_FROM_PREWARM_POOL_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_CELLS_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     state: KernelState
     resources: ResourceSpec
@@ -188,4 +195,9 @@ class KernelStatus(_message.Message):
     message: str
     created_unix: float
     dropped_messages: int
-    def __init__(self, kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., resources: _Optional[_Union[ResourceSpec, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., executor_replica_id: _Optional[int] = ..., connection: _Optional[_Union[ConnectionInfo, _Mapping]] = ..., message: _Optional[str] = ..., created_unix: _Optional[float] = ..., dropped_messages: _Optional[int] = ...) -> None: ...
+    last_interactivity_delay_ms: float
+    last_container_start_ms: float
+    last_cell_pid: int
+    last_cell_from_prewarm_pool: bool
+    queued_cells: int
+    def __init__(self, kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., resources: _Optional[_Union[ResourceSpec, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., executor_replica_id: _Optional[int] = ..., connection: _Optional[_Union[ConnectionInfo, _Mapping]] = ..., message: _Optional[str] = ..., created_unix: _Optional[float] = ..., dropped_messages: _Optional[int] = ..., last_interactivity_delay_ms: _Optional[float] = ..., last_container_start_ms: _Optional[float] = ..., last_cell_pid: _Optional[int] = ..., last_cell_from_prewarm_pool: _Optional[bool] = ..., queued_cells: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,304 @@
+"""Per-cell containers, for the policies whose ``container_lifetime`` is ``CELL`` (``batch``,
+``lcp``). Mixed into ``GlobalSchedulerService``.
+
+Such a kernel is *parked* between cells: no replica runs and its namespace is the store
+checkpoint the last cell's container wrote. A cell:
+
+1. waits in the cluster-wide cell queue until a host can bind its GPUs now (``choose_hosts``,
+   best fit). ``batch`` serves the queue strictly in arrival order (``policy.backfill`` is
+   False: nobody overtakes a blocked head); ``lcp`` lets any waiting cell that fits go. The GPUs
+   are set aside on the host (pending) the moment it is chosen. A cell that cannot be served
+   within ``cell_queue_timeout_s`` fails with an error reply that says why;
+2. gets a container on that host: ``batch`` starts a cold replica process, ``lcp`` promotes a
+   prewarmed process from the host's warm pool (whose target the GS sets to the policy's
+   ``warm_containers_per_host``; the Local Scheduler refills it with fresh processes, so a
+   process that held one user's state never serves another). The container restores the
+   namespace from the checkpoint when one exists;
+3. commits the GPUs there and runs;
+4. after the reply: the GPUs are released at once; the container is stopped once its
+   checkpoint of the cell is durable (its ``replica_status`` shows ``checkpoint_count`` caught up
+   with ``execution_count``, or ``cell_checkpoint_timeout_s`` passed, which is reported in the
+   kernel's message), and the kernel is parked again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from notebookos.cluster import AccountingError
+from notebookos.global_scheduler.control import ControlError, control_request
+from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.front import PlacementFailed
+from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+from notebookos.policies import placement
+from notebookos.proto import local_scheduler_pb2
+from notebookos.resources import ResourceSpec
+
+log = logging.getLogger(__name__)
+
+CELL_CONTAINER_ENV = {"NOTEBOOKOS_CELL_CONTAINER": "1"}
+
+
+@dataclass
+class CellWaiter:
+    kernel_id: str
+    msg_id: str
+    gpus: int
+    arrived: float
+    cancelled: bool = False
+
+
+def _client_msg_id(msg_id: str) -> str:
+    return msg_id.split(":retry", 1)[0]
+
+
+def _slot_owner(kernel_id: str, msg_id: str) -> str:
+    return f"cell-slot:{kernel_id}:{msg_id}"
+
+
+class CellContainerMixin:
+    # -- starting a kernel ----------------------------------------------------------------------
+
+    def _host_for_first_container(self, request: ResourceSpec) -> str | None:
+        """The container that answers the first kernel_info needs no GPUs: any host that can
+        hold the subscription, the policy's choice first."""
+        hosts = self.policy.choose_hosts(self.cluster, request, 1)
+        if hosts:
+            return hosts[0].host_id
+        draining = {h for h, link in self.hosts.items() if link.draining}
+        for host in placement.most_idle_first(self.cluster, min_idle=0,
+                                              limit=self.policy.candidate_limit):
+            if host.host_id not in draining and host.can_subscribe(request):
+                return host.host_id
+        return None
+
+    def _start_first_container(self, kernel_id: str) -> None:
+        """Start one container so the kernel answers its first kernel_info (the reply is cached
+        for the parked kernel); the caller parks it. Raises StartError."""
+        with self.lock:
+            request = self.cluster.kernels[kernel_id].request
+            host_id = self._host_for_first_container(request)
+        self._add_replicas(kernel_id, 1, join=False, on_host=host_id,
+                           prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV)
+
+    # -- a cell ---------------------------------------------------------------------------------
+
+    def place_cell(self, kernel_id: str, msg_id: str, request: ResourceSpec
+                   ) -> tuple[int, list[int]]:
+        """Queue, start the cell's container, commit its GPUs; raises PlacementFailed."""
+        host_id = self._take_cell_slot(kernel_id, msg_id, request)
+        slot = _slot_owner(kernel_id, msg_id)
+        t0 = time.monotonic()
+        rid: int | None = None
+        try:
+            with self.lock:
+                entry = self.kernels[kernel_id]
+                restore = entry.checkpoint_count > 0
+                entry.state = "idle"
+            rid = self._add_replicas(kernel_id, 1, join=False, on_host=host_id, restore=restore,
+                                     prewarmed=self.uses_warm_pool,
+                                     extra_env=CELL_CONTAINER_ENV)[0]
+            started_ms = (time.monotonic() - t0) * 1000
+            link = self.hosts.get(host_id)
+            if link is None:
+                raise PlacementFailed(f"host {host_id} left while the cell's container started")
+            try:
+                link.wait_for_releases()  # the GPUs of the cell before, released asynchronously
+                resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+                    kernel_id=kernel_id, replica_id=rid, request_id=msg_id, gpus=request.gpus),
+                    timeout=5)
+            except grpc.RpcError as exc:
+                raise PlacementFailed(f"host {host_id}: {exc.details()}") from exc
+            if not resp.committed:
+                raise PlacementFailed(f"host {host_id} could not bind the GPUs set aside for "
+                                      f"the cell: {resp.reason}")
+            with self.lock:
+                entry = self.kernels.get(kernel_id)
+                kernel = self.cluster.kernels.get(kernel_id)
+                if entry is None or kernel is None:
+                    raise PlacementFailed(f"kernel {kernel_id} was stopped while its cell's "
+                                          "container started")
+                self._cancel_slot(host_id, slot)
+                self._record_commit(entry, kernel, msg_id, rid, host_id, request,
+                                    list(resp.device_ids))
+                rl = entry.replicas[rid]
+                entry.last_container_start_ms = started_ms
+                entry.last_cell_pid = rl.pid
+                entry.last_cell_from_prewarm_pool = rl.from_prewarm_pool
+            log.info("kernel %s: cell %s in container %d on %s (pid %d, %s) after %.0f ms",
+                     kernel_id, msg_id[:8], rid, host_id, rl.pid,
+                     "warm" if rl.from_prewarm_pool else "cold", started_ms)
+            return rid, list(resp.device_ids)
+        except (StartError, AccountingError, PlacementFailed) as exc:
+            with self.lock:
+                self._cancel_slot(host_id, slot)
+                self._cell_cv.notify_all()
+            if rid is not None:
+                self._park(kernel_id)
+            else:
+                with self.lock:
+                    entry = self.kernels.get(kernel_id)
+                    if entry is not None and not entry.replicas and entry.state == "idle":
+                        entry.state = "parked"
+            if isinstance(exc, PlacementFailed):
+                raise
+            raise PlacementFailed(f"could not start the cell's container on host {host_id}: "
+                                  f"{exc}") from exc
+
+    def _cancel_slot(self, host_id: str, slot: str) -> None:
+        host = self.cluster.hosts.get(host_id)
+        if host is not None and host.reservation_of(slot) is not None:
+            host.cancel_reservation(slot)
+
+    def _take_cell_slot(self, kernel_id: str, msg_id: str, request: ResourceSpec) -> str:
+        """Wait in the cell queue until a host can bind ``request`` now; set its GPUs aside
+        (pending) and return the host id."""
+        waiter = CellWaiter(kernel_id, msg_id, request.gpus, time.monotonic())
+        deadline = waiter.arrived + self.cell_queue_timeout_s
+        with self._cell_cv:
+            self._cell_waiters.append(waiter)
+            try:
+                while True:
+                    entry = self.kernels.get(kernel_id)
+                    if entry is None or entry.state in ("stopping", "failed") \
+                            or self._stop.is_set():
+                        raise PlacementFailed(f"kernel {kernel_id} was stopped while its cell "
+                                              "waited")
+                    if waiter.cancelled:
+                        raise PlacementFailed("the cell was interrupted while it waited for a "
+                                              "host")
+                    if _client_msg_id(msg_id) in entry.lost_cells:
+                        raise PlacementFailed(
+                            "the container running this cell was lost mid-cell; the cell is not "
+                            "run again (a cell runs at most once), the namespace is that of the "
+                            "last completed cell")
+                    parked = not entry.replicas and not entry.parking
+                    if parked and self._may_go(waiter):
+                        draining = [h for h, link in self.hosts.items() if link.draining]
+                        hosts = self.policy.choose_hosts(self.cluster, request, 1,
+                                                         exclude=draining)
+                        if hosts:
+                            hosts[0].reserve(_slot_owner(kernel_id, msg_id), request)
+                            return hosts[0].host_id
+                        if self.on_capacity_wanted is not None:
+                            self.on_capacity_wanted(request.gpus)
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise PlacementFailed(self._why_still_waiting(waiter, request))
+                    self._cell_cv.wait(min(0.5, deadline - now))
+            finally:
+                self._cell_waiters.remove(waiter)
+                self._cell_cv.notify_all()
+
+    def _may_go(self, waiter: CellWaiter) -> bool:
+        """FCFS (no backfill): only the oldest waiting cell may take a host; with backfill any
+        waiting cell that fits may."""
+        return self.policy.backfill or self._cell_waiters[0] is waiter
+
+    def _why_still_waiting(self, waiter: CellWaiter, request: ResourceSpec) -> str:
+        ahead = self._cell_waiters.index(waiter)
+        order = "first-come first-served" if not self.policy.backfill else "with backfill"
+        return (f"no host could bind {request.gpus} GPU(s) for this cell within "
+                f"{self.cell_queue_timeout_s:g}s (policy {self.policy.name}: one container per "
+                f"cell, queue served {order}; {ahead} cell(s) ahead of this one; "
+                f"{self.cluster.committed_gpus} of {self.cluster.total_gpus} GPU(s) committed)")
+
+    def cancel_waiting_cells(self, kernel_id: str) -> int:
+        """An interrupt: the kernel's cells that wait for a host stop waiting."""
+        with self._cell_cv:
+            waiting = [w for w in self._cell_waiters if w.kernel_id == kernel_id]
+            for w in waiting:
+                w.cancelled = True
+            self._cell_cv.notify_all()
+        return len(waiting)
+
+    def queued_cells(self, kernel_id: str) -> int:
+        return sum(1 for w in self._cell_waiters if w.kernel_id == kernel_id)
+
+    # -- after a cell ---------------------------------------------------------------------------
+
+    def _cell_released(self, kernel_id: str) -> None:
+        """A cell's GPUs were released: wake the queue and park the kernel in the background."""
+        with self._cell_cv:
+            self._cell_cv.notify_all()
+        self._pool.submit(self._park, kernel_id)
+
+    def _park(self, kernel_id: str) -> None:
+        """Stop the kernel's containers once their checkpoint is durable; the kernel is parked."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None or entry.executions or not entry.replicas or entry.parking \
+                    or entry.state == "stopping":
+                return
+            entry.parking = True
+            replicas = list(entry.replicas.values())
+        try:
+            counts = [self._await_checkpoint(entry, r) for r in replicas]
+            with self.lock:
+                kernel = self.cluster.kernels.get(kernel_id)
+                for r in replicas:
+                    entry.replicas.pop(r.replica_id, None)
+                    if kernel is not None and r.replica_id in kernel.replicas:
+                        self.cluster.remove_replica(kernel_id, r.replica_id)
+                known = [c for c in counts if c is not None]
+                if known:
+                    entry.checkpoint_count = max([entry.checkpoint_count, *known])
+                if entry.front is not None:
+                    entry.front.set_replicas([])
+            for r in replicas:
+                self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
+        finally:
+            with self._cell_cv:
+                entry.parking = False
+                if entry.state not in ("stopping", "failed") and not entry.replicas:
+                    entry.state = "parked"
+                if kernel_id in self.kernels:
+                    self._save_kernel(entry)
+                self._cell_cv.notify_all()
+
+    def _await_checkpoint(self, entry: KernelEntry, replica: ReplicaLink) -> int | None:
+        """Wait until the container's checkpoint covers its last cell; its checkpoint count."""
+        deadline = time.monotonic() + self.cell_checkpoint_timeout_s
+        status: dict = {}
+        while time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                status = control_request(replica.endpoint, entry.key, entry.signature_scheme,
+                                         "replica_status_request", {}, timeout_s=5)
+            except ControlError as exc:
+                log.warning("kernel %s: container %d: %s", entry.kernel_id, replica.replica_id,
+                            exc)
+                return None
+            if int(status.get("checkpoint_count", 0)) >= int(status.get("execution_count", 0)):
+                return int(status.get("checkpoint_count", 0))
+            self._stop.wait(0.05)
+        done, count = status.get("checkpoint_count", "?"), status.get("execution_count", "?")
+        with self.lock:
+            entry.message = (f"the checkpoint after cell [{count}] was not written within "
+                             f"{self.cell_checkpoint_timeout_s:g}s; the next cell starts from "
+                             f"the state after cell [{done}]")
+        log.warning("kernel %s: %s", entry.kernel_id, entry.message)
+        return int(done) if isinstance(done, int) else None
+
+    def _lose_cell_container(self, entry: KernelEntry, replica_id: int, why: str) -> None:
+        """A cell's container died: no replacement (the next cell starts a new one); a cell it
+        was running fails instead of running twice. Called with the lock held."""
+        entry.replicas.pop(replica_id, None)
+        kernel = self.cluster.kernels.get(entry.kernel_id)
+        if kernel is not None and replica_id in kernel.replicas:
+            self.cluster.remove_replica(entry.kernel_id, replica_id)
+        for msg_id, (rid, _) in list(entry.executions.items()):
+            if rid == replica_id:
+                del entry.executions[msg_id]
+                entry.lost_cells.add(_client_msg_id(msg_id))
+                entry.message = f"a cell's container was lost mid-cell: {why}"
+        if entry.front is not None:
+            entry.front.set_replicas(entry.endpoints())
+        if not entry.replicas and entry.state not in ("stopping", "starting"):
+            entry.state = "parked"
+        log.warning("kernel %s: container %d lost: %s", entry.kernel_id, replica_id, why)
+        self._save_kernel(entry)
+        self._cell_cv.notify_all()
