@@ -99,9 +99,18 @@ class CellContainerMixin:
                 entry = self.kernels[kernel_id]
                 restore = entry.checkpoint_count > 0
                 entry.state = "idle"
-            rid = self._add_replicas(kernel_id, 1, join=False, on_host=host_id, restore=restore,
-                                     prewarmed=self.uses_warm_pool,
-                                     extra_env=CELL_CONTAINER_ENV)[0]
+            for attempt in range(3):  # a process can lose a port race at start: try again
+                try:
+                    rid = self._add_replicas(kernel_id, 1, join=False, on_host=host_id,
+                                             restore=restore, prewarmed=self.uses_warm_pool,
+                                             extra_env=CELL_CONTAINER_ENV)[0]
+                    break
+                except StartError as exc:
+                    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
+                        raise
+                    log.warning("kernel %s: container start attempt %d failed: %s", kernel_id,
+                                attempt + 1, exc)
+            assert rid is not None
             started_ms = (time.monotonic() - t0) * 1000
             link = self.hosts.get(host_id)
             if link is None:

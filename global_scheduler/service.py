@@ -508,11 +508,14 @@ class GlobalSchedulerService(ExecutionMixin, RecoveryMixin, CellContainerMixin,
                 raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  self._why_no_hosts(kernel.request, count, len(occupied)))
             plan = []
+            # A group of one needs no address known in advance: its host picks a free port.
+            alone = len(hosts) == 1 and not entry.replicas
             for host in hosts:
                 rid = entry.next_replica_id
                 entry.next_replica_id += 1
                 self.cluster.place_replica(kernel_id, rid, host.host_id)
-                raft = f"{self.hosts[host.host_id].ip}:{random.randint(20000, 59999)}"
+                port = 0 if alone else random.randint(20000, 59999)
+                raft = f"{self.hosts[host.host_id].ip}:{port}"
                 plan.append((rid, self.hosts[host.host_id], raft))
             peers = [local_scheduler_pb2.RaftPeer(replica_id=r.replica_id,
                                                   address=r.raft_address)
