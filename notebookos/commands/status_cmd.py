@@ -53,6 +53,9 @@ def status_document(status: global_scheduler_pb2.ClusterStatus) -> dict[str, Any
         "executor": k.executor_replica_id or None,
         "message": k.message,
         "dropped_messages": k.dropped_messages,
+        "last_interactivity_delay_ms": round(k.last_interactivity_delay_ms, 1),
+        "last_container_start_ms": round(k.last_container_start_ms, 1),
+        "queued_cells": k.queued_cells,
     } for k in status.kernels]
     return {"hosts": hosts, "kernels": kernels, "policy": status.policy,
             "gpus": {"total": status.gpus_total, "committed": status.gpus_committed,
@@ -70,7 +73,14 @@ def render_text(doc: dict[str, Any]) -> str:
                      f"{g['pending']:>5} {h['subscription_ratio']:>6.3f}")
     lines += ["", "KERNELS"]
     for k in doc["kernels"]:
-        lines.append(f"  {k['id']} ({k['state']}) executor={k['executor']}"
+        delay = ""
+        if k["last_interactivity_delay_ms"]:
+            delay = f" delay={k['last_interactivity_delay_ms']:.0f}ms"
+            if k["last_container_start_ms"]:
+                delay += f" (container start {k['last_container_start_ms']:.0f}ms)"
+        if k["queued_cells"]:
+            delay += f" queued={k['queued_cells']}"
+        lines.append(f"  {k['id']} ({k['state']}) executor={k['executor']}{delay}"
                      + (f"  {k['message']}" if k["message"] else ""))
         for r in k["replicas"]:
             lines.append(f"    replica {r['replica_id']} on {r['host_id']} pid {r['pid']} "

@@ -13,6 +13,7 @@ import psutil
 import pytest
 from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
 
+from notebookos.commands.status_cmd import render_text, status_document
 from notebookos.proto import common_pb2, global_scheduler_pb2
 
 pytestmark = pytest.mark.timeout(150)
@@ -70,6 +71,12 @@ def test_batch_runs_each_cell_in_a_fresh_container_restored_from_the_checkpoint(
         assert host.gpus_committed == 0 and host.subscribed.gpus == 0
     assert results[1:] == ["8000000", "420"]
     assert len(set(pids)) == 3
+    # `notebookos status` shows the parked kernel and its last cell's container start
+    doc = status_document(cluster.status())
+    (entry,) = doc["kernels"]
+    assert entry["state"] == "parked" and entry["replicas"] == []
+    assert entry["last_container_start_ms"] > 0
+    assert "(parked)" in render_text(doc) and "container start" in render_text(doc)
 
 
 def test_lcp_cell_borrows_a_warm_process_and_the_pool_refills(make_cluster):
