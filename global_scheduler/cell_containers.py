@@ -185,6 +185,12 @@ class CellContainerMixin:
                             "the container running this cell was lost mid-cell; the cell is not "
                             "run again (a cell runs at most once), the namespace is that of the "
                             "last completed cell")
+                    hosts_now = self.cluster.hosts.values()
+                    if hosts_now and not any(request.fits_within(h.capacity)
+                                             for h in hosts_now):
+                        raise PlacementFailed(  # waiting would block the queue for nothing
+                            f"no host can ever bind this cell's request ({request}): "
+                            f"{len(hosts_now)} host(s) registered, none that large")
                     parked = not entry.replicas and not entry.parking
                     if parked and self._may_go(waiter):
                         draining = [h for h, link in self.hosts.items() if link.draining]
