@@ -25,7 +25,9 @@ class Cluster:
     workdir: Path
 
 
-def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2) -> tuple[Cluster, Supervisor]:
+def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2,
+                  settings: dict | None = None) -> tuple[Cluster, Supervisor]:
+    """``settings``: more configuration (dotted names), e.g. ``{"cluster.policy": "batch"}``."""
     from notebookos.commands.up_cmd import start_schedulers
     from notebookos.provisioner.kernelspecs import install_kernelspecs
 
@@ -34,6 +36,7 @@ def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2) -> tuple[Cl
         "cluster.state_dir": str(workdir / "cluster"),
         "global_scheduler.grpc_port": free_port(),
         "local_scheduler.virtual_gpus": gpus_per_host,
+        **(settings or {}),
     })
     supervisor = Supervisor(workdir / "logs")
     try:
