@@ -182,9 +182,9 @@ class CellContainerMixin:
                                               "host")
                     if _client_msg_id(msg_id) in entry.lost_cells:
                         raise PlacementFailed(
-                            "the container running this cell was lost mid-cell; the cell is not "
-                            "run again (a cell runs at most once), the namespace is that of the "
-                            "last completed cell")
+                            "the container running this cell was lost before the cell "
+                            "completed; the cell is not run again (a cell runs at most once), "
+                            "the namespace is that of the last completed cell")
                     hosts_now = self.cluster.hosts.values()
                     if hosts_now and not any(request.fits_within(h.capacity)
                                              for h in hosts_now):

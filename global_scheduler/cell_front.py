@@ -132,6 +132,13 @@ class CellFront(KernelFront):
         replica = self._replicas.get(executor)
         if replica is not None and executor not in self._welcomed:
             self._await_welcome(executor, replica.iopub)
+            self._apply_commands()
+        if executor not in self._replicas:
+            self.hooks.release_execute(self.kernel_id, msg_id)
+            self._reply_error("shell", idents, msg, "NotebookOSContainerLost",
+                              f"the container started for this cell (replica {executor}) was "
+                              "lost before the cell was sent to it; the cell did not run")
+            return
         super()._send_execute(idents, msg, msg_id, attempt, executor, device_ids)
 
     def _await_welcome(self, rid: int, sock: zmq.Socket) -> None:
