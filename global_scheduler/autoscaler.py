@@ -10,8 +10,9 @@ import time
 
 import grpc
 
+from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.providers import HostProvider
-from notebookos.global_scheduler.service import GlobalSchedulerService, StartError
+from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.policies import ScalingView
 
 log = logging.getLogger(__name__)

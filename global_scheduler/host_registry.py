@@ -1,0 +1,216 @@
+"""What the Local Schedulers tell the Global Scheduler: registration, heartbeats, leaving, and
+the replica events they report; a host silent for too long is dropped. Mixed into
+``GlobalSchedulerService`` (its lock, cluster model, host links and kernel entries)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from notebookos.cluster import AccountingError, Host, ReplicaState
+from notebookos.global_scheduler.hosts import HostLink
+from notebookos.proto import global_scheduler_pb2
+from notebookos.proto.convert import resource_spec_from_proto
+from notebookos.resources import InvalidResourceSpec, ResourceSpec
+
+log = logging.getLogger(__name__)
+
+
+class HostRegistryMixin:
+    def _save_host(self, host_id: str) -> None:
+        link, host = self.hosts[host_id], self.cluster.hosts[host_id]
+        self.store.put_host(host_id, link.to_doc(host.capacity.to_dict()))
+
+    def _add_host(self, host_id: str, address: str, instance_id: str, capacity: ResourceSpec,
+                  gpus: list[dict], virtual: bool, prewarm: int) -> None:
+        host = Host(host_id, capacity, address=address,
+                    gpu_device_ids=[g["device_id"] for g in gpus],
+                    oversubscription=self.oversubscription, virtual_gpus=virtual)
+        self.cluster.add_host(host)
+        self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual,
+                                       prewarm_pool_target=self._pool_target(prewarm))
+
+    def _pool_target(self, offered: int) -> int:
+        """A host's prewarm pool target: the pool it offers, or for lcp the policy's warm pool."""
+        if self.uses_warm_pool:
+            return int(self.policy.warm_containers_per_host)
+        return offered
+
+    def RegisterHost(self, request, context):  # noqa: N802 - gRPC method name
+        def bad(msg: str) -> None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"RegisterHostRequest.{msg}")
+
+        if not request.host_id:
+            bad("host_id must not be empty")
+        if not request.address or ":" not in request.address:
+            bad(f"address={request.address!r} must be host:port")
+        try:
+            capacity = resource_spec_from_proto(request.capacity, "RegisterHostRequest.capacity")
+        except InvalidResourceSpec as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        ids = [g.device_id for g in request.gpus]
+        if capacity.gpus == 0:
+            bad("capacity offers zero GPUs: a NotebookOS host needs at least one GPU (real, or "
+                "virtual with local_scheduler.virtual_gpus >= 1)")
+        if capacity.gpus != len(ids):
+            bad(f"capacity.gpus={capacity.gpus} differs from the {len(ids)} GPU(s) listed")
+        if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+            bad(f"gpus has duplicate or negative device ids {ids}")
+        gpus = [{"device_id": g.device_id, "name": g.name, "vram_gb": g.vram_gb}
+                for g in request.gpus]
+        stale: list[global_scheduler_pb2.ReplicaRef] = []
+        with self.lock:
+            link = self.hosts.get(request.host_id)
+            if link is not None and link.address != request.address \
+                    and link.instance_id != request.instance_id \
+                    and time.time() - link.last_heartbeat < self.heartbeat_timeout_s:
+                context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                              f"host {request.host_id} is registered from {link.address} and "
+                              "still heartbeating; two Local Schedulers claim one host id")
+            if link is not None:
+                host = self.cluster.hosts[request.host_id]
+                if host.capacity != capacity or link.address != request.address:
+                    # a different machine under the same id: its old replicas are lost
+                    self._drop_host(request.host_id, "re-registered with a new capacity")
+                    link = None
+            if link is None:
+                try:
+                    self._add_host(request.host_id, request.address, request.instance_id,
+                                   capacity, gpus, request.virtual_gpus, request.prewarm_pool_size)
+                except (ValueError, AccountingError) as exc:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                link = self.hosts[request.host_id]
+                log.info("host %s registered at %s with %d GPU(s)", request.host_id,
+                         request.address, capacity.gpus)
+            link.instance_id = request.instance_id
+            link.last_heartbeat = time.time()
+            link.prewarm_pool_target = self._pool_target(request.prewarm_pool_size)
+            for r in request.replicas:
+                # Placed replicas count as known, including those still starting.
+                kernel = self.cluster.kernels.get(r.kernel_id)
+                placed = kernel.replicas.get(r.replica_id) if kernel is not None else None
+                known = placed is not None and placed.host_id == request.host_id
+                if not known:
+                    stale.append(global_scheduler_pb2.ReplicaRef(kernel_id=r.kernel_id,
+                                                                replica_id=r.replica_id))
+            self._save_host(request.host_id)
+        if self.on_hosts_changed is not None:
+            self.on_hosts_changed()
+        return global_scheduler_pb2.RegisterHostResponse(
+            scheduler_instance_id=self.instance_id,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            prewarm_pool_target=link.prewarm_pool_target, stale_replicas=stale)
+
+    def Heartbeat(self, request, context):  # noqa: N802
+        if not request.host_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "HeartbeatRequest.host_id must not be empty")
+        with self.lock:
+            link = self.hosts.get(request.host_id)
+            if link is None or link.instance_id != request.instance_id:
+                return global_scheduler_pb2.HeartbeatResponse(reregister=True)
+            link.last_heartbeat = time.time()
+            link.prewarm_pool_size = request.prewarm_pool_size
+            reported = {(r.kernel_id, r.replica_id): r for r in request.replicas}
+            orphaned = []
+            for entry in self.kernels.values():
+                for rid, rl in entry.replicas.items():
+                    r = reported.get((entry.kernel_id, rid))
+                    if rl.host_id == request.host_id and r is not None:
+                        rl.pid = r.pid
+                        if r.committed_gpu_device_ids and not self._holds_gpus(entry, rid):
+                            orphaned.append((entry.kernel_id, rid))
+            # GPUs committed on the host for a request the GS does not know (it restarted
+            # mid-cell): released when seen in two heartbeats in a row.
+            suspects = self._orphan_suspects.setdefault(request.host_id, set())
+            confirmed = [o for o in orphaned if o in suspects]
+            suspects.clear()
+            suspects.update(o for o in orphaned if o not in confirmed)
+        for kernel_id, rid in confirmed:
+            self._pool.submit(self._release_orphaned, link, kernel_id, rid)
+        return global_scheduler_pb2.HeartbeatResponse(
+            prewarm_pool_target=link.prewarm_pool_target,
+            heartbeat_interval_s=self.heartbeat_interval_s)
+
+    def DeregisterHost(self, request, context):  # noqa: N802
+        with self.lock:
+            if request.host_id not in self.hosts:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"host {request.host_id!r} is not "
+                              "registered")
+            lost = self._drop_host(request.host_id, request.reason or "deregistered")
+        if self.on_hosts_changed is not None:
+            self.on_hosts_changed()
+        return global_scheduler_pb2.DeregisterHostResponse(replicas_lost=lost)
+
+    def _drop_host(self, host_id: str, reason: str) -> int:
+        """Forget a host; its replicas are lost and replaced elsewhere. Caller holds the lock."""
+        lost = 0
+        for entry in list(self.kernels.values()):
+            for rid, rl in list(entry.replicas.items()):
+                if rl.host_id == host_id:
+                    self._lose_replica(entry, rid, f"host {host_id} {reason}")
+                    lost += 1
+        host = self.cluster.hosts.get(host_id)
+        if host is not None:
+            for owner in list(host.owners):
+                host.release_owner(owner)
+            self.cluster.remove_host(host_id)
+        link = self.hosts.pop(host_id, None)
+        if link is not None:
+            link.close()
+        self.store.delete_host(host_id)
+        log.warning("host %s removed (%s); %d replica(s) lost", host_id, reason, lost)
+        return lost
+
+    def check_hosts(self) -> None:
+        """Declare hosts silent for longer than the heartbeat timeout dead."""
+        now = time.time()
+        with self.lock:
+            silent = [h for h, link in self.hosts.items()
+                      if now - link.last_heartbeat > self.heartbeat_timeout_s]
+            for host_id in silent:
+                self._drop_host(host_id, f"missed heartbeats for {self.heartbeat_timeout_s:g}s")
+        if silent and self.on_hosts_changed is not None:
+            self.on_hosts_changed()
+
+    # -- replica events (reported by the hosts) -----------------------------------------------
+
+    def ReportReplicaEvent(self, request, context):  # noqa: N802
+        with self.lock:
+            link = self.hosts.get(request.host_id)
+            if link is None:
+                context.abort(grpc.StatusCode.NOT_FOUND,
+                              f"host {request.host_id!r} is not registered")
+            seen_key = f"{request.host_id}/{link.instance_id}"
+            if request.sequence and request.sequence <= self._seen_events.get(seen_key, 0):
+                return global_scheduler_pb2.ReplicaEventAck(known=True)
+            self._seen_events[seen_key] = max(request.sequence, self._seen_events.get(seen_key, 0))
+            entry = self.kernels.get(request.kernel_id)
+            rl = entry.replicas.get(request.replica_id) if entry else None
+            if entry is None or rl is None or rl.host_id != request.host_id:
+                kernel = self.cluster.kernels.get(request.kernel_id)
+                if kernel is not None and request.replica_id in kernel.replicas and \
+                        request.kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED:
+                    self._died_starting.add((request.kernel_id, request.replica_id))
+                    log.warning("kernel %s: replica %d died while starting: %s",
+                                request.kernel_id, request.replica_id,
+                                request.message.strip().splitlines()[-1:] or "")
+                    return global_scheduler_pb2.ReplicaEventAck(known=True)
+                return global_scheduler_pb2.ReplicaEventAck(known=False)
+            kind = request.kind
+            if kind == global_scheduler_pb2.REPLICA_EVENT_KIND_STARTED:
+                rl.ready = True
+                replica = self.cluster.kernels[entry.kernel_id].replicas.get(request.replica_id)
+                if replica is not None:
+                    replica.state = ReplicaState.RUNNING
+            elif kind in (global_scheduler_pb2.REPLICA_EVENT_KIND_DIED,
+                          global_scheduler_pb2.REPLICA_EVENT_KIND_EXITED):
+                if entry.state != "stopping":
+                    why = "died" if kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED \
+                        else "exited"
+                    self._lose_replica(entry, request.replica_id,
+                                       f"replica {request.replica_id} {why} (exit code "
+                                       f"{request.exit_code})")
+        return global_scheduler_pb2.ReplicaEventAck(known=True)

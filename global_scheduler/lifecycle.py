@@ -1,0 +1,242 @@
+"""A kernel's life cycle as the gRPC API drives it: start (replicas, front, session GPUs),
+stop, interrupt, restart, and moving a replica on request. Mixed into
+``GlobalSchedulerService``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+
+from notebookos.cluster import AccountingError
+from notebookos.global_scheduler.cell_front import CellFront
+from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.front import KernelFront
+from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.policies import GpuBinding
+from notebookos.proto import global_scheduler_pb2, local_scheduler_pb2
+from notebookos.proto.convert import resource_spec_from_proto
+from notebookos.resources import InvalidResourceSpec, ResourceSpec
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha1", "hmac-md5")
+
+
+class KernelLifecycleMixin:
+    def StartKernel(self, request, context):  # noqa: N802
+        def bad(msg: str) -> None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{msg}")
+
+        if not request.kernel_id:
+            bad("kernel_id must not be empty")
+        if not request.key:
+            bad("key must not be empty (the kernel's HMAC key)")
+        scheme = request.signature_scheme or "hmac-sha256"
+        if scheme not in SUPPORTED_SCHEMES:
+            bad(f"signature_scheme={scheme!r} is not supported; use one of {SUPPORTED_SCHEMES}")
+        if request.hints.replicas < 0:
+            bad(f"hints.replicas={request.hints.replicas} must be >= 0")
+        try:
+            spec = resource_spec_from_proto(request.resources, "StartKernelRequest.resources")
+        except InvalidResourceSpec as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            entry = self.start_kernel(request.kernel_id, spec, request.key, scheme,
+                                      request.kernel_name, dict(request.env))
+        except StartError as exc:
+            context.abort(exc.code, str(exc))
+        with self.lock:
+            status = self._kernel_status(entry, with_key=False)
+        connection = self._connection(entry, with_key=True)
+        return global_scheduler_pb2.StartKernelResponse(connection=connection, status=status)
+
+    def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
+                     kernel_name: str = "", env: dict[str, str] | None = None) -> KernelEntry:
+        with self.lock:
+            if kernel_id in self.kernels:
+                raise StartError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"kernel {kernel_id!r} is already running; stop it first")
+            self.cluster.add_kernel(kernel_id, spec)
+            entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {})
+            self.kernels[kernel_id] = entry
+        try:
+            for attempt in range(3):  # a replica can lose a port race at start: try again
+                try:
+                    if self.per_cell:
+                        self._start_first_container(kernel_id)
+                    else:
+                        self._add_replicas(kernel_id, self.replicas_per_kernel, join=False)
+                    break
+                except StartError as exc:
+                    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
+                        raise
+                    log.warning("kernel %s: start attempt %d failed: %s", kernel_id,
+                                attempt + 1, exc)
+            if self.policy.gpu_binding is GpuBinding.SESSION:
+                self._bind_for_session(entry, spec)
+            with self.lock:
+                entry.front = self._new_front(entry)
+                entry.front.set_replicas(entry.endpoints())
+                entry.front.start()
+                entry.state = "idle"
+                self._save_kernel(entry)
+            if self.per_cell:
+                self._park(kernel_id)
+            return entry
+        except StartError:
+            self._discard_kernel(kernel_id)
+            raise
+        except Exception as exc:
+            self._discard_kernel(kernel_id)
+            log.exception("kernel %s failed to start", kernel_id)
+            raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
+                             f"{exc}") from exc
+
+    def _new_front(self, entry: KernelEntry, ports: dict[str, int] | None = None) -> KernelFront:
+        if not self.per_cell:
+            return KernelFront(entry.kernel_id, entry.key, entry.signature_scheme, self,
+                               ip=self.ip, ports=ports)
+        kernel_id = entry.kernel_id
+        return CellFront(kernel_id, entry.key, entry.signature_scheme, self, ip=self.ip,
+                         ports=ports, kernel_info=entry.kernel_info,
+                         on_interrupt_parked=lambda: self.cancel_waiting_cells(kernel_id))
+
+    def _bind_for_session(self, entry: KernelEntry, spec: ResourceSpec,
+                          replica_id: int | None = None) -> None:
+        """Reservation-style policies: commit the kernel's GPUs once, for its whole life, to
+        ``replica_id`` (default: the lowest id; a replacement: recovery.py)."""
+        rid = min(entry.replicas) if replica_id is None else replica_id
+        rl = entry.replicas[rid]
+        link = self.hosts[rl.host_id]
+        try:
+            resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+                kernel_id=entry.kernel_id, replica_id=rid, request_id=f"session:{entry.kernel_id}",
+                gpus=spec.gpus), timeout=10)
+        except grpc.RpcError as exc:
+            raise StartError(grpc.StatusCode.UNAVAILABLE,
+                             f"host {rl.host_id} could not bind the GPUs: {exc.details()}") from exc
+        if not resp.committed:
+            raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"host {rl.host_id} cannot bind {spec.gpus} GPU(s) for the "
+                             f"session: {resp.reason}")
+        with self.lock:
+            kernel = self.cluster.kernels[entry.kernel_id]
+            host = self.cluster.hosts[rl.host_id]
+            try:
+                host.commit(kernel.replicas[rid].owner, spec, list(resp.device_ids))
+            except AccountingError as exc:
+                log.warning("accounting differs from host %s: %s", rl.host_id, exc)
+            kernel.executor = rid
+            entry.session_gpus = (rid, rl.host_id, list(resp.device_ids))
+
+    def _discard_kernel(self, kernel_id: str) -> None:
+        with self.lock:
+            entry = self.kernels.pop(kernel_id, None)
+            if kernel_id in self.cluster.kernels:
+                self.cluster.remove_kernel(kernel_id)
+            self.store.delete_kernel(kernel_id)
+        if entry is not None and entry.front is not None:
+            entry.front.close()
+
+    def StopKernel(self, request, context):  # noqa: N802
+        with self.lock:
+            entry = self.kernels.get(request.kernel_id)
+            if entry is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+            entry.state = "stopping"
+            replicas = list(entry.replicas.values())
+            self._cell_cv.notify_all()  # its cells waiting for a host stop waiting
+        list(self._pool.map(lambda r: self._stop_replica_quietly(
+            r.host_id, request.kernel_id, r.replica_id), replicas))
+        self._discard_kernel(request.kernel_id)
+        return global_scheduler_pb2.StopKernelResponse()
+
+    def InterruptKernel(self, request, context):  # noqa: N802
+        with self.lock:
+            entry = self.kernels.get(request.kernel_id)
+            if entry is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+            if entry.state in ("starting", "stopping"):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"kernel {request.kernel_id} is {entry.state}")
+            running = dict(entry.executions)
+        queued = self.cancel_waiting_cells(request.kernel_id) if self.per_cell else 0
+        for rid, host_id in running.values():
+            link = self.hosts.get(host_id)
+            if link is not None:
+                try:
+                    link.stub.InterruptReplica(local_scheduler_pb2.InterruptReplicaRequest(
+                        kernel_id=request.kernel_id, replica_id=rid), timeout=5)
+                except grpc.RpcError as exc:
+                    log.info("interrupt of %s/%d failed: %s", request.kernel_id, rid,
+                             exc.details())
+        return global_scheduler_pb2.InterruptKernelResponse(
+            cell_was_running=bool(running or queued))
+
+    def RestartKernel(self, request, context):  # noqa: N802
+        """Fresh replicas (empty namespace) behind the same front ports."""
+        with self.lock:
+            entry = self.kernels.get(request.kernel_id)
+            if entry is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+            if entry.state in ("stopping", "starting"):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"kernel {request.kernel_id} is {entry.state}")
+            guard = self._recovery_guards.setdefault(request.kernel_id, threading.Lock())
+        with guard:
+            with self.lock:
+                old = list(entry.replicas.values())
+                entry.state = "starting"
+                kernel = self.cluster.kernels[request.kernel_id]
+                for r in old:
+                    entry.replicas.pop(r.replica_id, None)
+                    if r.replica_id in kernel.replicas:
+                        self.cluster.remove_replica(request.kernel_id, r.replica_id)
+                entry.raft_removals.clear()
+                entry.executions.clear()
+                entry.session_gpus = None
+                entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
+                entry.lost_cells.clear()
+                kernel.executor = None
+                if entry.front is not None:
+                    entry.front.set_replicas([])
+            list(self._pool.map(lambda r: self._stop_replica_quietly(
+                r.host_id, request.kernel_id, r.replica_id), old))
+            try:
+                if self.per_cell:
+                    self._start_first_container(request.kernel_id)
+                else:
+                    self._add_replicas(request.kernel_id, self.replicas_per_kernel, join=False)
+                if self.policy.gpu_binding is GpuBinding.SESSION:
+                    self._bind_for_session(entry, kernel.request)
+            except StartError as exc:
+                with self.lock:
+                    entry.state, entry.message = "failed", f"restart failed: {exc}"
+                    self._save_kernel(entry)
+                context.abort(exc.code, str(exc))
+            with self.lock:
+                entry.state, entry.message = "idle", ""
+                self._save_kernel(entry)
+            if self.per_cell:
+                self._park(request.kernel_id)
+            with self.lock:
+                status = self._kernel_status(entry)
+        return global_scheduler_pb2.RestartKernelResponse(
+            connection=self._connection(entry, with_key=True), status=status)
+
+    def MigrateReplica(self, request, context):  # noqa: N802
+        if not request.kernel_id or request.replica_id < 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "MigrateReplicaRequest needs kernel_id and replica_id >= 1")
+        try:
+            rid, host_id = self.migrate_replica(request.kernel_id, request.replica_id,
+                                                request.target_host_id or None)
+        except StartError as exc:
+            context.abort(exc.code, str(exc))
+        with self.lock:
+            status = self._kernel_status(self.kernels[request.kernel_id])
+        replica = next((r for r in status.replicas if r.replica_id == rid), None)
+        return global_scheduler_pb2.MigrateReplicaResponse(target_host_id=host_id,
+                                                           replica=replica)

@@ -1,0 +1,163 @@
+"""Starting and stopping replica processes through the Local Schedulers: placing new replicas
+(where the policy says, or on a given host), starting them in parallel, joining them to a running
+Raft group, waiting until they answer. Mixed into ``GlobalSchedulerService``."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import grpc
+
+from notebookos.cluster import ReplicaState
+from notebookos.global_scheduler.cell_front import CellFront
+from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.kernels import ReplicaLink
+from notebookos.global_scheduler.readiness import wait_until_ready
+from notebookos.proto import local_scheduler_pb2
+from notebookos.proto.convert import resource_spec_to_proto
+from notebookos.resources import ResourceSpec
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaStarterMixin:
+    def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
+                      on_host: str | None = None, restore: bool = False,
+                      prewarmed: bool = True,
+                      extra_env: dict[str, str] | None = None) -> list[int]:
+        """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says),
+        start them (from the host's prewarm pool when ``prewarmed`` and it has one), wait until
+        they answer; returns their ids. Raises StartError."""
+        with self.lock:
+            entry = self.kernels[kernel_id]
+            members = [r.endpoint for r in entry.replicas.values() if r.ready]
+        if join:
+            if not members:
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"kernel {kernel_id} has no live member to join")
+            self._remove_lost_members(entry, members)
+        with self.lock:
+            entry = self.kernels[kernel_id]
+            kernel = self.cluster.kernels[kernel_id]
+            occupied = [r.host_id for r in entry.replicas.values()]
+            occupied += [h for h, link in self.hosts.items() if link.draining]
+            if on_host is not None:
+                hosts = [self.cluster.hosts[on_host]] if on_host in self.cluster.hosts else None
+            else:
+                hosts = self.policy.choose_hosts(self.cluster, kernel.request, count,
+                                                 exclude=occupied)
+            if hosts is None:
+                raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 self._why_no_hosts(kernel.request, count, len(occupied)))
+            plan = []
+            # A group of one needs no address known in advance: its host picks a free port.
+            alone = len(hosts) == 1 and not entry.replicas
+            for host in hosts:
+                rid = entry.next_replica_id
+                entry.next_replica_id += 1
+                self.cluster.place_replica(kernel_id, rid, host.host_id)
+                port = 0 if alone else random.randint(20000, 59999)
+                raft = f"{self.hosts[host.host_id].ip}:{port}"
+                plan.append((rid, self.hosts[host.host_id], raft))
+            peers = [local_scheduler_pb2.RaftPeer(replica_id=r.replica_id,
+                                                  address=r.raft_address)
+                     for r in entry.replicas.values()]
+            peers += [local_scheduler_pb2.RaftPeer(replica_id=rid, address=raft)
+                      for rid, _, raft in plan]
+            request_spec = resource_spec_to_proto(kernel.request)
+        calls = {}
+        for rid, link, raft in plan:
+            req = local_scheduler_pb2.StartReplicaRequest(
+                kernel_id=kernel_id, replica_id=rid, raft_address=raft,
+                raft_peers=[p for p in peers if p.replica_id != rid], store_url=self.store_url,
+                key=entry.key, signature_scheme=entry.signature_scheme, resources=request_spec,
+                use_prewarmed=prewarmed, join_existing_group=join,
+                restore_from_checkpoint=restore, env={**entry.env, **(extra_env or {})},
+                kernel_name=entry.kernel_name)
+            calls[rid] = (link, raft, link.stub.StartReplica.future(req, timeout=60))
+        started: dict[int, ReplicaLink] = {}
+        errors = []
+        for rid, (link, raft, fut) in calls.items():
+            try:
+                resp = fut.result()
+            except grpc.RpcError as exc:
+                errors.append(f"host {link.host_id}: {exc.details()}")
+                continue
+            c = resp.connection
+            started[rid] = ReplicaLink(
+                rid, link.host_id,
+                ReplicaEndpoint(rid, c.ip, c.shell_port, c.iopub_port, c.stdin_port,
+                                c.control_port),
+                resp.raft_address or raft, resp.pid, from_prewarm_pool=resp.from_prewarm_pool)
+        t_started = time.monotonic()
+        if not errors and join:
+            for rid, r in started.items():
+                try:
+                    self._membership_change(entry, members, "add_replica_request",
+                                            {"replica_id": rid, "raft_address": r.raft_address})
+                except StartError as exc:
+                    errors.append(str(exc))
+        t_added = time.monotonic()
+        infos: dict[int, dict] = {}
+        if not errors:
+            ready = wait_until_ready(
+                [r.endpoint for r in started.values()], entry.key, entry.signature_scheme,
+                self.start_timeout_s,
+                alive=lambda rid: (kernel_id, rid) not in self._died_starting, replies=infos)
+            errors = [f"replica {rid} on host {r.host_id} "
+                      + ("died while starting" if (kernel_id, rid) in self._died_starting
+                         else f"did not answer within {self.start_timeout_s:g}s")
+                      for rid, r in started.items() if rid not in ready]
+            log.info("kernel %s: replicas %s membership %.2fs, ready %.2fs", kernel_id,
+                     sorted(started), t_added - t_started, time.monotonic() - t_added)
+        if errors:
+            for rid, r in started.items():
+                self._stop_replica_quietly(r.host_id, kernel_id, rid)
+            with self.lock:
+                for rid, _, _ in plan:
+                    if rid in self.cluster.kernels[kernel_id].replicas:
+                        self.cluster.remove_replica(kernel_id, rid)
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if any("did not answer" in e
+                                                            for e in errors) \
+                else grpc.StatusCode.UNAVAILABLE
+            raise StartError(code, f"kernel {kernel_id}: could not start replicas: "
+                             + "; ".join(errors))
+        with self.lock:
+            if infos and entry.kernel_info is None:
+                entry.kernel_info = next(iter(infos.values()))
+                if isinstance(entry.front, CellFront) and entry.front.kernel_info is None:
+                    entry.front.kernel_info = entry.kernel_info
+            for rid, r in started.items():
+                r.ready = True
+                entry.replicas[rid] = r
+                replica = self.cluster.kernels[kernel_id].replicas[rid]
+                replica.state = ReplicaState.RUNNING
+                replica.pid = r.pid
+            if entry.front is not None:
+                entry.front.set_replicas(entry.endpoints())
+            self._save_kernel(entry)
+        return sorted(started)
+
+    def _why_no_hosts(self, request: ResourceSpec, count: int, occupied: int) -> str:
+        total = len(self.cluster.hosts)
+        fit = sum(1 for h in self.cluster.hosts.values() if request.fits_within(h.capacity))
+        if fit == 0:
+            return (f"no host can hold the request ({request}) at all: "
+                    f"{total} host(s) registered")
+        return (f"need {count} more distinct host(s) for the request ({request}); "
+                f"{fit} of {total} host(s) could hold it but not within the subscription "
+                f"limits ({occupied} already hold a replica)")
+
+    def _stop_replica_quietly(self, host_id: str, kernel_id: str, replica_id: int) -> None:
+        link = self.hosts.get(host_id)
+        if link is None:
+            return
+        try:
+            link.stub.StopReplica(local_scheduler_pb2.StopReplicaRequest(
+                kernel_id=kernel_id, replica_id=replica_id, grace_period_s=2.0), timeout=15)
+        except grpc.RpcError as exc:
+            log.info("stopping replica %s/%d on %s: %s", kernel_id, replica_id, host_id,
+                     exc.details())

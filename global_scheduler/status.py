@@ -1,0 +1,104 @@
+"""What ``GetKernelStatus``, ``ListKernels`` and ``GetClusterStatus`` answer, built from the
+Global Scheduler's registry under its lock. Mixed into ``GlobalSchedulerService``."""
+
+from __future__ import annotations
+
+import grpc
+
+from notebookos.cluster import ReplicaState
+from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.proto.convert import resource_spec_to_proto
+
+KERNEL_STATES = {
+    "starting": common_pb2.KERNEL_STATE_STARTING, "idle": common_pb2.KERNEL_STATE_IDLE,
+    "busy": common_pb2.KERNEL_STATE_BUSY, "degraded": common_pb2.KERNEL_STATE_DEGRADED,
+    "stopping": common_pb2.KERNEL_STATE_STOPPING, "failed": common_pb2.KERNEL_STATE_FAILED,
+    "recovering": common_pb2.KERNEL_STATE_RECOVERING, "parked": common_pb2.KERNEL_STATE_PARKED,
+}
+REPLICA_STATES = {
+    ReplicaState.STARTING: common_pb2.REPLICA_STATE_STARTING,
+    ReplicaState.RUNNING: common_pb2.REPLICA_STATE_IDLE,
+    ReplicaState.MIGRATING: common_pb2.REPLICA_STATE_MIGRATING,
+    ReplicaState.STOPPED: common_pb2.REPLICA_STATE_STOPPED,
+    ReplicaState.DEAD: common_pb2.REPLICA_STATE_DEAD,
+}
+
+
+class StatusMixin:
+    def _connection(self, entry: KernelEntry, with_key: bool) -> common_pb2.ConnectionInfo:
+        ports = entry.front.ports if entry.front else {}
+        return common_pb2.ConnectionInfo(
+            ip=self.ip, transport="tcp", key=entry.key if with_key else "",
+            signature_scheme=entry.signature_scheme, **ports)
+
+    def _kernel_status(self, entry: KernelEntry, with_key: bool = False) -> common_pb2.KernelStatus:
+        kernel = self.cluster.kernels.get(entry.kernel_id)
+        replicas = []
+        executing = {rid for rid, _ in entry.executions.values()}
+        if kernel is not None:
+            for rid, replica in sorted(kernel.replicas.items()):
+                rl = entry.replicas.get(rid)
+                state = REPLICA_STATES.get(replica.state, common_pb2.REPLICA_STATE_UNSPECIFIED)
+                if rid in executing:
+                    state = common_pb2.REPLICA_STATE_EXECUTING
+                replicas.append(common_pb2.ReplicaStatus(
+                    kernel_id=entry.kernel_id, replica_id=rid, host_id=replica.host_id,
+                    pid=rl.pid if rl else 0, state=state, executor=kernel.executor == rid,
+                    raft_address=rl.raft_address if rl else "",
+                    resources=resource_spec_to_proto(kernel.request),
+                    last_cell_gpu_device_ids=entry.last_cell_gpus.get(rid, []),
+                    last_interactivity_delay_ms=entry.last_interactivity_ms.get(rid, 0.0)))
+        queued = self.queued_cells(entry.kernel_id) if self.per_cell else 0
+        state = entry.state
+        if state in ("idle", "parked") and (entry.executions or queued):
+            state = "busy"
+        return common_pb2.KernelStatus(
+            kernel_id=entry.kernel_id, state=KERNEL_STATES.get(state, 0),
+            resources=resource_spec_to_proto(kernel.request) if kernel else None,
+            replicas=replicas, executor_replica_id=(kernel.executor or 0) if kernel else 0,
+            connection=self._connection(entry, with_key), message=entry.message,
+            created_unix=entry.created_unix,
+            dropped_messages=(entry.front.bad_signatures + entry.front.malformed)
+            if entry.front else 0,
+            last_interactivity_delay_ms=entry.kernel_interactivity_ms,
+            last_container_start_ms=entry.last_container_start_ms,
+            last_cell_pid=entry.last_cell_pid,
+            last_cell_from_prewarm_pool=entry.last_cell_from_prewarm_pool,
+            queued_cells=queued)
+
+    def GetKernelStatus(self, request, context):  # noqa: N802
+        with self.lock:
+            entry = self.kernels.get(request.kernel_id)
+            if entry is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+            return self._kernel_status(entry)
+
+    def ListKernels(self, request, context):  # noqa: N802
+        with self.lock:
+            return global_scheduler_pb2.ListKernelsResponse(
+                kernels=[self._kernel_status(e) for e in self.kernels.values()])
+
+    def GetClusterStatus(self, request, context):  # noqa: N802
+        with self.lock:
+            hosts = []
+            for host_id, host in self.cluster.hosts.items():
+                link = self.hosts[host_id]
+                hosts.append(common_pb2.HostStatus(
+                    host_id=host_id, address=link.address,
+                    capacity=resource_spec_to_proto(host.capacity),
+                    subscribed=resource_spec_to_proto(host.subscribed),
+                    gpus=[common_pb2.GpuDevice(**g) for g in link.gpus],
+                    virtual_gpus=link.virtual_gpus, gpus_committed=host.committed.gpus,
+                    gpus_pending=host.pending.gpus,
+                    subscription_ratio=host.subscription_ratio(self.replicas_per_kernel),
+                    prewarm_pool_size=link.prewarm_pool_size,
+                    last_heartbeat_unix=link.last_heartbeat, draining=link.draining))
+            limit = getattr(self.policy, "subscription_ratio_limit", 0.0)
+            return global_scheduler_pb2.ClusterStatus(
+                hosts=hosts, kernels=[self._kernel_status(e) for e in self.kernels.values()],
+                policy=self.policy.name, replicas_per_kernel=self.replicas_per_kernel,
+                subscription_ratio_limit=float(limit or 0.0),
+                gpus_total=self.cluster.total_gpus, gpus_committed=self.cluster.committed_gpus,
+                gpus_pending=sum(h.pending.gpus for h in self.cluster.hosts.values()),
+                scheduler_instance_id=self.instance_id)
