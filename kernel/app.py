@@ -19,7 +19,7 @@ import os
 
 import zmq
 from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
-from traitlets import Dict, Int, Type
+from traitlets import Dict, DottedObjectName, Int, Type
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
 
@@ -45,6 +45,10 @@ class ReplicaKernelApp(IPKernelApp):
     name = "notebookos-kernel"
     classes = [*IPKernelApp.classes, ReplicaKernel]  # so --help documents the replica options
     kernel_class = Type(ReplicaKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+    outstream_class = DottedObjectName(
+        "notebookos.kernel.iostream.ReplicaOutStream",
+        help="stdout/stderr class (ipykernel's OutStream, skipping empty flushes)",
+    ).tag(config=True)
     aliases = Dict({
         **kernel_aliases,
         "replica-id": "ReplicaKernel.replica_id",
