@@ -49,6 +49,13 @@ class ReplicaKernelApp(IPKernelApp):
         "notebookos.kernel.iostream.ReplicaOutStream",
         help="stdout/stderr class (ipykernel's OutStream, skipping empty flushes)",
     ).tag(config=True)
+    def init_sockets(self) -> None:
+        super().init_sockets()
+        # No kernel subshells: they would run cells concurrently beside the group's elections
+        # (a replica runs one elected cell at a time), and without the shell-channel thread a
+        # message reaches the kernel's loop, and its reply the socket, one thread hop sooner.
+        self.shell_channel_thread = None
+
     aliases = Dict({
         **kernel_aliases,
         "replica-id": "ReplicaKernel.replica_id",

@@ -63,6 +63,18 @@ def ignore_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+class _NoShellChannelThread:
+    """Stands in for ipykernel's shell-channel thread, which a replica does not run (see
+    ``ReplicaKernelApp.init_sockets``): falsy, so ipykernel takes its single-thread paths, and
+    its ``parent_thread`` is the main thread (ipykernel 7.4's ``do_execute`` reads it for
+    top-level ``await`` cells without checking whether the thread exists)."""
+
+    parent_thread = threading.main_thread()
+
+    def __bool__(self) -> bool:
+        return False
+
+
 def applied_members(raft: RaftLog) -> dict[int, str]:
     """The book's member map (called on the tick thread, which holds no lock here)."""
     with raft.lock:
@@ -128,6 +140,8 @@ class ReplicaKernel(IPythonKernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not self.shell_channel_thread:
+            self.shell_channel_thread = _NoShellChannelThread()
         if not self.raft_address:
             raise ValueError("--raft-address host:port is required")
         self._peer_map = parse_peers(self.peers)
@@ -174,6 +188,11 @@ class ReplicaKernel(IPythonKernel):
             "NotebookOS replica %s of kernel %s: raft %s, peers %s",
             self.replica_id, self.kernel_id, self.raft_address, self._peer_map,
         )
+
+    @property
+    def _supports_kernel_subshells(self) -> bool:
+        """No kernel subshells: they would run cells beside the group's elections."""
+        return False
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:

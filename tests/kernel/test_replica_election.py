@@ -219,3 +219,15 @@ def test_interrupt_sent_to_every_replica_stops_only_the_running_cell(group: Repl
     after = group.execute("print('slow_done' in globals(), queued_ran)", target=2)
     assert after.stdout() == "False True\n", after.summary()
 
+
+
+def test_replicas_offer_no_kernel_subshells_and_run_top_level_await(group: ReplicaGroup):
+    """Subshells would run cells concurrently beside the group's elections: a replica does not
+    advertise them, and a top-level ``await`` cell (ipykernel's async path) still runs."""
+    client = group.replicas[1].client
+    msg_id = client.kernel_info()
+    reply = group._wait_reply(client.get_shell_msg, msg_id, 30)
+    assert "kernel subshells" not in reply["content"].get("supported_features", [])
+    result = group.execute("import asyncio\nawait asyncio.sleep(0.01)\nslept = 1", target=1)
+    assert result.reply(1)["content"]["status"] == "ok", result.summary()
+    assert group.execute("print(slept)", target=2).stdout() == "1\n"
