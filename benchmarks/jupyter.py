@@ -119,6 +119,21 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+async def wait_quiet(pids: Callable[[], list[int]], timeout: float = 90,
+                     busy_ms_per_s: float = 50) -> None:
+    """Until the kernel side has settled: after a kernel starts, its hosts refill their prewarm
+    pools (a new interpreter doing its heavy imports per host), which would otherwise land in
+    the first measured cells. Two quiet half-second windows in a row, or the timeout."""
+    quiet = 0
+    deadline = time.monotonic() + timeout
+    while quiet < 2 and time.monotonic() < deadline:
+        watched = pids()
+        before = cpu_seconds(watched)
+        await asyncio.sleep(0.5)
+        busy = (cpu_seconds(watched) - before) * 1000 / 0.5
+        quiet = quiet + 1 if busy < busy_ms_per_s else 0
+
+
 async def measure(server: Server, kernel_name: str, cells: int, warmup: int = 10,
                   kernel_pids: Callable[[], list[int]] | None = None) -> tuple[list[float], float]:
     """Round trips (ms) and the kernel side's CPU per cell (ms): the processes
@@ -127,6 +142,7 @@ async def measure(server: Server, kernel_name: str, cells: int, warmup: int = 10
         def kernel_pids() -> list[int]:
             return [c.pid for c in psutil.Process(server.proc.pid).children(recursive=True)]
     kernel_id = await server.start_kernel(kernel_name)
+    await wait_quiet(kernel_pids)
     session = uuid.uuid4().hex
     ws = await websocket_connect(
         f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels"
