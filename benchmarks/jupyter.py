@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,15 +38,14 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from notebookos.config import load_config
+from notebookos.ports import free_ports
 from notebookos.supervisor import Supervisor, marked_processes
 
 STOCK_CLASS = "jupyter_server.services.kernels.connection.channels.ZMQChannelsWebsocketConnection"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # below the ephemeral range: no outgoing connection takes it
 
 
 class Server:

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,15 +34,14 @@ import zmq
 from jupyter_client import BlockingKernelClient
 from jupyter_client.session import Session
 
+from notebookos.ports import free_ports
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto.convert import connection_info_to_dict
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # below the ephemeral range: no outgoing connection takes it
 
 
 def percentile(values: list[float], q: float) -> float:

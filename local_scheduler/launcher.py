@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from notebookos.local_scheduler import spawn
-from notebookos.local_scheduler.ports import free_ports
 from notebookos.local_scheduler.prewarm import PrewarmedProcess
+from notebookos.ports import free_ports
 
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 

@@ -14,8 +14,8 @@ import grpc
 from notebookos.local_scheduler.binding import GpuBinder
 from notebookos.local_scheduler.gpus import Gpu
 from notebookos.local_scheduler.launcher import LaunchedReplica, Launcher, ReplicaSpec, log_tail
-from notebookos.local_scheduler.ports import free_ports
 from notebookos.local_scheduler.prewarm import PrewarmPool
+from notebookos.ports import free_ports
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 from notebookos.proto.convert import resource_spec_from_proto, resource_spec_to_proto

@@ -8,12 +8,13 @@ import socket
 import subprocess
 import time
 
+from notebookos.ports import free_ports
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago, from below the ephemeral range (see
+    ``notebookos.ports``: outgoing connections cannot take it before the daemon binds it)."""
+    return free_ports(1)[0]
 
 
 def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:

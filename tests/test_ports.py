@@ -1,11 +1,11 @@
-"""Replica ports come from below the ephemeral range, so outgoing connections cannot take them
+"""Ports for replicas and daemons come from below the ephemeral range, so outgoing connections cannot take them
 between the Local Scheduler's probe and the replica's bind."""
 
 from __future__ import annotations
 
 import socket
 
-from notebookos.local_scheduler.ports import allocation_range, free_ports
+from notebookos.ports import allocation_range, free_ports
 
 
 def test_ports_are_distinct_bindable_and_below_the_ephemeral_range():
