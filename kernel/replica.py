@@ -658,8 +658,11 @@ class ReplicaKernel(IPythonKernel):
         done = loop.create_future()
 
         def committed(ok: bool, reason: str) -> None:  # on pysyncobj's thread
-            if ok:  # a cell that changed nothing needs no checkpoint soon: the store has it
-                checkpoint = (self.sync.checkpoint_in_background if update_bytes is not None
+            if ok:  # a cell that changed nothing needs no checkpoint soon (the store has its
+                # state), unless this is a per-cell container: it is stopped once its
+                # checkpoint covers the cell, so deferring would hold the next cell back
+                now = update_bytes is not None or self.cell_container
+                checkpoint = (self.sync.checkpoint_in_background if now
                               else self.sync.checkpoint_later)
                 checkpoint(
                     election.execution_count,
