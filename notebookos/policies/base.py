@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -140,6 +140,10 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
             return host.can_commit(request)
         return True
 
+    def candidate_hosts(self, cluster: Cluster, request: ResourceSpec) -> Iterable[Host]:
+        """The hosts ``choose_hosts`` considers, best first: the most idle GPUs first."""
+        return placement.most_idle_first(cluster, min_idle=0, limit=self.candidate_limit)
+
     def choose_hosts(
         self,
         cluster: Cluster,
@@ -155,7 +159,7 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         count = self.replicas_per_kernel if count is None else count
         chosen: list[Host] = []
         skip = set(exclude)
-        for host in placement.most_idle_first(cluster, min_idle=0, limit=self.candidate_limit):
+        for host in self.candidate_hosts(cluster, request):
             if host.host_id in skip or not self.host_acceptable(cluster, host, request):
                 continue
             chosen.append(host)

@@ -3,7 +3,7 @@ the fewest idle GPUs that can still bind the whole request now."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from notebookos.cluster import Cluster, Host
 from notebookos.policies import placement
@@ -17,24 +17,8 @@ class BestFitPolicy(Policy):
     def __init__(self, *, scale_factor: float = 1.0, buffer_hosts: int = 0, **kwargs) -> None:
         super().__init__(scale_factor=scale_factor, buffer_hosts=buffer_hosts, **kwargs)
 
-    def choose_hosts(
-        self,
-        cluster: Cluster,
-        request: ResourceSpec,
-        count: int | None = None,
-        exclude: Sequence[str] = (),
-    ) -> list[Host] | None:
+    def candidate_hosts(self, cluster: Cluster, request: ResourceSpec) -> Iterable[Host]:
         """Best fit: hosts with the fewest idle GPUs that can bind the whole request now."""
-        count = self.replicas_per_kernel if count is None else count
-        chosen: list[Host] = []
-        skip = set(exclude)
-        for host in placement.fewest_idle_first(
+        return placement.fewest_idle_first(
             cluster, min_idle=request.gpus, limit=self.candidate_limit
-        ):
-            if host.host_id in skip or not self.host_acceptable(cluster, host, request):
-                continue
-            chosen.append(host)
-            skip.add(host.host_id)
-            if len(chosen) == count:
-                return chosen
-        return None
+        )
