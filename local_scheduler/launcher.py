@@ -119,7 +119,10 @@ class ProcessLauncher(Launcher):
     def launch(
         self, spec: ReplicaSpec, prewarmed: PrewarmedProcess | None = None
     ) -> LaunchedReplica:
-        ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES), self.ip), strict=True))
+        raft_port = spec.raft_address.rpartition(":")[2]
+        exclude = {int(raft_port)} if raft_port.isdigit() else set()
+        drawn = free_ports(len(PORT_NAMES), self.ip, exclude=exclude)
+        ports = dict(zip(PORT_NAMES, drawn, strict=True))
         name = f"{spec.kernel_id}-{spec.replica_id}-{int(time.time() * 1000)}"
         connection_file = self.workdir / f"{name}.json"
         connection_file.write_text(json.dumps({

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -28,8 +29,11 @@ def allocation_range() -> tuple[int, int]:
     return LOWEST, ephemeral_low
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free ports on ``host``; held open together so none repeats."""
+def free_ports(
+    count: int, host: str = "127.0.0.1", exclude: Collection[int] = ()
+) -> list[int]:
+    """``count`` distinct free ports on ``host``; held open together so none repeats, and none
+    of ``exclude`` (ports already promised to the same process but not bound yet)."""
     low, high = allocation_range()
     sockets: list[socket.socket] = []
     try:
@@ -37,10 +41,15 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         while len(sockets) < count:
             tries += 1
             port = random.randrange(low, high) if high and tries <= 50 * count else 0
+            if port in exclude:
+                continue
             s = socket.socket()
             try:
                 s.bind((host, port))
             except OSError:
+                s.close()
+                continue
+            if s.getsockname()[1] in exclude:  # the OS's own pick (port 0) can repeat one too
                 s.close()
                 continue
             sockets.append(s)

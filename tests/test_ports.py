@@ -38,3 +38,12 @@ def test_a_taken_port_is_never_handed_out():
     finally:
         for s in held:
             s.close()
+
+
+def test_excluded_ports_are_never_handed_out():
+    # a replica's Raft port is promised before its ZMQ ports are drawn: none may repeat it
+    low, high = allocation_range()
+    excluded = set(range(low, high)) - set(range(low, low + 10))  # all but ten ports
+    ports = free_ports(5, exclude=excluded)
+    assert len(set(ports)) == 5
+    assert not set(ports) & excluded, ports

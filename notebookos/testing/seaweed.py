@@ -16,7 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from notebookos.testing.processes import free_port, kill_group, wait_for_port
+from notebookos.ports import free_ports
+from notebookos.testing.processes import kill_group, wait_for_port
 
 
 def weed_binary() -> str | None:
@@ -32,10 +33,13 @@ class S3Server:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = Path(workdir)
-        self.s3_port = free_port()
-        # Chosen once, so that start() after kill() brings the same server back on its data.
-        self.ports = {name: free_port() for name in ("master", "volume", "filer")}
-        self.grpc_ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
+        # Drawn together so that no two repeat (a filer whose HTTP and gRPC ports came out the
+        # same died with "address already in use"), and chosen once, so that start() after
+        # kill() brings the same server back on its data.
+        ports = free_ports(8)
+        self.s3_port = ports.pop()
+        self.ports = {name: ports.pop() for name in ("master", "volume", "filer")}
+        self.grpc_ports = {name: ports.pop() for name in ("master", "volume", "filer", "s3")}
         self.proc: subprocess.Popen | None = None
         self.access_key = "notebookos"
         self.secret_key = "notebookos-secret"

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 from wsclient import run_cells, start_kernel
 
+from notebookos.ports import free_ports
 from notebookos.supervisor import MARKER_VAR
-from notebookos.testing.processes import free_port, kill_group
+from notebookos.testing.processes import kill_group
 
 
 @pytest.mark.slow
 def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
-    port, gs_port = free_port(), free_port()
+    port, gs_port = free_ports(2)  # drawn together: never the same port twice
     proc = subprocess.Popen(
         [sys.executable, "-m", "notebookos.cli", "up", "--no-browser", "--hosts", "3",
          "--gpus-per-host", "2", "--port", str(port), "--scheduler-port", str(gs_port),

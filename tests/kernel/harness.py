@@ -126,7 +126,7 @@ class ReplicaGroup:
         self._next_id += 1
         cf = self.workdir / f"{self.kernel_id}-r{rid}.json"
         write_connection_file(str(cf), ip="127.0.0.1", key=self.key.encode())
-        replica = Replica(rid, f"127.0.0.1:{free_port()}", cf, self.workdir / f"r{rid}.log")
+        replica = Replica(rid, self._raft_address(), cf, self.workdir / f"r{rid}.log")
         self.replicas[rid] = replica
         return replica
 
@@ -193,11 +193,20 @@ class ReplicaGroup:
             s[rid]["raft_ready"] and s[rid]["has_quorum"] for rid in wanted))
         return self
 
+    def _raft_address(self) -> str:
+        """A free loopback address no replica of this group has (ports are drawn one at a time,
+        so two draws could otherwise repeat before either replica binds)."""
+        taken = {r.raft_address for r in self.replicas.values()}
+        while True:
+            address = f"127.0.0.1:{free_port()}"
+            if address not in taken:
+                return address
+
     def _fresh_ports(self, replica: Replica) -> None:
         key = json.loads(replica.connection_file.read_text())["key"]  # keep a test's own key
         replica.connection_file.unlink()
         write_connection_file(str(replica.connection_file), ip="127.0.0.1", key=key.encode())
-        replica.raft_address = f"127.0.0.1:{free_port()}"
+        replica.raft_address = self._raft_address()
         replica.proc = None
 
     def add_replacement(self, via: int) -> Replica:
