@@ -31,6 +31,7 @@ from traitlets import Bool, Float, Int, Unicode
 from . import replies
 from .election import Applied, Election, Phase, choose_vote
 from .gpu_glue import GpuGlue
+from .held_replies import HeldReplies
 from .peers import parse_peers
 from .raft_log import RaftLog
 from .records import (
@@ -158,6 +159,7 @@ class ReplicaKernel(IPythonKernel):
         self._executed_here: set[str] = set()
         self._replied: set[str] = set()
         self._synced: set[str] = set()  # elections whose Completion this replica proposed
+        self.held_replies: HeldReplies | None = None  # set in start(), on the shell socket
         self._applies: deque[tuple[str, bytes]] = deque()
         self._applies_pending = 0
         self._apply_lock = threading.Lock()
@@ -198,6 +200,9 @@ class ReplicaKernel(IPythonKernel):
     def start(self) -> None:
         super().start()
         self._loop = asyncio.get_event_loop()
+        if self.shell_stream is not None:  # replies for a scheduler that is away are kept
+            self.held_replies = HeldReplies(self.shell_stream.socket, self.io_loop.call_later)
+            self.shell_stream.on_send(self.held_replies.on_send)
         self.io_loop.add_callback(self._after_start)
 
     async def _after_start(self) -> None:
@@ -564,6 +569,8 @@ class ReplicaKernel(IPythonKernel):
     async def _execute_as_leader(
         self, stream, ident, parent, election: Election, code: str, silent: bool, metadata: dict
     ) -> None:
+        if self.cell_container:  # stopped once its checkpoint holds this cell: say it does not
+            self.sync.mark_changed()
         try:
             await self._run_cell(stream, ident, parent, election, code, silent, metadata)
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the group must learn it
@@ -760,6 +767,9 @@ class ReplicaKernel(IPythonKernel):
                 "execution_count": book.execution_count,
                 "last_executor": book.last_executor,
                 "checkpoint_count": book.checkpoint_count,
+                # a cell ran here whose effects no written checkpoint holds yet (per-cell
+                # containers; a silent cell leaves the counts equal)
+                "checkpoint_pending": self.sync.checkpoint_pending(),
                 "raft_ready": self._raft_ready.is_set(),
                 "has_quorum": self.raft.has_quorum(),
             }

@@ -36,6 +36,11 @@ class StateSync:
         self._checkpoint_running = False
         self._checkpoint_on_done: Callable[[int], None] | None = None
         self._checkpoint_timer: threading.Timer | None = None
+        # cells that may have changed the namespace (``mark_changed``), and how many of them the
+        # last written checkpoint covers: a silent cell leaves execution_count alone, so this is
+        # what says whether its effects are in the store yet
+        self._generation = 0
+        self._generation_written = 0
         if not store_url:
             self.disabled_reason = "the replica was started without --store-url"
             return
@@ -135,6 +140,20 @@ class StateSync:
         threading.Thread(target=self._write_checkpoints, name="notebookos-checkpoint",
                          daemon=True).start()
 
+    def mark_changed(self) -> None:
+        """A cell is about to run here: the namespace may differ from the store's checkpoint
+        until the next checkpoint is written (``checkpoint_pending``)."""
+        with self._checkpoint_lock:
+            self._generation += 1
+
+    def checkpoint_pending(self) -> bool:
+        """Whether a cell marked by ``mark_changed`` is not covered by a written checkpoint yet
+        (False when there is no store to write to)."""
+        if self._encoder is None or self.store is None:
+            return False
+        with self._checkpoint_lock:
+            return self._generation > self._generation_written
+
     def checkpoint_later(
         self, execution_count: int, on_done: Callable[[int], None], delay_s: float = 2.0
     ) -> None:
@@ -166,7 +185,10 @@ class StateSync:
         while True:
             with self._checkpoint_lock:
                 count, on_done = self._checkpoint_wanted, self._checkpoint_on_done
-                if count <= self._checkpoint_written or on_done is None:
+                generation = self._generation
+                stale = (count > self._checkpoint_written
+                         or generation > self._generation_written)
+                if not stale or on_done is None:
                     self._checkpoint_running = False
                     return
             try:
@@ -179,6 +201,7 @@ class StateSync:
                 return
             with self._checkpoint_lock:
                 self._checkpoint_written = count
+                self._generation_written = generation
             try:
                 on_done(count)
             except Exception:  # noqa: BLE001

@@ -60,3 +60,22 @@ def test_a_cell_that_changed_nothing_is_checkpointed_later_unless_another_cell_c
     sync.close()  # cancels the timer
     time.sleep(0.1)
     assert written == [3, 5]
+
+
+def test_a_cell_that_keeps_the_count_is_pending_until_a_checkpoint_holds_it(tmp_path):
+    """A silent cell leaves execution_count alone: a checkpoint of the same count is written
+    again, and ``checkpoint_pending`` says when it is (per-cell containers wait for that)."""
+    sync = _sync(tmp_path)
+    written: list[int] = []
+    assert not sync.checkpoint_pending()
+    sync.checkpoint_in_background(2, written.append)
+    _wait(lambda: written == [2])
+    sync.mark_changed()  # a silent cell starts: count still 2
+    assert sync.checkpoint_pending()
+    sync.checkpoint_in_background(2, written.append)
+    _wait(lambda: written == [2, 2])
+    _wait(lambda: not sync.checkpoint_pending())
+    sync.checkpoint_in_background(2, written.append)  # nothing new: no write
+    time.sleep(0.3)
+    assert written == [2, 2]
+    sync.close()
