@@ -17,8 +17,9 @@ checkpoint the last cell's container wrote. A cell:
 3. commits the GPUs there and runs;
 4. after the reply: the GPUs are released at once; the container is stopped once its
    checkpoint of the cell is durable (its ``replica_status`` shows ``checkpoint_count`` caught up
-   with ``execution_count``, or ``cell_checkpoint_timeout_s`` passed, which is reported in the
-   kernel's message), and the kernel is parked again.
+   with ``execution_count`` and no ``checkpoint_pending``, which covers a silent cell, or
+   ``cell_checkpoint_timeout_s`` passed, which is reported in the kernel's message), and the
+   kernel is parked again.
 """
 
 from __future__ import annotations
@@ -27,15 +28,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-import grpc
-
 from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.policies import placement
-from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
@@ -99,32 +97,17 @@ class CellContainerMixin:
                 entry = self.kernels[kernel_id]
                 restore = entry.checkpoint_count > 0
                 entry.state = "idle"
-            for attempt in range(3):  # a process can lose a port race at start: try again
-                try:
-                    rid = self._add_replicas(kernel_id, 1, join=False, on_host=host_id,
-                                             restore=restore, prewarmed=self.uses_warm_pool,
-                                             extra_env=CELL_CONTAINER_ENV)[0]
-                    break
-                except StartError as exc:
-                    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
-                        raise
-                    log.warning("kernel %s: container start attempt %d failed: %s", kernel_id,
-                                attempt + 1, exc)
-            assert rid is not None
+            rid = self._start_retrying(kernel_id, "container start", lambda: self._add_replicas(
+                kernel_id, 1, join=False, on_host=host_id, restore=restore,
+                prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV)[0])
             started_ms = (time.monotonic() - t0) * 1000
             link = self.hosts.get(host_id)
             if link is None:
                 raise PlacementFailed(f"host {host_id} left while the cell's container started")
-            try:
-                link.wait_for_releases()  # the GPUs of the cell before, released asynchronously
-                resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
-                    kernel_id=kernel_id, replica_id=rid, request_id=msg_id, gpus=request.gpus),
-                    timeout=5)
-            except grpc.RpcError as exc:
-                raise PlacementFailed(f"host {host_id}: {exc.details()}") from exc
-            if not resp.committed:
-                raise PlacementFailed(f"host {host_id} could not bind the GPUs set aside for "
-                                      f"the cell: {resp.reason}")
+            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
+            if device_ids is None:
+                raise PlacementFailed(f"could not bind the GPUs set aside for the cell: "
+                                      f"{reason}")
             with self.lock:
                 entry = self.kernels.get(kernel_id)
                 kernel = self.cluster.kernels.get(kernel_id)
@@ -132,8 +115,7 @@ class CellContainerMixin:
                     raise PlacementFailed(f"kernel {kernel_id} was stopped while its cell's "
                                           "container started")
                 self._cancel_slot(host_id, slot)
-                self._record_commit(entry, kernel, msg_id, rid, host_id, request,
-                                    list(resp.device_ids))
+                self._record_commit(entry, kernel, msg_id, rid, host_id, request, device_ids)
                 rl = entry.replicas[rid]
                 entry.last_container_start_ms = started_ms
                 entry.last_cell_pid = rl.pid
@@ -141,7 +123,7 @@ class CellContainerMixin:
             log.info("kernel %s: cell %s in container %d on %s (pid %d, %s) after %.0f ms",
                      kernel_id, msg_id[:8], rid, host_id, rl.pid,
                      "warm" if rl.from_prewarm_pool else "cold", started_ms)
-            return rid, list(resp.device_ids)
+            return rid, device_ids
         except (StartError, AccountingError, PlacementFailed) as exc:
             with self.lock:
                 self._cancel_slot(host_id, slot)
@@ -287,8 +269,10 @@ class CellContainerMixin:
                 log.warning("kernel %s: container %d: %s", entry.kernel_id, replica.replica_id,
                             exc)
                 return None
-            if int(status.get("checkpoint_count", 0)) >= int(status.get("execution_count", 0)):
-                return int(status.get("checkpoint_count", 0))
+            caught_up = (int(status.get("checkpoint_count", 0))
+                         >= int(status.get("execution_count", 0)))
+            if caught_up and not status.get("checkpoint_pending", False):  # a silent cell
+                return int(status.get("checkpoint_count", 0))  # leaves the counts equal
             self._stop.wait(0.05)
         done, count = status.get("checkpoint_count", "?"), status.get("execution_count", "?")
         with self.lock:
@@ -302,16 +286,9 @@ class CellContainerMixin:
         """A cell's container died: no replacement (the next cell starts a new one); a cell it
         was running fails instead of running twice. Called with the lock held."""
         entry.replicas.pop(replica_id, None)
-        kernel = self.cluster.kernels.get(entry.kernel_id)
-        if kernel is not None and replica_id in kernel.replicas:
-            self.cluster.remove_replica(entry.kernel_id, replica_id)
-        for msg_id, (rid, _) in list(entry.executions.items()):
-            if rid == replica_id:
-                del entry.executions[msg_id]
-                entry.lost_cells.add(_client_msg_id(msg_id))
-                entry.message = f"a cell's container was lost mid-cell: {why}"
-        if entry.front is not None:
-            entry.front.set_replicas(entry.endpoints())
+        for msg_id in self._forget_replica(entry, replica_id):
+            entry.lost_cells.add(_client_msg_id(msg_id))
+            entry.message = f"a cell's container was lost mid-cell: {why}"
         if not entry.replicas and entry.state not in ("stopping", "starting"):
             entry.state = "parked"
         log.warning("kernel %s: container %d lost: %s", entry.kernel_id, replica_id, why)

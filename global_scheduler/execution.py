@@ -66,21 +66,13 @@ class ExecutionMixin:
             host_id, link = links.get(rid, ("?", None))
             if link is None:
                 continue
-            try:
-                link.wait_for_releases()  # the previous cell's GPUs first
-                resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
-                    kernel_id=kernel_id, replica_id=rid, request_id=msg_id, gpus=request.gpus),
-                    timeout=5)
-            except grpc.RpcError as exc:
-                reasons.append(f"host {host_id}: {exc.details()}")
-                continue
-            if not resp.committed:
-                reasons.append(f"host {host_id}: {resp.reason}")
+            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
+            if device_ids is None:
+                reasons.append(reason)
                 continue
             with self.lock:
-                self._record_commit(entry, kernel, msg_id, rid, host_id, request,
-                                    list(resp.device_ids))
-            return rid, list(resp.device_ids)
+                self._record_commit(entry, kernel, msg_id, rid, host_id, request, device_ids)
+            return rid, device_ids
         why = ("; ".join(reasons) if reasons else "the kernel has no replica to run the cell")
         if not self.policy.supports_migration or not reasons:
             raise PlacementFailed(f"no replica's host can bind {request.gpus} GPU(s) now: {why}")
@@ -104,25 +96,17 @@ class ExecutionMixin:
             link = self.hosts.get(host_id)
             if link is None:
                 continue
-            try:
-                link.wait_for_releases()
-                resp = link.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
-                    kernel_id=kernel_id, replica_id=rid, request_id=msg_id, gpus=request.gpus),
-                    timeout=5)
-            except grpc.RpcError as exc:
-                last = f"host {host_id}: {exc.details()}"
-                continue
-            if not resp.committed:
-                last = f"host {host_id}: {resp.reason}"
+            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
+            if device_ids is None:
+                last = reason
                 continue
             with self.lock:
                 entry = self.kernels.get(kernel_id)
                 kernel = self.cluster.kernels.get(kernel_id)
                 if entry is None or kernel is None:
                     raise PlacementFailed(f"kernel {kernel_id} was stopped during migration")
-                self._record_commit(entry, kernel, msg_id, rid, host_id, request,
-                                    list(resp.device_ids))
-            return rid, list(resp.device_ids)
+                self._record_commit(entry, kernel, msg_id, rid, host_id, request, device_ids)
+            return rid, device_ids
         raise PlacementFailed(
             f"every replica's host is busy ({why}) and migrating a replica failed after "
             f"{attempts} attempt(s): {last}")

@@ -9,6 +9,12 @@ Routing (DESIGN section 3):
   executor gets ``execute_request`` with ``metadata.gpu_device_ids``, every other replica gets
   ``yield_request``; each copy is re-signed with the kernel key. The client sees the executor's
   reply and IOPub only (one busy, one idle); the GPUs are released on the reply.
+  When the executor is the replica that ran the previous cell, its committed LEAD decides the
+  election alone, so the ``yield_request`` copies are held back for ``yield_hold_s``: a short
+  cell finishes without them (two fewer requests and replies on the critical path, and two
+  replicas left idle). They go out when the hold ends, or at once when the executor's replica
+  is dropped, so for a longer cell, or a lost executor, the standbys watch the election exactly
+  as before.
 - other shell requests go to one live replica; ``interrupt_request``/``shutdown_request`` on control
   go to every replica (first reply forwarded); other control requests to one replica.
 - stdin: ``input_request`` from the executor goes to the client; the ``input_reply`` goes back.
@@ -37,6 +43,7 @@ import zmq
 from jupyter_client.session import Session
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
+from notebookos.unrouted import UnroutedReplies
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,12 @@ FRONT_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 BROADCAST_CONTROL = ("interrupt_request", "shutdown_request")
 ALL_YIELDED = "NotebookOSAllReplicasYielded"  # docs/kernel-protocol.md
 MAX_RESUBMISSIONS = 3
+# How long a sticky executor's cell runs before the standbys get their yield_request: longer than
+# a trivial cell, far shorter than the replicas' own election timeouts (docs/kernel-protocol.md).
+YIELD_HOLD_S = 0.2
+# How long a shell reply for a client that is not connected is kept (a client reconnecting after
+# a Global Scheduler restart is back within a second; one that left for good never is).
+UNROUTED_KEEP_S = 60.0
 
 
 class PlacementFailed(Exception):
@@ -99,6 +112,8 @@ class _Pending:
     frames: list[bytes] = field(default_factory=list)  # its signed frames (re-routing)
     client_msg_id: str = ""  # the client's msg_id when this is a resubmission under a new id
     attempt: int = 0
+    held_yields: list[int] = field(default_factory=list)  # standbys not sent yield_request yet
+    yields_due: float = 0.0  # monotonic time the held yield_request copies go out
 
 
 class KernelFront:
@@ -146,6 +161,8 @@ class KernelFront:
         self._bound_at = time.monotonic()
         self._thread: threading.Thread | None = None
         self.preferred_replica: int | None = None
+        self.yield_hold_s = YIELD_HOLD_S
+        self._holding: dict[str, _Pending] = {}  # execute requests whose yields are held back
         self._bind(ports or {})
 
     # -- setup ------------------------------------------------------------------------------
@@ -168,6 +185,8 @@ class KernelFront:
                     port = sock.bind_to_random_port(f"tcp://{self.ip}")
                 self._sockets[name] = sock
                 self.ports[f"{name}_port"] = port
+            # a reply for a client that has not (re)connected yet is kept, not dropped
+            self._unrouted = UnroutedReplies(self._sockets["shell"], keep_s=UNROUTED_KEEP_S)
         except zmq.ZMQError:
             for sock in self._sockets.values():
                 sock.close(linger=0)
@@ -203,6 +222,8 @@ class KernelFront:
             for msg_id, pending in list(self._pending.items()):
                 if pending.asked & set(dropped):
                     pending.asked -= set(dropped)
+                    if pending.held_yields:  # the executor is gone: the standbys decide now
+                        self._send_held_yields(msg_id, pending)
                     self._settle(msg_id, pending)
             for rid, e in wanted.items():
                 if rid not in self._replicas:
@@ -256,6 +277,10 @@ class KernelFront:
             except zmq.ZMQError:
                 continue
             self._release_deferred()
+            if self._holding:
+                self._send_due_yields()
+            if self._unrouted:
+                self._unrouted.retry()
             for sock, _ in events:
                 name, rid = poller_sockets[sock]
                 try:
@@ -430,32 +455,69 @@ class KernelFront:
             self._reply_error("shell", idents, msg, "NotebookOSNoGPUs",
                               f"replica {executor} chosen for the cell is not connected")
             return
+        sticky = executor == self.preferred_replica  # it ran the previous cell here
         self.preferred_replica = executor
         client_msg_id = msg["header"]["msg_id"]
         if msg_id != client_msg_id:
             self._remember(self._aliases, msg_id, msg["header"])
-        log.debug("kernel %s: %s -> execute on replica %d (GPUs %s), yield on %s", self.kernel_id,
-                 msg_id[:8], executor, device_ids, sorted(set(self._replicas) - {executor}))
-        self._pending[msg_id] = _Pending("shell", idents, "execute_request", executor,
-                                         asked=set(self._replicas), client_msg=msg,
-                                         client_msg_id=client_msg_id, attempt=attempt)
+        standbys = sorted(set(self._replicas) - {executor})
+        log.debug("kernel %s: %s -> execute on replica %d (GPUs %s), yield on %s%s",
+                  self.kernel_id, msg_id[:8], executor, device_ids, standbys,
+                  " (held)" if sticky else "")
+        pending = _Pending("shell", idents, "execute_request", executor, asked={executor},
+                           client_msg=msg, client_msg_id=client_msg_id, attempt=attempt)
+        self._pending[msg_id] = pending
         self._remember(self._iopub_source, msg_id, executor)
-        for rid, r in self._replicas.items():
-            copy = {
-                "header": {**msg["header"], "msg_id": msg_id},
-                "parent_header": msg["parent_header"],
-                "metadata": dict(msg.get("metadata") or {}),
-                "content": msg.get("content_frame") or msg["content"],
-                "buffers": msg.get("buffers", []),
-            }
-            notebookos_md = dict(copy["metadata"].get("notebookos") or {})
-            notebookos_md["target_replica_id"] = executor
-            copy["metadata"]["notebookos"] = notebookos_md
-            if rid == executor:
-                copy["metadata"]["gpu_device_ids"] = list(device_ids)
-            else:
-                copy["header"]["msg_type"] = "yield_request"
-            self.session.send(r.shell, copy)
+        self.session.send(self._replicas[executor].shell,
+                          self._elected_copy(msg, msg_id, executor, device_ids))
+        pending.held_yields = standbys
+        if sticky and self.yield_hold_s > 0:
+            pending.yields_due = time.monotonic() + self.yield_hold_s
+            self._holding[msg_id] = pending
+        else:
+            self._send_held_yields(msg_id, pending)
+
+    @staticmethod
+    def _elected_copy(msg: dict, msg_id: str, executor: int,
+                      device_ids: list[int] | None) -> dict:
+        """The client's request as one replica gets it: ``execute_request`` with the committed
+        GPUs for the executor (``device_ids`` given), ``yield_request`` for the others."""
+        copy = {
+            "header": {**msg["header"], "msg_id": msg_id},
+            "parent_header": msg["parent_header"],
+            "metadata": dict(msg.get("metadata") or {}),
+            "content": msg.get("content_frame") or msg["content"],
+            "buffers": msg.get("buffers", []),
+        }
+        notebookos_md = dict(copy["metadata"].get("notebookos") or {})
+        notebookos_md["target_replica_id"] = executor
+        copy["metadata"]["notebookos"] = notebookos_md
+        if device_ids is not None:
+            copy["metadata"]["gpu_device_ids"] = list(device_ids)
+        else:
+            copy["header"]["msg_type"] = "yield_request"
+        return copy
+
+    def _send_held_yields(self, msg_id: str, pending: _Pending) -> None:
+        """Send the ``yield_request`` copies still held for this request (to the replicas still
+        connected) and expect their replies."""
+        self._holding.pop(msg_id, None)
+        held, pending.held_yields = pending.held_yields, []
+        assert pending.client_msg is not None and pending.source is not None
+        for rid in held:
+            r = self._replicas.get(rid)
+            if r is not None:
+                pending.asked.add(rid)
+                self.session.send(r.shell, self._elected_copy(pending.client_msg, msg_id,
+                                                              pending.source, None))
+
+    def _send_due_yields(self) -> None:
+        now = time.monotonic()
+        for msg_id, pending in list(self._holding.items()):
+            if self._pending.get(msg_id) is not pending:  # answered (or settled) meanwhile
+                self._holding.pop(msg_id, None)
+            elif now >= pending.yields_due:
+                self._send_held_yields(msg_id, pending)
 
     def _reply_error(self, channel: str, idents: list[bytes], parent: dict, ename: str,
                      evalue: str) -> None:
@@ -471,8 +533,8 @@ class KernelFront:
         if reply_type == "execute_reply":
             error = {k: content[k] for k in ("ename", "evalue", "traceback")}
             self._send_iopub(msg("error", error, parent=parent), b"kernel.notebookos.error")
-        self.session.send(self._sockets[channel], reply_type, content, parent=parent,
-                          ident=idents)
+        self._reply(channel, self.session.serialize(msg(reply_type, content, parent=parent),
+                                                    ident=idents))
         self._send_iopub(msg("status", {"execution_state": "idle"}, parent=parent),
                          b"kernel.notebookos.status")
 
@@ -507,6 +569,7 @@ class KernelFront:
             if rid != pending.source:
                 self._remember(self._iopub_source, parent_id, rid)
             del self._pending[parent_id]
+            self._holding.pop(parent_id, None)  # a short cell: its standbys never needed asking
             self._to_client(pending, msg, msg_list)
             self.hooks.release_execute(self.kernel_id, parent_id)
             self.hooks.execute_finished(self.kernel_id, rid, parent_id)
@@ -524,7 +587,7 @@ class KernelFront:
         if channel != "shell" or role != "executor" or not session:
             return
         self._remember(self._iopub_source, parent.get("msg_id", ""), rid)
-        self._sockets["shell"].send_multipart([str(session).encode(), b"<IDS|MSG>", *msg_list])
+        self._reply("shell", [str(session).encode(), b"<IDS|MSG>", *msg_list])
 
     def _settle(self, msg_id: str, pending: _Pending) -> None:
         """Every replica still asked has answered and none executed: resubmit when they all
@@ -547,6 +610,8 @@ class KernelFront:
                                   "NotebookOSReplicaLost",
                                   "the replica handling this request was lost; retry")
             return
+        if pending.held_yields:  # the executor answered without running it: ask the others
+            self._send_held_yields(msg_id, pending)
         if not pending.answered >= pending.asked:
             return
         del self._pending[msg_id]
@@ -578,14 +643,23 @@ class KernelFront:
 
     def _to_client(self, pending: _Pending, msg: dict, msg_list: list[bytes]) -> None:
         """Forward a reply; one to a resubmitted request gets the client's parent header back."""
-        sock = self._sockets[pending.channel]
         original = self._aliases.get(msg["parent_header"].get("msg_id", ""))
         if original is None:
-            sock.send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
+            self._reply(pending.channel, [*pending.idents, b"<IDS|MSG>", *msg_list])
             return
-        self.session.send(sock, {**msg, "parent_header": original,
-                                 "content": self.session.unpack(msg_list[4]),
-                                 "buffers": msg_list[5:]}, ident=pending.idents)
+        frames = self.session.serialize({**msg, "parent_header": original,
+                                         "content": self.session.unpack(msg_list[4])},
+                                        ident=pending.idents)
+        self._reply(pending.channel, [*frames, *msg_list[5:]])
+
+    def _reply(self, channel: str, frames: list[bytes]) -> None:
+        """Send a reply to a client; on shell, one for a client that is not connected is kept
+        for ``UNROUTED_KEEP_S`` and retried by the loop (after a Global Scheduler restart, a
+        replica's held reply can arrive before the client's DEALER has reconnected)."""
+        if channel == "shell":
+            self._unrouted.send(frames)
+        else:
+            self._sockets[channel].send_multipart(frames)
 
     def _from_replica_iopub(self, rid: int, frames: list[bytes]) -> None:
         """Forward the IOPub of the replica that is the source of its request; drop the rest.

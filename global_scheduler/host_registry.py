@@ -120,7 +120,8 @@ class HostRegistryMixin:
                     r = reported.get((entry.kernel_id, rid))
                     if rl.host_id == request.host_id and r is not None:
                         rl.pid = r.pid
-                        if r.committed_gpu_device_ids and not self._holds_gpus(entry, rid):
+                        if (r.committed_gpu_device_ids and not self._holds_gpus(entry, rid)
+                                and not link.releasing(entry.kernel_id, rid)):
                             orphaned.append((entry.kernel_id, rid))
             # GPUs committed on the host for a request the GS does not know (it restarted
             # mid-cell): released when seen in two heartbeats in a row.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -31,7 +32,9 @@ class HostLink:
     _stub: ls_grpc.LocalSchedulerStub | None = None
     _channel: grpc.Channel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _releases: list[futures.Future] = field(default_factory=list)
+    # releases sent and not answered yet, with the replica each is for
+    _releases: list[tuple[tuple[str, int], futures.Future]] = field(default_factory=list)
+    _held_releases: list[local_scheduler_pb2.ReleaseGpusRequest] = field(default_factory=list)
 
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:
@@ -42,26 +45,78 @@ class HostLink:
             return self._stub
 
     def release_gpus_async(self, request: local_scheduler_pb2.ReleaseGpusRequest) -> None:
-        """Release a cell's GPUs without waiting for the reply (it is off the cell's critical
-        path); ``wait_for_releases`` orders the next commit on this host after it."""
-        future = _release_pool().submit(self.stub.ReleaseGpus, request, timeout=5)
-        future.add_done_callback(self._report_release)
+        """Release a cell's GPUs off the cell's critical path. The release is held back for
+        ``RELEASE_HOLD_S``: the next commit on this host carries it (one call instead of two, as
+        when a notebook runs cells back to back), or it goes out on its own when the hold ends.
+        Either way the host sees it before any later commit; the Global Scheduler's accounting
+        counts the GPUs free at once."""
         with self._lock:
-            self._releases = [f for f in self._releases if not f.done()]
-            self._releases.append(future)
+            self._held_releases.append(request)
+            first = len(self._held_releases) == 1
+        if first:
+            _release_timer().after(RELEASE_HOLD_S, self._send_held_releases)
+
+    def _take_held_releases(self) -> list[local_scheduler_pb2.ReleaseGpusRequest]:
+        with self._lock:
+            held, self._held_releases = self._held_releases, []
+        return held
+
+    def _send_held_releases(self) -> None:
+        """The hold ended with no commit to carry them: send them."""
+        self._send_releases(self._take_held_releases())
+
+    def _send_releases(self, requests: list[local_scheduler_pb2.ReleaseGpusRequest]) -> None:
+        """Send releases without waiting for the answers (``commit_gpus`` waits for them)."""
+        for request in requests:
+            future = _release_pool().submit(self.stub.ReleaseGpus, request, timeout=5)
+            future.add_done_callback(self._report_release)
+            with self._lock:
+                self._releases = [(o, f) for o, f in self._releases if not f.done()]
+                self._releases.append(((request.kernel_id, request.replica_id), future))
+
+    def releasing(self, kernel_id: str, replica_id: int) -> bool:
+        """Whether a release for this replica is held or on its way: the host may still report
+        GPUs the Global Scheduler has already released (not an orphaned commitment)."""
+        with self._lock:
+            return (any((r.kernel_id, r.replica_id) == (kernel_id, replica_id)
+                        for r in self._held_releases)
+                    or any(o == (kernel_id, replica_id) and not f.done()
+                           for o, f in self._releases))
 
     def _report_release(self, future: futures.Future) -> None:
         try:
             future.result()
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # the replica stopped: nothing held
+                log.debug("release of GPUs on %s: %s", self.host_id, exc.details())
+                return
             log.warning("release of GPUs on %s failed: %s", self.host_id, exc.details())
         except Exception as exc:  # noqa: BLE001 - cancelled at shutdown
             log.info("release of GPUs on %s did not finish: %s", self.host_id, exc)
 
-    def wait_for_releases(self, timeout: float = 5.0) -> None:
+    def commit_gpus(self, kernel_id: str, replica_id: int, request_id: str,
+                    gpus: int) -> tuple[list[int] | None, str]:
+        """Ask this host to commit ``gpus`` GPUs to a replica for one request, after every
+        release asked for before (held releases ride on the commit): (device ids, "") or
+        (None, why not)."""
+        held = self._take_held_releases()
+        self._wait_for_sent_releases()
+        try:
+            resp = self.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+                kernel_id=kernel_id, replica_id=replica_id, request_id=request_id, gpus=gpus,
+                release_first=held), timeout=5)
+        except grpc.RpcError as exc:
+            self._send_releases(held)  # the host may not have applied them (twice is harmless)
+            return None, f"host {self.host_id}: {exc.details()}"
+        if not resp.committed:
+            return None, f"host {self.host_id}: {resp.reason}"
+        return list(resp.device_ids), ""
+
+    def _wait_for_sent_releases(self, timeout: float = 5.0) -> None:
         """Wait until every release sent to this host so far has been answered (or failed)."""
         with self._lock:
-            pending, self._releases = self._releases, []
+            pending = [f for _, f in self._releases]
+            self._releases = []
         for future in pending:
             try:
                 future.result(timeout=timeout)
@@ -87,8 +142,50 @@ class HostLink:
                 "prewarm_pool_target": self.prewarm_pool_target}
 
 
+# How long a cell's GPU release waits for the next commit on its host to ride on: long enough to
+# stay out of the cell's last Raft round and to meet the next cell of a notebook run back to back.
+RELEASE_HOLD_S = 0.02
+
 _POOL: futures.ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+_TIMER: _DelayedCalls | None = None
+
+
+class _DelayedCalls:
+    """One daemon thread running callbacks after a delay (a ``threading.Timer`` is a thread
+    per call)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, Any]] = []
+        self._seq = 0
+        threading.Thread(target=self._run, daemon=True, name="gs-release-timer").start()
+
+    def after(self, delay_s: float, call: Any) -> None:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._due, (time.monotonic() + delay_s, self._seq, call))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._cond.wait(None if not self._due else
+                                    self._due[0][0] - time.monotonic())
+                _, _, call = heapq.heappop(self._due)
+            try:
+                call()
+            except Exception:  # noqa: BLE001 - one failed release must not stop the others
+                log.exception("a delayed GPU release failed")
+
+
+def _release_timer() -> _DelayedCalls:
+    global _TIMER
+    with _POOL_LOCK:
+        if _TIMER is None:
+            _TIMER = _DelayedCalls()
+        return _TIMER
 
 
 def _release_pool() -> futures.ThreadPoolExecutor:

@@ -62,18 +62,12 @@ class KernelLifecycleMixin:
             entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {})
             self.kernels[kernel_id] = entry
         try:
-            for attempt in range(3):  # a replica can lose a port race at start: try again
-                try:
-                    if self.per_cell:
-                        self._start_first_container(kernel_id)
-                    else:
-                        self._add_replicas(kernel_id, self.replicas_per_kernel, join=False)
-                    break
-                except StartError as exc:
-                    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
-                        raise
-                    log.warning("kernel %s: start attempt %d failed: %s", kernel_id,
-                                attempt + 1, exc)
+            if self.per_cell:
+                self._start_retrying(kernel_id, "start",
+                                     lambda: self._start_first_container(kernel_id))
+            else:
+                self._start_retrying(kernel_id, "start", lambda: self._add_replicas(
+                    kernel_id, self.replicas_per_kernel, join=False))
             if self.policy.gpu_binding is GpuBinding.SESSION:
                 self._bind_for_session(entry, spec)
             with self.lock:

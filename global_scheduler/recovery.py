@@ -29,20 +29,26 @@ class RecoveryMixin:
             return
         if entry.replicas.pop(replica_id, None) is not None:
             entry.raft_removals.append(replica_id)
-        kernel = self.cluster.kernels.get(entry.kernel_id)
-        if kernel is not None and replica_id in kernel.replicas:
-            self.cluster.remove_replica(entry.kernel_id, replica_id)
-        for msg_id, (rid, _) in list(entry.executions.items()):
-            if rid == replica_id:
-                del entry.executions[msg_id]
-        if entry.front is not None:
-            entry.front.set_replicas(entry.endpoints())
+        self._forget_replica(entry, replica_id)
         entry.state = "degraded"
         entry.message = why
         log.warning("kernel %s: %s; %d replica(s) left", entry.kernel_id, why,
                     len(entry.replicas))
         self._save_kernel(entry)
         self._pool.submit(self._restore_replica_count, entry.kernel_id)
+
+    def _forget_replica(self, entry: KernelEntry, replica_id: int) -> list[str]:
+        """Drop a lost replica (already out of ``entry.replicas``) from the cluster model, the
+        cells it was running and the front; returns those cells' request ids. Lock held."""
+        kernel = self.cluster.kernels.get(entry.kernel_id)
+        if kernel is not None and replica_id in kernel.replicas:
+            self.cluster.remove_replica(entry.kernel_id, replica_id)
+        running = [m for m, (rid, _) in entry.executions.items() if rid == replica_id]
+        for msg_id in running:
+            del entry.executions[msg_id]
+        if entry.front is not None:
+            entry.front.set_replicas(entry.endpoints())
+        return running
 
     def _restore_replica_count(self, kernel_id: str) -> None:
         """Bring the kernel back to R replicas: replacements join the running group while it has

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
@@ -21,9 +23,23 @@ from notebookos.proto.convert import resource_spec_to_proto
 from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ReplicaStarterMixin:
+    def _start_retrying(self, kernel_id: str, what: str, start: Callable[[], T]) -> T:
+        """``start()``, tried up to three times: a process can lose a port race at start. A
+        host without the resources (RESOURCE_EXHAUSTED) is not retried."""
+        for attempt in range(3):
+            try:
+                return start()
+            except StartError as exc:
+                if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
+                    raise
+                log.warning("kernel %s: %s attempt %d failed: %s", kernel_id, what,
+                            attempt + 1, exc)
+        raise AssertionError("unreachable")
+
     def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
                       on_host: str | None = None, restore: bool = False,
                       prewarmed: bool = True,

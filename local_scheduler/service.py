@@ -298,6 +298,11 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
     # -- GPUs -------------------------------------------------------------------------------
 
     def CommitGpus(self, request, context):  # noqa: N802
+        for release in request.release_first:
+            with self._lock:
+                earlier = self._replicas.get((release.kernel_id, release.replica_id))
+            if earlier is not None:  # a replica stopped meanwhile released everything it held
+                self._release(earlier, release)
         if not request.request_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "CommitGpusRequest.request_id must not be empty")
@@ -323,13 +328,18 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
 
     def ReleaseGpus(self, request, context):  # noqa: N802
         entry = self._entry(request.kernel_id, request.replica_id, context)
+        return local_scheduler_pb2.ReleaseGpusResponse(
+            released_device_ids=self._release(entry, request))
+
+    def _release(self, entry: ReplicaEntry,
+                 request: local_scheduler_pb2.ReleaseGpusRequest) -> list[int]:
         if request.all_requests:
             released = self.binder.release_owner(entry.spec.owner)
         else:
             released = self.binder.release(request.request_id)
         if entry.state == RS.REPLICA_STATE_EXECUTING:
             entry.state = RS.REPLICA_STATE_IDLE
-        return local_scheduler_pb2.ReleaseGpusResponse(released_device_ids=released)
+        return released
 
     # -- pool, status, shutdown -------------------------------------------------------------
 

@@ -115,18 +115,20 @@ class PrepareReplicaToMigrateResponse(_message.Message):
     def __init__(self, checkpoint_ref: _Optional[str] = ..., raft_commit_index: _Optional[int] = ...) -> None: ...
 
 class CommitGpusRequest(_message.Message):
-    __slots__ = ("kernel_id", "replica_id", "request_id", "gpus", "preferred_device_ids")
+    __slots__ = ("kernel_id", "replica_id", "request_id", "gpus", "preferred_device_ids", "release_first")
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIRST_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     replica_id: int
     request_id: str
     gpus: int
     preferred_device_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., request_id: _Optional[str] = ..., gpus: _Optional[int] = ..., preferred_device_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    release_first: _containers.RepeatedCompositeFieldContainer[ReleaseGpusRequest]
+    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., request_id: _Optional[str] = ..., gpus: _Optional[int] = ..., preferred_device_ids: _Optional[_Iterable[int]] = ..., release_first: _Optional[_Iterable[_Union[ReleaseGpusRequest, _Mapping]]] = ...) -> None: ...
 
 class CommitGpusResponse(_message.Message):
     __slots__ = ("committed", "device_ids", "reason", "gpus_idle")

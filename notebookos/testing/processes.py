@@ -31,6 +31,23 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = Non
     return False
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie waiting for its parent to
+    reap it counts as gone: it runs nothing and holds no port)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no procfs here: the signal check is all there is
+    return state not in (b"Z", b"X")
+
+
 def kill_group(proc: subprocess.Popen, timeout: float = 5.0, sig: int = signal.SIGTERM) -> None:
     """Signal a process started with start_new_session=True and everything it spawned."""
     if proc.poll() is not None:

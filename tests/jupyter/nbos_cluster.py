@@ -7,6 +7,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import grpc
 from notebookos.config import load_config
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.supervisor import Supervisor
-from notebookos.testing.processes import free_port
+from notebookos.testing.processes import free_port, pid_alive
 
 
 @dataclass
@@ -49,6 +51,22 @@ def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2,
     return Cluster(address, env, workdir), supervisor
 
 
+@contextmanager
+def running_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2,
+                    settings: dict | None = None) -> Iterator[Cluster]:
+    """A started cluster with this process's provisioner pointed at it (NOTEBOOKOS_* in
+    ``os.environ``); the environment is restored and every process stopped on exit."""
+    cluster, supervisor = start_cluster(workdir, hosts, gpus_per_host, settings)
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in cluster.env.items() if k.startswith("NOTEBOOKOS_")})
+    try:
+        yield cluster
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        supervisor.stop()
+
+
 def replica_pids(address: str, kernel_id: str) -> list[int] | None:
     """Pids of the kernel's replicas; None once the scheduler has stopped or forgotten it."""
     with grpc.insecure_channel(address) as channel:
@@ -65,16 +83,8 @@ def replica_pids(address: str, kernel_id: str) -> list[int] | None:
     return [r.pid for r in status.replicas if r.pid]
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.2)
-    return [p for p in pids if alive(p)]
+    return [p for p in pids if pid_alive(p)]

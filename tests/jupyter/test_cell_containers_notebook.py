@@ -5,7 +5,6 @@ complete, state carried from cell to cell, a clean shutdown."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
@@ -13,7 +12,7 @@ import grpc
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from nbos_cluster import Cluster, start_cluster
+from nbos_cluster import Cluster, running_cluster
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 
@@ -31,18 +30,11 @@ CELLS = [
 
 @pytest.fixture(params=["batch", "lcp"])
 def cell_cluster(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster, supervisor = start_cluster(
-        tmp_path_factory.mktemp(request.param), hosts=2,
-        settings={"cluster.policy": request.param,
-                  "global_scheduler.warm_containers_per_host": 1})
-    saved = dict(os.environ)
-    os.environ.update({k: v for k, v in cluster.env.items() if k.startswith("NOTEBOOKOS_")})
-    try:
+    with running_cluster(
+            tmp_path_factory.mktemp(request.param), hosts=2,
+            settings={"cluster.policy": request.param,
+                      "global_scheduler.warm_containers_per_host": 1}) as cluster:
         yield cluster
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        supervisor.stop()
 
 
 def kernel_status(address: str, kernel_id: str) -> common_pb2.KernelStatus:

@@ -17,8 +17,9 @@ import grpc
 import pytest
 from jupyter_client import BlockingKernelClient
 
-from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 from notebookos.proto.convert import connection_info_to_dict
 from notebookos.testing.processes import free_port, kill_group, wait_for_port
 
@@ -142,6 +143,15 @@ def result_text(run: dict[str, Any]) -> str:
         if msg["msg_type"] == "execute_result":
             return msg["content"]["data"]["text/plain"]
     return json.dumps([m["content"] for m in run["outputs"]])[:2000]
+
+
+def ls_gpus_committed(address: str) -> int:
+    """GPUs committed on one host as its Local Scheduler sees it (the Global Scheduler's own
+    accounting frees a cell's GPUs at once; the host hears of it within 20 ms)."""
+    with grpc.insecure_channel(address) as channel:
+        status = ls_grpc.LocalSchedulerStub(channel).GetHostStatus(
+            local_scheduler_pb2.GetHostStatusRequest(), timeout=10)
+    return status.host.gpus_committed
 
 
 @pytest.fixture(name="make_cluster")

@@ -27,6 +27,17 @@ def wait_parked(cluster, kernel_id: str, timeout: float = 30) -> common_pb2.Kern
     return cluster.kernel(kernel_id)
 
 
+def parked_batch_kernel(make_cluster):  # noqa: ANN001, ANN201
+    """A batch-policy cluster of one 1-GPU host and a 1-GPU kernel, parked."""
+    cluster = make_cluster()
+    cluster.start_gs("--policy", "batch")
+    cluster.start_ls("host-0", gpus=1)
+    cluster.wait_hosts(1)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    wait_parked(cluster, kernel_id)
+    return cluster, kernel_id, kc
+
+
 def gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
@@ -40,12 +51,8 @@ def pool_pids(ls_pid: int) -> set[int]:
 
 
 def test_batch_runs_each_cell_in_a_fresh_container_restored_from_the_checkpoint(make_cluster):
-    cluster = make_cluster()
-    cluster.start_gs("--policy", "batch")
-    cluster.start_ls("host-0", gpus=1)
-    cluster.wait_hosts(1)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert wait_parked(cluster, kernel_id).executor_replica_id == 0
+    cluster, kernel_id, kc = parked_batch_kernel(make_cluster)
+    assert cluster.kernel(kernel_id).executor_replica_id == 0
     cells = [
         "a = bytes(8_000_000)  # large: goes to the store\nn = 20",  # a checkpoint to flush
         "b = n + 1\nlen(a)",
@@ -77,6 +84,24 @@ def test_batch_runs_each_cell_in_a_fresh_container_restored_from_the_checkpoint(
     assert entry["state"] == "parked" and entry["replicas"] == []
     assert entry["last_container_start_ms"] > 0
     assert "(parked)" in render_text(doc) and "container start" in render_text(doc)
+
+
+def test_a_silent_cells_changes_survive_its_container(make_cluster):
+    """A silent cell takes no execution count, so the counts alone would call its container's
+    checkpoint current before it is written; the container reports it pending instead."""
+    cluster, kernel_id, kc = parked_batch_kernel(make_cluster)
+    assert result_text(run_cell(kc, "seen = ['loud']\nlen(seen)")) == "1"
+    wait_parked(cluster, kernel_id)
+    for i in range(3):
+        msg_id = kc.execute(f"seen.append('quiet {i}')", silent=True)
+        reply = kc.get_shell_msg(timeout=60)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["status"] == "ok", reply["content"]
+        wait_parked(cluster, kernel_id)
+    run = run_cell(kc, "seen")
+    assert result_text(run) == "['loud', 'quiet 0', 'quiet 1', 'quiet 2']"
+    assert run["reply"]["content"]["execution_count"] == 2
+    assert not cluster.kernel(kernel_id).message, cluster.kernel(kernel_id).message
 
 
 def test_lcp_cell_borrows_a_warm_process_and_the_pool_refills(make_cluster):
@@ -185,12 +210,7 @@ def test_parked_kernel_answers_the_requests_a_notebook_sends(make_cluster):
 
 def test_a_container_killed_mid_cell_fails_that_cell_once_and_the_next_starts_from_the_checkpoint(
         make_cluster):
-    cluster = make_cluster()
-    cluster.start_gs("--policy", "batch")
-    cluster.start_ls("host-0", gpus=1)
-    cluster.wait_hosts(1)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    wait_parked(cluster, kernel_id)
+    cluster, kernel_id, kc = parked_batch_kernel(make_cluster)
     assert result_text(run_cell(kc, "n = 1\nn")) == "1"
     wait_parked(cluster, kernel_id)
     out: dict = {}

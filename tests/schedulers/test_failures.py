@@ -10,12 +10,15 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
-from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+from sched_cluster import (  # noqa: F401 - fixture
+    ls_gpus_committed,
+    make_cluster_fixture,
+    result_text,
+    run_cell,
+)
 
-from notebookos.proto import local_scheduler_pb2
-from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.testing.processes import pid_alive
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -57,6 +60,29 @@ def _recovered(cluster, kernel_id: str, before: dict) -> bool:  # noqa: ANN001
     return len(live) == 3 and status.state in (2, 3)  # KERNEL_STATE_IDLE / BUSY
 
 
+def test_killing_the_executor_mid_cell_fails_that_cell_once_and_the_kernel_goes_on(
+        make_cluster):  # noqa: ANN001
+    """The standbys abort the cell (its effects die with the executor) and the client gets
+    NotebookOSExecutorFailed, not a rerun; the next cell runs on a survivor with the state
+    before the failed cell."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    executor = cluster.kernel(kernel_id).executor_replica_id  # the next cell sticks to it
+    assert executor
+    msg_id = kc.execute("import time\ndata['z'] = 26\ntime.sleep(60)")
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "the cell never started"
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            break
+    os.kill(_replicas(cluster, kernel_id)[executor][1], signal.SIGKILL)
+    reply = kc.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "NotebookOSExecutorFailed", reply["content"]
+    assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
+
+
 def test_a_killed_local_scheduler_means_its_replicas_are_replaced(make_cluster):
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
     before = _replicas(cluster, kernel_id)
@@ -65,23 +91,8 @@ def test_a_killed_local_scheduler_means_its_replicas_are_replaced(make_cluster):
     cluster.wait(lambda: all(h != victim_host for h, _ in _replicas(cluster, kernel_id).values())
                  and _recovered(cluster, kernel_id, before), 90, "replicas off the dead host")
     assert victim_host not in {h.host_id for h in cluster.status().hosts}
-    cluster.wait(lambda: _pid_gone(victim_pid), 10, "the orphaned replica to die with its LS")
+    cluster.wait(lambda: not pid_alive(victim_pid), 10, "the orphaned replica to die with its LS")
     assert result_text(run_cell(kc, "data['c'] = 3\nsorted(data)")) == "['a', 'b', 'c']"
-
-
-def _ls_committed(address: str) -> int:
-    with grpc.insecure_channel(address) as channel:
-        status = ls_grpc.LocalSchedulerStub(channel).GetHostStatus(
-            local_scheduler_pb2.GetHostStatusRequest(), timeout=10)
-    return status.host.gpus_committed
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_on(make_cluster):
@@ -98,7 +109,7 @@ def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_o
     cluster.wait_hosts(3)
     # The new instance does not know that request: the GPU is released (reconciled from the
     # Local Schedulers' heartbeats) instead of staying committed forever.
-    cluster.wait(lambda: sum(_ls_committed(a) for a in addresses) == 0, 20,
+    cluster.wait(lambda: sum(ls_gpus_committed(a) for a in addresses) == 0, 20,
                  "the orphaned GPU released")
     # ...and the cell that ran across the restart still gets its reply (its outputs may be lost).
     reply = kc.get_shell_msg(timeout=30)
@@ -125,8 +136,7 @@ PRINTING_CELL = (
 
 def test_output_printed_while_the_global_scheduler_restarts_is_not_lost(make_cluster):
     """The replicas hold IOPub while no Global Scheduler subscribes and the new front holds it
-    until the client resubscribes: every line arrives, in order, with one busy and one idle.
-    (The cell outlasts the restart: a reply sent while no Global Scheduler listens is lost.)"""
+    until the client resubscribes: every line arrives, in order, with one busy and one idle."""
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=3)
     msg_id = kc.execute(PRINTING_CELL)
     text, statuses = "", []
@@ -169,6 +179,39 @@ def test_output_printed_while_the_global_scheduler_restarts_is_not_lost(make_clu
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
 
 
+def test_a_cell_that_finishes_while_the_global_scheduler_is_down_still_gets_its_reply(
+        make_cluster):  # noqa: ANN001
+    """The executor's reply finds no scheduler: the replica keeps it and sends it to the
+    restarted front, which forwards it to the client's session; output and idle arrive too."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=3)
+    msg_id = kc.execute("import time\ntime.sleep(1)\ndata['c'] = 3\n'finished'")
+    deadline = time.monotonic() + 30
+    while True:  # the cell runs: its execute_input went out
+        assert time.monotonic() < deadline, "the cell never started"
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            break
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    time.sleep(3)  # the cell finishes, and replies, while no Global Scheduler runs
+    cluster.start_gs()
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "ok"
+    results, idle = [], False
+    deadline = time.monotonic() + 30
+    while not idle:
+        assert time.monotonic() < deadline, f"no idle (results so far: {results})"
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "execute_result":
+            results.append(msg["content"]["data"]["text/plain"])
+        idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+    assert results == ["'finished'"]
+    assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b', 'c']"
+
+
 def _wait_checkpointed(kc, execution_count: int, timeout: float = 20) -> None:  # noqa: ANN001
     """Until the group's store checkpoint covers ``execution_count`` (it is written after the
     cell's Completion commits, off the cell's critical path: ``idle`` does not wait for it)."""
@@ -199,7 +242,7 @@ def test_losing_the_majority_rebuilds_the_kernel_from_its_last_checkpoint(make_c
                  and _recovered(cluster, kernel_id, before), 120, "a rebuilt group")
     status = cluster.kernel(kernel_id)
     assert "checkpoint" in status.message
-    assert _pid_gone(before[max(before)][1])  # the survivor was stopped, not left diverging
+    assert not pid_alive(before[max(before)][1])  # the survivor was stopped, not left diverging
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b', 'e']"
 
 
@@ -250,9 +293,9 @@ def test_a_reservation_kernels_replacement_gets_the_session_gpus(make_cluster):
         assert committed[new_host] == 1, committed
         assert sum(committed.values()) == 1, committed
         addresses = {h.host_id: h.address for h in cluster.status().hosts}
-        assert _ls_committed(addresses[new_host]) == 1
+        assert ls_gpus_committed(addresses[new_host]) == 1
         if lost_host is not None and lost_host != new_host and lost_host in addresses:
-            assert _ls_committed(addresses[lost_host]) == 0
+            assert ls_gpus_committed(addresses[lost_host]) == 0
         assert len(_assigned_gpus(kc)) == 1  # the next cell runs with its GPU
         return new_host
 

@@ -6,17 +6,16 @@ once, never another replica's."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 import zmq
+from fake_replicas import KEY, FakeReplica
 from jupyter_client.session import Session
 
-from notebookos.global_scheduler.front import KernelFront, PlacementFailed, ReplicaEndpoint
+from notebookos.global_scheduler.front import KernelFront, PlacementFailed
 
 pytestmark = pytest.mark.timeout(60)
-KEY = uuid.uuid4().hex
 
 
 class _Hooks:
@@ -33,44 +32,10 @@ class _Hooks:
         pass
 
 
-class _Replica:
-    """Bound sockets where a replica's would be; IOPub is an XPUB like ipykernel's."""
-
-    def __init__(self, context: zmq.Context, replica_id: int) -> None:
-        self.replica_id = replica_id
-        self.session = Session(key=KEY.encode(), username=f"replica-{replica_id}")
-        self.sockets = {name: context.socket(zmq.ROUTER) for name in ("shell", "control",
-                                                                      "stdin")}
-        self.sockets["iopub"] = context.socket(zmq.XPUB)
-        self.ports = {}
-        for name, sock in self.sockets.items():
-            sock.linger = 0
-            self.ports[name] = sock.bind_to_random_port("tcp://127.0.0.1")
-
-    def endpoint(self) -> ReplicaEndpoint:
-        p = self.ports
-        return ReplicaEndpoint(self.replica_id, "127.0.0.1", p["shell"], p["iopub"],
-                               p["stdin"], p["control"])
-
-    def wait_subscribed(self) -> None:
-        assert self.sockets["iopub"].poll(10_000), "the front never subscribed"
-        assert self.sockets["iopub"].recv()[:1] == b"\x01"
-
-    def publish(self, parent: dict, msg_type: str, content: dict,
-                metadata: dict | None = None) -> str:
-        msg = self.session.msg(msg_type, content, parent=parent, metadata=metadata or {})
-        self.session.send(self.sockets["iopub"], msg, ident=msg_type.encode())
-        return msg["header"]["msg_id"]
-
-    def close(self) -> None:
-        for sock in self.sockets.values():
-            sock.close(linger=0)
-
-
 @pytest.fixture
-def front_and_replicas() -> Iterator[tuple[KernelFront, list[_Replica]]]:
+def front_and_replicas() -> Iterator[tuple[KernelFront, list[FakeReplica]]]:
     context = zmq.Context.instance()
-    replicas = [_Replica(context, 1), _Replica(context, 2)]
+    replicas = [FakeReplica(context, 1), FakeReplica(context, 2)]
     front = KernelFront("k-front", KEY, "hmac-sha256", _Hooks())
     front.start()
     front.set_replicas([r.endpoint() for r in replicas], wait=True)
@@ -147,3 +112,37 @@ def test_a_previous_instances_request_shows_the_executors_busy_and_idle_once(
         assert [m["header"]["msg_id"] for m in _receive(sub, 2)] == [busy, idle]
     finally:
         sub.close()
+
+
+def test_a_reply_for_a_client_not_back_yet_is_kept_until_it_reconnects(  # noqa: ANN001
+        front_and_replicas) -> None:
+    """After a restart a replica's held execute_reply can reach the new front before the
+    client's shell socket has reconnected: the front keeps it instead of dropping it."""
+    front, (executor, _) = front_and_replicas
+    client_session = Session(key=KEY.encode(), session="client-7")
+    request = client_session.msg("execute_request", {"code": "1"})  # a previous instance's
+    reply = executor.session.msg("execute_reply", {"status": "ok", "execution_count": 1},
+                                 parent=request, metadata={"notebookos": {"role": "executor"}})
+    shell = executor.sockets["shell"]
+    shell.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    deadline = time.monotonic() + 10
+    while True:  # until the front's shell connection to this replica is up
+        try:
+            executor.session.send(shell, reply, ident=[front.identity])
+            break
+        except zmq.ZMQError:
+            assert time.monotonic() < deadline, "the front never connected"
+            time.sleep(0.05)
+    time.sleep(0.5)  # the front has it, and no client to give it to
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.linger = 0
+    client.setsockopt(zmq.IDENTITY, b"client-7")
+    client.connect(f"tcp://127.0.0.1:{front.ports['shell_port']}")
+    try:
+        assert client.poll(5000), "the kept reply never reached the reconnected client"
+        _, frames = client_session.feed_identities(client.recv_multipart())
+        got = client_session.deserialize(frames)
+        assert got["parent_header"]["msg_id"] == request["header"]["msg_id"]
+        assert got["content"]["status"] == "ok"
+    finally:
+        client.close(linger=0)

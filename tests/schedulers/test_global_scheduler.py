@@ -10,7 +10,12 @@ import sys
 import grpc
 import pytest
 import zmq
-from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+from sched_cluster import (  # noqa: F401 - fixture
+    ls_gpus_committed,
+    make_cluster_fixture,
+    result_text,
+    run_cell,
+)
 
 from notebookos.proto import common_pb2, global_scheduler_pb2
 
@@ -49,6 +54,11 @@ def test_cells_run_through_the_front_on_distinct_hosts_with_gpus_bound_per_cell(
     assert status.gpus_committed == 0
     assert all(h.gpus_committed == 0 for h in status.hosts)
     assert cluster.kernel(kernel_id).executor_replica_id in (1, 2, 3)
+    # ...and so do the hosts themselves: the release waits briefly for a next commit to ride
+    # on, then goes out on its own
+    for h in status.hosts:
+        cluster.wait(lambda h=h: ls_gpus_committed(h.address) == 0, 5,
+                     f"{h.host_id} to see the release")
 
     out = subprocess.run([sys.executable, "-m", "notebookos.cli", "status", "--json",
                           "--global-scheduler", cluster.gs_address],
@@ -145,3 +155,4 @@ def test_subscription_limit_and_bad_input_get_clear_errors(make_cluster):
     cluster.wait(lambda: "zero GPUs" in cluster.log("zero-gpus"), 20, "the refusal logged")
     assert zero.poll() is None
     assert len(cluster.status().hosts) == 4
+

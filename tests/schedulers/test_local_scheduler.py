@@ -14,9 +14,11 @@ import pytest
 from sched_cluster import make_cluster_fixture  # noqa: F401 - fixture
 
 from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.readiness import wait_until_ready
 from notebookos.proto import common_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.testing.processes import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,6 +94,56 @@ def test_registration_gpu_binding_and_release_when_the_replica_dies(host):
     else:
         pytest.fail(f"GPUs not released after the replica died: {s}")
     assert "died" in cluster.log("solo")
+
+
+def test_a_commit_applies_the_releases_it_carries_first(host):
+    """The Global Scheduler holds a cell's release back and sends it with the next commit."""
+    _, stub = host
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    ra, rb = _start(stub, a), _start(stub, b)
+    assert _ready(ra) and _ready(rb)
+    assert _commit(stub, a, "cell-1", 2).committed
+    release_a = local_scheduler_pb2.ReleaseGpusRequest(kernel_id=a, replica_id=1,
+                                                       request_id="cell-1")
+    gone = local_scheduler_pb2.ReleaseGpusRequest(kernel_id="no-such-kernel", replica_id=1,
+                                                  request_id="cell-0")
+    got = stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
+        kernel_id=b, replica_id=1, request_id="cell-2", gpus=2,
+        release_first=[gone, release_a]), timeout=10)
+    assert got.committed and sorted(got.device_ids) == [0, 1], got
+    assert not _commit(stub, a, "cell-3", 1).committed  # b holds both now
+    states = {r.kernel_id: r.state for r in _host_status(stub).replicas}
+    assert states[a] == common_pb2.REPLICA_STATE_IDLE
+    assert states[b] == common_pb2.REPLICA_STATE_EXECUTING
+
+
+def test_a_held_release_reaches_the_host_on_its_own_or_with_the_next_commit(host):
+    """The Global Scheduler's side (HostLink) against a real Local Scheduler: a release waits
+    for a commit to ride on, goes out alone when none comes, and is known as under way until
+    the host has it (so a heartbeat showing the GPU still bound is not taken for an orphan)."""
+    cluster, stub = host
+    link = HostLink("solo", cluster.status().hosts[0].address, "test", [], True)
+    kernel = f"k-{uuid.uuid4().hex[:6]}"
+    assert _ready(_start(stub, kernel))
+    try:
+        assert link.commit_gpus(kernel, 1, "cell-1", 1)[0] is not None
+        link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+            kernel_id=kernel, replica_id=1, request_id="cell-1"))
+        assert link.releasing(kernel, 1) and not link.releasing(kernel, 2)
+        device_ids, reason = link.commit_gpus(kernel, 1, "cell-2", 2)  # carries the release
+        assert device_ids is not None and sorted(device_ids) == [0, 1], reason
+        assert not link.releasing(kernel, 1)
+        link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+            kernel_id=kernel, replica_id=1, request_id="cell-2"))
+        deadline = time.monotonic() + 5  # no commit comes: it goes out on its own
+        while _host_status(stub).host.gpus_committed:
+            assert time.monotonic() < deadline, "the held release never reached the host"
+            time.sleep(0.02)
+        while link.releasing(kernel, 1):
+            assert time.monotonic() < deadline, "the sent release stayed under way"
+            time.sleep(0.02)
+    finally:
+        link.close()
 
 
 def test_prewarm_pool_promotes_a_warm_process(host):
@@ -171,12 +223,16 @@ def test_registers_again_with_a_new_global_scheduler_and_stops_replicas_it_does_
     cluster.start_gs(state="state-new")  # a Global Scheduler with an empty registry
     cluster.wait_hosts(1)
     assert cluster.status().hosts[0].host_id == "solo"
-    assert cluster.log("solo").count("registered host solo") >= 2
+    # the Local Scheduler logs it once the new instance's answer is back, which may be just
+    # after that instance lists the host
+    cluster.wait(lambda: cluster.log("solo").count("registered host solo") >= 2, 10,
+                 "the Local Scheduler to log its second registration")
     deadline = time.monotonic() + 20
     while any(r.kernel_id == kernel for r in _host_status(stub).replicas):
         assert time.monotonic() < deadline, "the unknown replica was not stopped"
         time.sleep(0.2)
-    with pytest.raises(ProcessLookupError):
-        for _ in range(50):
-            os.kill(resp.pid, 0)
-            time.sleep(0.1)
+    for _ in range(50):
+        if not pid_alive(resp.pid):
+            break
+        time.sleep(0.1)
+    assert not pid_alive(resp.pid), "the unknown replica's process outlived it"

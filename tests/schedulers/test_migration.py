@@ -8,7 +8,12 @@ import time
 
 import grpc
 import pytest
-from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+from sched_cluster import (  # noqa: F401 - fixture
+    ls_gpus_committed,
+    make_cluster_fixture,
+    result_text,
+    run_cell,
+)
 
 from notebookos.proto import common_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
@@ -28,6 +33,8 @@ def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_clu
     # Work the Global Scheduler does not schedule takes every GPU of the three hosts: a replica
     # of another kernel started on each host directly, holding its host's GPU.
     addresses = {h.host_id: h.address for h in cluster.status().hosts}
+    cluster.wait(lambda: sum(ls_gpus_committed(a) for a in addresses.values()) == 0, 10,
+                 "the hosts to see the first cell's release")
     channels = []
     for host_id, address in addresses.items():
         channel = grpc.insecure_channel(address)

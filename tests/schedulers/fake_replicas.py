@@ -1,0 +1,63 @@
+"""Real ZMQ sockets bound where a replica's would be, for testing the kernel front alone."""
+
+from __future__ import annotations
+
+import uuid
+
+import zmq
+from jupyter_client.session import Session
+
+from notebookos.global_scheduler.front import ReplicaEndpoint
+
+KEY = uuid.uuid4().hex
+
+
+class FakeReplica:
+    """Bound sockets where a replica's would be; IOPub is an XPUB like ipykernel's."""
+
+    def __init__(self, context: zmq.Context, replica_id: int) -> None:
+        self.replica_id = replica_id
+        self.session = Session(key=KEY.encode(), username=f"replica-{replica_id}")
+        self.sockets = {name: context.socket(zmq.ROUTER) for name in ("shell", "control",
+                                                                      "stdin")}
+        self.sockets["iopub"] = context.socket(zmq.XPUB)
+        self.ports = {}
+        for name, sock in self.sockets.items():
+            sock.linger = 0
+            self.ports[name] = sock.bind_to_random_port("tcp://127.0.0.1")
+
+    def endpoint(self) -> ReplicaEndpoint:
+        p = self.ports
+        return ReplicaEndpoint(self.replica_id, "127.0.0.1", p["shell"], p["iopub"],
+                               p["stdin"], p["control"])
+
+    def wait_subscribed(self) -> None:
+        assert self.sockets["iopub"].poll(10_000), "the front never subscribed"
+        assert self.sockets["iopub"].recv()[:1] == b"\x01"
+
+    def publish(self, parent: dict, msg_type: str, content: dict,
+                metadata: dict | None = None) -> str:
+        msg = self.session.msg(msg_type, content, parent=parent, metadata=metadata or {})
+        self.session.send(self.sockets["iopub"], msg, ident=msg_type.encode())
+        return msg["header"]["msg_id"]
+
+    def receive(self, channel: str = "shell", timeout_s: float = 5.0) -> dict | None:
+        """The next request on ``channel`` (its ``idents`` added), or None after ``timeout_s``."""
+        sock = self.sockets[channel]
+        if not sock.poll(timeout_s * 1000):
+            return None
+        idents, frames = self.session.feed_identities(sock.recv_multipart())
+        msg = self.session.deserialize(frames)
+        msg["idents"] = idents
+        return msg
+
+    def reply(self, request: dict, msg_type: str, content: dict, role: str) -> None:
+        """Answer ``request`` on shell with ``metadata.notebookos.role`` set."""
+        self.session.send(self.sockets["shell"], msg_type, content, parent=request,
+                          ident=request["idents"],
+                          metadata={"notebookos": {"role": role,
+                                                   "replica_id": self.replica_id}})
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close(linger=0)
