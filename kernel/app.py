@@ -41,6 +41,9 @@ ENV_FLAGS = {
 }
 
 
+MEMORY_HISTORY = ":memory:"
+
+
 class ReplicaKernelApp(IPKernelApp):
     name = "notebookos-kernel"
     classes = [*IPKernelApp.classes, ReplicaKernel]  # so --help documents the replica options
@@ -55,6 +58,16 @@ class ReplicaKernelApp(IPKernelApp):
         # (a replica runs one elected cell at a time), and without the shell-channel thread a
         # message reaches the kernel's loop, and its reply the socket, one thread hop sooner.
         self.shell_channel_thread = None
+
+    def init_kernel(self) -> None:
+        # IPython's input history stays in memory unless configured otherwise: a replica's own
+        # history file would hold only the cells it happened to execute, every kernel on the
+        # host would contend for the one sqlite file, and its commit after every cell cost the
+        # executor ~1.8 ms of CPU (docs/performance.md). The notebook is the record of cells;
+        # %history and In still list the cells this replica ran.
+        if "hist_file" not in self.config.HistoryManager:
+            self.config.HistoryManager.hist_file = MEMORY_HISTORY
+        super().init_kernel()
 
     aliases = Dict({
         **kernel_aliases,

@@ -231,3 +231,15 @@ def test_replicas_offer_no_kernel_subshells_and_run_top_level_await(group: Repli
     result = group.execute("import asyncio\nawait asyncio.sleep(0.01)\nslept = 1", target=1)
     assert result.reply(1)["content"]["status"] == "ok", result.summary()
     assert group.execute("print(slept)", target=2).stdout() == "1\n"
+
+
+def test_history_stays_in_memory_and_still_answers_history_magic(group: ReplicaGroup):
+    group.execute("history_marker = 41", target=1)
+    result = group.execute(
+        "hm = get_ipython().history_manager\n"
+        "print(hm.hist_file, hasattr(hm, 'save_thread') and hm.save_thread is not None)\n"
+        "get_ipython().run_line_magic('history', '')", target=1)
+    assert result.executor() == 1, result.summary()
+    lines = result.stdout().splitlines()
+    assert lines[0] == ":memory: False", lines  # no sqlite file, no writer thread
+    assert "history_marker = 41" in lines[1:], lines
