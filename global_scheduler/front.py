@@ -57,6 +57,7 @@ YIELD_HOLD_S = 0.2
 # How long a shell reply for a client that is not connected is kept (a client reconnecting after
 # a Global Scheduler restart is back within a second; one that left for good never is).
 UNROUTED_KEEP_S = 60.0
+POLL_S = 0.05  # the front's loop wakes at least this often (held yields, kept replies)
 
 
 class PlacementFailed(Exception):
@@ -186,7 +187,9 @@ class KernelFront:
                 self._sockets[name] = sock
                 self.ports[f"{name}_port"] = port
             # a reply for a client that has not (re)connected yet is kept, not dropped
-            self._unrouted = UnroutedReplies(self._sockets["shell"], keep_s=UNROUTED_KEEP_S)
+            # (retried at most every poll interval, not on every message the loop handles)
+            self._unrouted = UnroutedReplies(self._sockets["shell"], keep_s=UNROUTED_KEEP_S,
+                                             retry_every_s=POLL_S)
         except zmq.ZMQError:
             for sock in self._sockets.values():
                 sock.close(linger=0)
@@ -273,7 +276,7 @@ class KernelFront:
                         poller.register(sock, zmq.POLLIN)
                         poller_sockets[sock] = (f"replica-{name}", rid)
             try:
-                events = poller.poll(50)
+                events = poller.poll(int(POLL_S * 1000))
             except zmq.ZMQError:
                 continue
             self._release_deferred()

@@ -9,8 +9,8 @@ arrived (the IOPub side is kept by ``iopub.BufferedIOPubThread``).
 ``HeldReplies`` keeps them with ``notebookos.unrouted.UnroutedReplies`` (``ROUTER_MANDATORY``
 on the shell socket, so such a send fails instead of vanishing): the shell stream's send callback
 hands a failed message here, and an executor's ``execute_reply`` is kept (bounded, for up to an
-hour) and retried every ``retry_s`` on the kernel's loop until the peer is back. The restarted front forwards it to the client session that
-sent the request (global_scheduler/front.py, ``_orphan_reply``). Other replies are not kept: a
+hour) and retried every ``retry_s`` on the kernel's loop until the peer is back. The restarted
+front forwards it to the client session that sent the request (global_scheduler/front.py, ``_orphan_reply``). Other replies are not kept: a
 standby's reply matters to no one after a restart, and a client retries ``kernel_info`` and
 completion requests itself.
 """

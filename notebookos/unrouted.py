@@ -24,9 +24,12 @@ NOT_ROUTED = (zmq.EHOSTUNREACH, zmq.EAGAIN)
 
 
 class UnroutedReplies:
-    def __init__(self, socket: zmq.Socket, *, keep_s: float, max_replies: int = 256) -> None:
+    def __init__(self, socket: zmq.Socket, *, keep_s: float, max_replies: int = 256,
+                 retry_every_s: float = 0.0) -> None:
         self.socket = socket
         self.keep_s = keep_s
+        self.retry_every_s = retry_every_s  # ``retry`` calls sooner than this after one do nothing
+        self._next_retry = 0.0
         self._kept: deque[tuple[float, list[bytes]]] = deque(maxlen=max_replies)
         self.delivered_late = 0  # kept replies sent later (tests, logs)
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -53,6 +56,9 @@ class UnroutedReplies:
         """Send what is kept, in order, while the peers take it; drop what outlived ``keep_s``.
         Whether anything is still kept."""
         now = time.monotonic()
+        if not self._kept or now < self._next_retry:
+            return bool(self._kept)
+        self._next_retry = now + self.retry_every_s
         for _ in range(len(self._kept)):
             keep_until, frames = self._kept.popleft()
             try:

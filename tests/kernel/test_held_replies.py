@@ -89,3 +89,30 @@ def test_replies_that_reached_the_scheduler_are_not_kept() -> None:
     finally:
         dealer.close(linger=0)
         router.close(linger=0)
+
+
+def test_a_retry_sooner_than_retry_every_s_sends_nothing() -> None:
+    # the front calls retry() on every pass of its loop; the sends are tried once per interval
+    from notebookos.unrouted import UnroutedReplies
+
+    context = zmq.Context.instance()
+    router = context.socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    kept = UnroutedReplies(router, keep_s=60, retry_every_s=0.3)
+    dealer = context.socket(zmq.DEALER)
+    dealer.linger = 0
+    try:
+        kept.send(_reply("executor"))
+        assert len(kept) == 1
+        assert kept.retry() is True  # first try: the peer is still absent
+        dealer.setsockopt(zmq.IDENTITY, FRONT)
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.1)  # connected, but the interval has not passed
+        assert kept.retry() is True and kept.delivered_late == 0
+        time.sleep(0.25)
+        assert kept.retry() is False and kept.delivered_late == 1
+        assert dealer.poll(1000)
+    finally:
+        dealer.close(linger=0)
+        router.close(linger=0)
