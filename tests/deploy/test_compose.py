@@ -1,0 +1,87 @@
+"""`docker compose up` on this machine: three Local Scheduler containers (virtual GPUs) with the
+docker launcher, a notebook through JupyterLab, failures, and `docker compose down`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from notebook_check import ROOT, check_notebook, kernel_of, stop_and_check_removed
+
+from notebookos.ports import free_ports
+from notebookos.testing.deployment import ComposeDeployment, output_text, run, run_cells
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def compose(notebookos_image: str):
+    dep = ComposeDeployment(ROOT, f"nbostest{uuid.uuid4().hex[:6]}", notebookos_image,
+                            free_ports(1)[0])
+    try:
+        start = time.monotonic()
+        dep.up()
+        dep.wait_for_jupyterlab()
+        dep.wait_for_hosts(3)
+        print(f"\ncompose up to a usable JupyterLab with 3 hosts: {time.monotonic() - start:.1f} s")
+        yield dep
+    finally:
+        dep.down(volumes=True)
+
+
+def test_compose_runs_a_notebook_in_replica_containers(compose: ComposeDeployment) -> None:
+    kernel_id = check_notebook(compose)
+    stop_and_check_removed(compose, kernel_id)
+
+
+def test_local_scheduler_crash_keeps_its_replica_containers(compose: ComposeDeployment) -> None:
+    """A Local Scheduler killed abruptly is restarted by compose's restart policy, takes its
+    running replica containers back, and the notebook carries on."""
+    port, token = compose.jupyter_port, compose.token()
+    from notebookos.testing.deployment import start_kernel
+
+    kernel_id = asyncio.run(start_kernel(port, token))
+    assert asyncio.run(run_cells(port, token, kernel_id, ["y = 'kept'"]))[0]["reply"]["status"] \
+        == "ok"
+    before = compose.replica_containers(kernel_id)
+    kernel = kernel_of(compose.status(), kernel_id)
+    victim = next(r for r in kernel["replicas"] if r["replica_id"] != kernel["executor"])
+    ls_container = next(c for c in run(["docker", "ps", "--format", "{{.Names}}"]).stdout.split()
+                        if c == victim["host_id"])
+    pid = int(run(["docker", "inspect", "--format", "{{.State.Pid}}", ls_container]).stdout)
+    os.kill(pid, signal.SIGKILL)  # a crash, not `docker kill` (which counts as a manual stop)
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        logs = run(["docker", "logs", ls_container], check=False).stderr
+        if f"recovered replica {kernel_id}/{victim['replica_id']}" in logs \
+                and "registered host" in logs.rsplit("recovered replica", 1)[1]:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"{ls_container} did not take its replica back:\n{logs[-3000:]}")
+    assert compose.replica_containers(kernel_id) == before  # the same containers
+    result = asyncio.run(run_cells(port, token, kernel_id, ["print(y)"]))
+    assert output_text(result[0]).strip() == "kept", result
+    kernel = kernel_of(compose.status(), kernel_id)
+    assert {r["replica_id"] for r in kernel["replicas"]} == set(before), kernel
+    stop_and_check_removed(compose, kernel_id)
+
+
+def test_compose_down_leaves_nothing(compose: ComposeDeployment) -> None:
+    """Last in this module: `down` removes every container (the replica containers too, which
+    the Local Schedulers made) and the network, keeps the state volumes; `down -v` drops them."""
+    from notebookos.testing.deployment import start_kernel
+
+    kernel_id = asyncio.run(start_kernel(compose.jupyter_port, compose.token()))
+    assert len(compose.replica_containers(kernel_id)) == 3
+    compose.down(volumes=False)
+    left = compose.leftovers()
+    assert not left.containers and not left.networks, left
+    assert len(left.volumes) == 6, left
+    compose.down(volumes=True)
+    assert not compose.leftovers(), compose.leftovers()
