@@ -4,7 +4,9 @@ per-event cost at 100, 1,000 and 10,000 hosts.
     .venv/bin/python benchmarks/simulator.py --json
 
 Times are the best of 3 runs (one run for the 3-month trace), with the process CPU seconds of
-that run beside them, because the development VM is shared. Targets: ``sensei_week_s`` <= 1 s under every job policy (20x8); ``three_month_s`` <= 30 s per
+that run beside them, because the development VM is shared. Targets: ``sensei_week_s`` <= 1 s under every job policy (20x8) but themis and tensorshare
+(``sensei_week_solver_s`` <= 10 s: their auctions, and the MLP trained when the policy is built);
+the seeds' policies are built inside the timed run, model fitting included; ``three_month_s`` <= 30 s per
 session policy (>= 400 sessions, >= 50,000 tasks, 30 hosts of 8 GPUs); ``hosts_10000_s`` close to
 ``hosts_100_s`` (the ratio is reported against the 100-host baseline measured in the same run).
 """
@@ -33,6 +35,7 @@ THREE_MONTHS = SenseiParams(hours=24 * 91, seed=0, session_rate_per_hour=2.0,
 EXCERPT = SenseiParams(hours=17.5, seed=1)
 
 
+SOLVER_POLICIES = ("themis", "tensorshare")
 CPU_S: dict[str, float] = {}  # process CPU seconds per measurement (less sensitive to a busy box)
 
 
@@ -58,16 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="skip the 3-month trace")
     args = parser.parse_args(argv)
-    result: dict = {"targets": {"sensei_week_s": 1.0, "three_month_s": 30.0}}
+    result: dict = {"targets": {"sensei_week_s": 1.0, "sensei_week_solver_s": 10.0,
+                                "three_month_s": 30.0}}
 
     if SENSEI_WEEK.is_file():
         week = read_trace(SENSEI_WEEK, "tiresias", "s")
         by_policy = {p: round(timed(week, p, SimConfig(hosts=20, gpus_per_host=8),
                                     f"sensei_week_{p}", repeat=3)[0], 3)
-                     for p in ("fifo", "sjf", "srtf", "tiresias")}
+                     for p in ("fifo", "sjf", "srtf", "tiresias", "qssf", "ces", "lucid",
+                               *SOLVER_POLICIES)}
         result["sensei_week_jobs"] = week.task_count
         result["sensei_week_by_policy_s"] = by_policy
-        result["sensei_week_s"] = max(by_policy.values())
+        result["sensei_week_s"] = max(v for p, v in by_policy.items() if p not in SOLVER_POLICIES)
+        result["sensei_week_solver_s"] = max(by_policy[p] for p in SOLVER_POLICIES)
     else:
         result["sensei_week_s"] = None
         result["sensei_week_skipped"] = f"{SENSEI_WEEK} is absent"
@@ -118,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     result["load_average_1min"] = round(os.getloadavg()[0], 2)
     result["meets_targets"] = bool(
         (result["sensei_week_s"] is None or result["sensei_week_s"] <= 1.0)
+        and result.get("sensei_week_solver_s", 0.0) <= 10.0
         and result.get("three_month_s", 0.0) <= 30.0)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -30,10 +30,11 @@ def make_cluster(idle_plan: dict[str, int], gpus: int = 8, oversub: float = 21.0
 
 
 def test_registry_lists_every_policy_and_rejects_unknown_names():
-    assert policy_names() == [
-        "notebookos", "reservation", "batch", "lcp", "fifo", "sjf", "srtf", "tiresias"]
-    assert policy_names(PolicyKind.JOB) == ["fifo", "sjf", "srtf", "tiresias"]
-    with pytest.raises(ValueError, match="known policies: notebookos, reservation"):
+    names = policy_names()
+    assert names[:4] == ["notebookos", "batch", "lcp", "reservation"]
+    assert {"fifo", "sjf", "srtf", "tiresias"} <= set(policy_names(PolicyKind.JOB))
+    assert not set(policy_names(PolicyKind.JOB)) & set(policy_names(PolicyKind.SESSION))
+    with pytest.raises(ValueError, match="installed policies: notebookos, batch, lcp"):
         get_policy("gandiva")
     with pytest.raises(ValueError, match="bad parameters for policy 'fifo'"):
         get_policy("fifo", nonsense=1)
@@ -69,10 +70,33 @@ def test_notebookos_refuses_hosts_past_the_subscription_ratio_limit():
     assert [h.host_id for h in hosts] == ["b", "c", "d"]
 
 
-def test_notebookos_dynamic_limit_follows_demand_over_busy():
+def test_notebookos_paper_limit_is_total_subscribed_over_total_gpus():
+    # Paper 3.4.1: limit = subscribed GPUs / GPUs, cluster-wide, at least 1, at most 7.
     cluster = make_cluster({"a": 8, "b": 8, "c": 8})
-    policy = get_policy("notebookos", ratio_window=2)
-    assert policy.subscription_ratio_limit == 7.0  # nothing observed: the maximum
+    policy = get_policy("notebookos")
+    assert policy.sr_limit_for(cluster) == 1.0  # nothing subscribed: the floor
+    for host in cluster.hosts.values():
+        host.subscribe("k/x", ResourceSpec(gpus=8))
+        host.subscribe("k/y", ResourceSpec(gpus=8))  # 48 subscribed GPUs on 24
+    assert policy.sr_limit_for(cluster) == 2.0
+    assert policy.subscription_ratio_limit == 2.0  # as last computed (notebookos status)
+    # Host a: (16 + 8) / (8 x 3) = 1.0 <= 2: accepted.
+    assert policy.host_acceptable(cluster, cluster.hosts["a"], ResourceSpec(gpus=8))
+    capped = get_policy("notebookos", max_subscription_ratio=3.0)
+    for i in range(7):  # a: 72 subscribed; limit 104/24 = 4.33, capped at 3
+        cluster.hosts["a"].subscribe(f"k/z{i}", ResourceSpec(gpus=8))
+    assert policy.sr_limit_for(cluster) == pytest.approx(104 / 24)
+    assert capped.sr_limit_for(cluster) == 3.0
+    # (72 + 8) / 24 = 3.33: under the paper's limit, over the capped one.
+    assert policy.host_acceptable(cluster, cluster.hosts["a"], ResourceSpec(gpus=8))
+    assert not capped.host_acceptable(cluster, cluster.hosts["a"], ResourceSpec(gpus=8))
+    assert capped.host_acceptable(cluster, cluster.hosts["b"], ResourceSpec(gpus=8))
+
+
+def test_notebookos_prototype_limit_follows_demand_over_busy():
+    cluster = make_cluster({"a": 8, "b": 8, "c": 8})
+    policy = get_policy("notebookos", sr_limit="prototype", ratio_window=2)
+    assert policy.sr_limit_for(cluster) == 7.0  # nothing observed: the maximum
     for host in cluster.hosts.values():
         host.subscribe("k/x", ResourceSpec(gpus=4))  # demand = 12 / 3 = 4 GPUs
     cluster.hosts["a"].commit("k/x", ResourceSpec(gpus=1))  # busy = 1
@@ -81,6 +105,8 @@ def test_notebookos_dynamic_limit_follows_demand_over_busy():
     cluster.hosts["b"].commit("k/x", ResourceSpec(gpus=1))  # busy = 2 -> sample 2
     policy.observe(cluster)
     assert policy.subscription_ratio_limit == 3.0  # mean of 4 and 2
+    with pytest.raises(ValueError, match="sr_limit='guess' must be one of paper, prototype"):
+        get_policy("notebookos", sr_limit="guess")
 
 
 def place_kernel(cluster: Cluster, hosts: list[str], request: ResourceSpec = ONE_GPU):
@@ -130,10 +156,20 @@ def test_scaling_targets_committed_times_factor_plus_buffer():
     view = ScalingView(hosts=9, gpus_per_host=8, committed_gpus=20, waiting_gpus=0,
                        subscribed_gpus=0, releasable_host_ids=("x", "y", "z"))
     assert policy.scaling(view).release_host_ids == ("x", "y")  # at most two per tick
-    # Subscriptions need hosts too: 3 x 8 x 7 = 168 subscribed GPUs per host.
+    # Subscriptions need hosts only as an option (not in the paper): 3 x 8 x 7 = 168 per host.
     view = ScalingView(hosts=3, gpus_per_host=8, committed_gpus=0, waiting_gpus=0,
                        subscribed_gpus=169 * 4)
-    assert policy.scaling(view).add_hosts == 2
+    assert policy.scaling(view).add_hosts == 2  # a fixed limit: on by default
+    dynamic = get_policy("notebookos")
+    dynamic._last_limit = 7.0
+    assert dynamic.scaling(view).add_hosts == 0  # the paper's limit grows instead
+    dynamic = get_policy("notebookos", scale_for_subscriptions=True)
+    dynamic._last_limit = 7.0
+    assert dynamic.scaling(view).add_hosts == 2
+    # A kernel whose replicas found no host asks for the hosts it lacks (3.4.2's first trigger).
+    view = ScalingView(hosts=3, gpus_per_host=8, committed_gpus=0, waiting_gpus=0,
+                       subscribed_gpus=0, waiting_hosts=2)
+    assert policy.scaling(view).add_hosts == 1  # 0 committed + 2 lacking + 2 buffer = 4 hosts
     batch = get_policy("batch")
     view = ScalingView(hosts=1, gpus_per_host=8, committed_gpus=8, waiting_gpus=9,
                        subscribed_gpus=0)

@@ -25,22 +25,24 @@ from typing import ClassVar
 
 from notebookos.cluster import Cluster, Host, Kernel
 from notebookos.policies import placement
+from notebookos.policies.framework import (
+    PER_CELL_BINDING,
+    SESSION_BINDING,
+    SESSION_CONTAINERS,
+    ContainerLifetime,
+    ContainerLifetimeStrategy,
+    GpuBinding,
+    GpuBindingStrategy,
+    PostFilterAction,
+    PostFilterDecision,
+    cell_containers,
+)
 from notebookos.resources import ResourceSpec
 
 
 class PolicyKind(enum.StrEnum):
     SESSION = "session"
     JOB = "job"
-
-
-class GpuBinding(enum.StrEnum):
-    CELL = "cell"  # GPUs committed only while a cell runs
-    SESSION = "session"  # GPUs committed when the kernel starts, for its whole life (reservation)
-
-
-class ContainerLifetime(enum.StrEnum):
-    SESSION = "session"  # long-running kernel containers
-    CELL = "cell"  # one container per cell task (batch, lcp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class ScalingView:
     waiting_gpus: int  # GPUs asked for by requests that wait for capacity
     subscribed_gpus: int  # sum of replica subscriptions
     releasable_host_ids: Sequence[str] = ()  # hosts holding nothing, fewest first by the caller
+    waiting_hosts: int = 0  # whole hosts asked for by kernels whose replicas found no host
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +98,16 @@ class QueuedJob:
     remaining: float  # run time still to go
     attained_gpu_s: float = 0.0  # GPU-seconds of service received so far (Tiresias's 2D age)
     seq: int = 0  # arrival order, the final tie-breaker
+    name: str = ""  # the job's model or name, where the trace has one
+    user: str = ""  # who submitted it, where the trace says
 
 
 class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclasses override some
-    """Base of every policy. Class attributes describe it; methods return decisions."""
+    """Base of every policy. Class attributes describe it; methods return decisions.
+
+    Each method is one extension point of ``notebookos.policies.framework`` with a working
+    default; a policy overrides the points it needs.
+    """
 
     name: ClassVar[str] = ""
     kind: ClassVar[PolicyKind] = PolicyKind.SESSION
@@ -130,19 +139,47 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         self.max_release_per_tick = int(max_release_per_tick)
         self.candidate_limit = int(candidate_limit)
 
-    # -- session policies -------------------------------------------------------------------
+    # -- strategies (reserve/unreserve, container lifetime) -------------------------------------
+
+    @property
+    def binding(self) -> GpuBindingStrategy:
+        """Reserve/unreserve: when GPUs are bound. Default: from ``gpu_binding``."""
+        return SESSION_BINDING if self.gpu_binding == GpuBinding.SESSION else PER_CELL_BINDING
+
+    @property
+    def lifetime(self) -> ContainerLifetimeStrategy:
+        """Container lifetime. Default: from ``container_lifetime`` (a migrating policy with
+        session containers keeps a prewarm pool; a cell container pays a cold start)."""
+        if self.container_lifetime == ContainerLifetime.CELL:
+            return cell_containers(state_io=True)
+        if self.supports_migration:
+            return ContainerLifetimeStrategy(ContainerLifetime.SESSION, prewarm_pool=True)
+        return SESSION_CONTAINERS
+
+    # -- filter and score (session policies) ----------------------------------------------------
 
     def host_acceptable(self, cluster: Cluster, host: Host, request: ResourceSpec) -> bool:
-        """Whether a new replica of ``request`` may be placed on ``host`` (besides distinctness)."""
+        """Filter: whether a new replica of ``request`` may be placed on ``host`` (besides
+        distinctness)."""
         if not host.can_subscribe(request):
             return False
-        if self.gpu_binding is GpuBinding.SESSION or self.container_lifetime is ContainerLifetime.CELL:
+        if self.binding.placement_needs_free_gpus or self.lifetime.placement_needs_free_gpus:
             return host.can_commit(request)
         return True
 
     def candidate_hosts(self, cluster: Cluster, request: ResourceSpec) -> Iterable[Host]:
-        """The hosts ``choose_hosts`` considers, best first: the most idle GPUs first."""
+        """Score (the walk): the hosts ``choose_hosts`` considers, best first: the most idle GPUs
+        first, at most ``candidate_limit`` of them."""
         return placement.most_idle_first(cluster, min_idle=0, limit=self.candidate_limit)
+
+    def score(self, cluster: Cluster, host: Host, request: ResourceSpec) -> float | None:
+        """Score (optional re-rank): higher is better. ``None`` (the default) keeps the order of
+        ``candidate_hosts``. A policy that overrides it has the acceptable hosts of the bounded
+        walk sorted by score (ties keep the walk's order)."""
+        return None
+
+    def _scores_hosts(self) -> bool:
+        return type(self).score is not Policy.score
 
     def choose_hosts(
         self,
@@ -157,16 +194,36 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         at no more than ``candidate_limit`` hosts (so the cost does not grow with the cluster).
         """
         count = self.replicas_per_kernel if count is None else count
+        chosen = self.acceptable_hosts(cluster, request, count, exclude)
+        return chosen if len(chosen) == count else None
+
+    def acceptable_hosts(
+        self,
+        cluster: Cluster,
+        request: ResourceSpec,
+        count: int | None = None,
+        exclude: Sequence[str] = (),
+    ) -> list[Host]:
+        """Up to ``count`` distinct acceptable hosts, best first (fewer when fewer exist among the
+        bounded walk): ``choose_hosts`` without the all-or-nothing, so that a caller whose
+        placement failed knows how many hosts it lacks."""
+        count = self.replicas_per_kernel if count is None else count
         chosen: list[Host] = []
         skip = set(exclude)
+        scoring = self._scores_hosts()
         for host in self.candidate_hosts(cluster, request):
             if host.host_id in skip or not self.host_acceptable(cluster, host, request):
                 continue
             chosen.append(host)
             skip.add(host.host_id)
-            if len(chosen) == count:
+            if len(chosen) == count and not scoring:
                 return chosen
-        return None
+        if scoring:
+            ranked = sorted(enumerate(chosen),
+                            key=lambda item: (-(self.score(cluster, item[1], request) or 0.0),
+                                              item[0]))
+            return [host for _, host in ranked[:count]]
+        return chosen
 
     def choose_executor(
         self, cluster: Cluster, kernel: Kernel, request: ResourceSpec
@@ -189,6 +246,18 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         if best is not None:
             return ExecutorDecision(best[1], "replica whose host has the most idle GPUs")
         return ExecutorDecision(None, "no replica's host can commit the request now")
+
+    def post_filter(
+        self, cluster: Cluster, kernel: Kernel, request: ResourceSpec
+    ) -> PostFilterDecision:
+        """Post-filter: no replica's host can run ``request`` now. Default: a migrating policy
+        migrates (``choose_migration``; WAIT when no target host exists), others wait."""
+        migration = self.choose_migration(cluster, kernel, request)
+        if migration is None:
+            return PostFilterDecision(PostFilterAction.WAIT, "the policy does not migrate")
+        if migration.target_host_id is None:
+            return PostFilterDecision(PostFilterAction.WAIT, migration.reason, migration)
+        return PostFilterDecision(PostFilterAction.MIGRATE, migration.reason, migration)
 
     def choose_migration(
         self, cluster: Cluster, kernel: Kernel, request: ResourceSpec
@@ -217,9 +286,11 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         return MigrationDecision(victim.replica_id, None, "no host can commit the request now")
 
     def scaling(self, view: ScalingView) -> ScalingDecision:
-        """Expected capacity = committed GPUs x scale_factor, in hosts, plus whole hosts for the
-        GPUs of waiting requests, plus a buffer of spare hosts; scale out when below, release up
-        to ``max_release_per_tick`` idle hosts when above."""
+        """The paper's two scale-out triggers (3.4.2): expected capacity = committed GPUs x
+        scale_factor, in hosts, plus a buffer of spare hosts; and a failed placement, which asks
+        for the hosts the waiting requests lack (their GPUs in whole hosts, and the hosts that
+        waiting kernels' replicas found none for). Scale out when below, release up to
+        ``max_release_per_tick`` idle hosts when above."""
         target = self.target_hosts(view)
         if view.hosts < target:
             return ScalingDecision(add_hosts=target - view.hosts)
@@ -234,12 +305,14 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         # Waiting requests count in whole new hosts: the GPUs free on existing hosts did not fit
         # them (fragmentation), so counting them against existing capacity could starve them.
         target = math.ceil(view.committed_gpus * self.scale_factor / gph) + math.ceil(
-            view.waiting_gpus / gph)
+            view.waiting_gpus / gph) + view.waiting_hosts
         return max(self.min_hosts, target + self.buffer_hosts, self.subscription_hosts(view))
 
     def subscription_hosts(self, view: ScalingView) -> int:
         """Hosts needed to hold the subscriptions (0 for policies that do not oversubscribe)."""
         return 0
+
+    scale_in: ClassVar[str] = "idle"  # release hosts with no GPU bound (moving their replicas)
 
     def observe(self, cluster: Cluster) -> None:  # noqa: B027 - optional hook
         """Called once per scaling interval with the cluster; stateful policies update here."""
@@ -247,7 +320,7 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
     # -- job policies -----------------------------------------------------------------------
 
     def priority_key(self, job: QueuedJob, now: float) -> tuple:
-        """Sort key of a job; smaller runs first. The key of a *waiting* job must not change while
+        """Queue ordering: sort key of a job; smaller runs first. The key of a *waiting* job must not change while
         it waits (the simulator keeps waiting jobs sorted by it)."""
         return (job.submit_time, job.seq)
 

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from notebookos.policies.base import ContainerLifetime, GpuBinding
 from notebookos.policies.best_fit import BestFitPolicy
+from notebookos.policies.framework import ContainerLifetimeStrategy, cell_containers
 
 
 class LCPPolicy(BestFitPolicy):
@@ -28,3 +29,8 @@ class LCPPolicy(BestFitPolicy):
         if warm_containers_per_host < 0:
             raise ValueError(f"warm_containers_per_host={warm_containers_per_host!r} must be >= 0")
         self.warm_containers_per_host = int(warm_containers_per_host)
+
+    @property
+    def lifetime(self) -> ContainerLifetimeStrategy:
+        """A container per cell, borrowed from the host's warm pool."""
+        return cell_containers(warm_per_host=self.warm_containers_per_host)

@@ -24,21 +24,28 @@ class SimConfig:
     placement: str = "pooled"  # job policies: may a job's GPUs span hosts
     autoscale: bool = True  # session policies only
     max_hosts: int = 100_000
-    # Latencies (s).
+    # Latencies (s), calibrated where the live system measures them (docs/simulator.md).
     container_start_s: float = 15.0  # a cold container (kernel replica) starts
     prewarm_promotion_s: float = 1.0  # a prewarmed container becomes a replica
-    migration_state_s: float = 5.0  # a migrated replica catches up (Raft snapshot, large objects)
+    migration_state_s: float = 4.3  # a migrated replica catches up (benchmarks/kernel.py large read)
     prewarm_per_host: int = 1  # notebookos's small prewarm pool, per host
     lcp_warmup_s: float = 8.0  # lcp: a warm container loads the session's model and data
-    batch_state_io_s: float = 8.0  # batch: read state before and write it after each cell
+    state_read_s: float = 4.3  # a fresh container reads the session's state (batch)
+    state_write_s: float = 7.5  # the state is written back (batch after each cell; reservation's
+    #                             persist on the reply's path, appendix A.3 step 9)
+    request_overhead_s: float = 0.0036  # client -> code and back on the uncontended path
+    election_s: float = 0.003  # replicated kernels: the executor election (step 6)
+    immediate_within_s: float = 1.0  # a task is "immediate" when its code starts within this
     host_provision_s: float = 90.0  # the autoscaler's VM provisioning delay
     scaling_interval_s: float = 60.0
-    drain_hysteresis_hosts: int = 2  # migrate replicas off idle hosts only above this surplus
+    drain_hysteresis_hosts: int = 2  # scale_in=drain: move replicas only above this surplus
     preemption_overhead_s: float = 0.0  # job policies: added to a preempted job's remaining time
     # Billing (paper section 5.5).
     host_usd_per_hour: float = 24.48  # an 8-GPU VM (AWS p3.16xlarge on demand)
-    markup: float = 1.15  # users pay 1.15x the provider's rate
-    standby_fraction: float = 0.125  # a standby replica pays 12.5% of the rate of its GPUs
+    markup: float = 1.15  # users pay 1.15x the provider's rate for what they use
+    standby_fraction: float = 0.125  # a standby replica pays 12.5% of the VM's rate (x markup)
+    standby_billing: str = "flat"  # flat per standby replica (5.5's example), or per_gpu
+    reservation_billing: str = "reserved"  # reservation pays every GPU-hour it holds, or usage
     timeline_points: int = 2000  # about this many timeline samples
     seed: int = 0
     policy_params: dict[str, Any] = field(default_factory=dict)
@@ -46,6 +53,11 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.hosts < 0 or self.gpus_per_host < 1 or self.max_hosts < max(1, self.hosts):
             raise ValueError("need hosts >= 0, gpus_per_host >= 1 and max_hosts >= hosts")
+        if self.standby_billing not in ("flat", "per_gpu"):
+            raise ValueError(f"standby_billing {self.standby_billing!r} must be flat or per_gpu")
+        if self.reservation_billing not in ("usage", "reserved"):
+            raise ValueError(f"reservation_billing {self.reservation_billing!r} must be usage or "
+                             "reserved")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
         for f in fields(self):

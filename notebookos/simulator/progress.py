@@ -1,33 +1,31 @@
-"""A tiny progress bar on stderr; silent when stderr is not a terminal or when asked to be."""
+"""The simulator's progress bar: tqdm on stderr, one bar per policy run, percent of the workload
+done; silent when stderr is not a terminal (tqdm's ``disable=None``) or when asked to be quiet."""
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
 
 
 class ProgressBar:
-    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None,
-                 width: int = 30) -> None:
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self.label = label
-        self.width = width
-        self._last = -1.0
-        self._started = time.monotonic()
+    """A callable taking the fraction done (0..1), as the engines report it."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None) -> None:
+        from tqdm import tqdm
+
+        disable = None if enabled is None else not enabled
+        self.bar = tqdm(total=1000, desc=label, file=stream or sys.stderr, disable=disable,
+                        unit="‰", bar_format="{desc}: {percentage:5.1f}%|{bar}| {elapsed}",
+                        dynamic_ncols=True, leave=True)
 
     def __call__(self, fraction: float) -> None:
-        if not self.enabled:
+        if self.bar.disable:
             return
-        fraction = min(1.0, max(0.0, fraction))
-        if fraction < 1.0 and fraction - self._last < 0.01:
-            return
-        self._last = fraction
-        filled = int(self.width * fraction)
-        elapsed = time.monotonic() - self._started
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                          f"{fraction * 100:5.1f}% {elapsed:6.1f}s")
-        if fraction >= 1.0:
-            self.stream.write("\n")
-        self.stream.flush()
+        done = int(round(1000 * min(1.0, max(0.0, fraction))))
+        if done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+        if done >= 1000:
+            self.bar.close()
+
+    def close(self) -> None:
+        self.bar.close()

@@ -9,7 +9,8 @@ import numpy as np
 TASK_COLUMNS = ("task_id", "session_id", "gpus", "submit_s", "bound_s", "start_s", "end_s",
                 "host", "executor", "reused_executor", "migrated", "preemptions")
 TIMELINE_COLUMNS = ("time_s", "active_sessions", "running_tasks", "waiting_tasks", "hosts",
-                    "gpus_provisioned", "gpus_busy", "subscription_ratio", "migrations")
+                    "gpus_provisioned", "gpus_committed", "subscription_ratio", "migrations",
+                    "gpus_in_use", "sr_limit")
 
 
 @dataclass(slots=True)
@@ -46,9 +47,11 @@ class Integrals:
     hosts: int = 0
     committed_gpus: int = 0
     standby_gpu_equiv: float = 0.0  # sum over standby replicas of their GPU request
+    standby_replicas: int = 0  # replicas of replicated kernels that are not executing
     host_s: float = 0.0
     committed_gpu_s: float = 0.0
     standby_gpu_s: float = 0.0
+    standby_replica_s: float = 0.0
 
     def advance(self, now: float) -> None:
         dt = now - self.last
@@ -56,6 +59,7 @@ class Integrals:
             self.host_s += self.hosts * dt
             self.committed_gpu_s += self.committed_gpus * dt
             self.standby_gpu_s += self.standby_gpu_equiv * dt
+            self.standby_replica_s += self.standby_replicas * dt
             self.last = now
 
 
@@ -72,6 +76,8 @@ class RunRecord:
     unschedulable: list[str] = field(default_factory=list)
     end_time: float = 0.0
     wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)  # a policy's own figures, merged into the summary
+    reserves_gpus: bool = False  # the policy binds GPUs for the session (reservation)
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:
@@ -83,14 +89,21 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, markup: float,
-              standby_fraction: float) -> dict:
+              standby_fraction: float, *, immediate_within_s: float = 1.0,
+              standby_billing: str = "flat", reservation_billing: str = "reserved") -> dict:
+    """The run's figures. Billing (paper 5.5): the provider pays every provisioned host-hour;
+    users pay ``markup`` x the GPU rate for the GPU-hours their cells run, a reservation for every
+    GPU-hour it holds (``reservation_billing="usage"``: only what its cells run), and each
+    standby replica of a replicated kernel pays ``standby_fraction`` x ``markup`` x the host's
+    rate per hour (``standby_billing="flat"``, 5.5's example) or that share of its own GPUs' rate
+    (``"per_gpu"``). A task is immediate when its code starts within ``immediate_within_s`` of
+    its submission, whatever the policy."""
     done = [t for t in record.tasks if t.end is not None]
     jct = np.array([t.end - t.submit for t in done], dtype=float)
     queue = np.array([t.end - t.submit - t.duration for t in done], dtype=float)
     started = [t for t in record.tasks if t.start is not None]
     delay = np.array([t.start - t.submit for t in started], dtype=float)
-    bound = [t for t in record.tasks if t.bound is not None]
-    immediate = sum(1 for t in bound if t.bound - t.submit <= 1e-9)
+    immediate = int((delay <= immediate_within_s + 1e-9).sum()) if started else 0
     reuse = [t.reused_executor for t in record.tasks if t.reused_executor is not None]
     first_submit = min((t.submit for t in record.tasks), default=0.0)
     makespan = max((t.end for t in done), default=first_submit) - first_submit
@@ -99,8 +112,17 @@ def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, ma
     committed_gpu_h = integ.committed_gpu_s / 3600.0
     used_gpu_h = sum(t.gpus * t.duration for t in done) / 3600.0
     standby_gpu_h = integ.standby_gpu_s / 3600.0
+    standby_replica_h = integ.standby_replica_s / 3600.0
     cost = provisioned_gpu_h * gpu_usd_per_hour
-    revenue = markup * gpu_usd_per_hour * (committed_gpu_h + standby_fraction * standby_gpu_h)
+    charged_gpu_h = (committed_gpu_h if record.reserves_gpus and reservation_billing == "reserved"
+                     else used_gpu_h)
+    if standby_billing == "flat":
+        standby_revenue = standby_fraction * markup * gpu_usd_per_hour * gpus_per_host \
+            * standby_replica_h
+    else:
+        standby_revenue = standby_fraction * markup * gpu_usd_per_hour * standby_gpu_h
+    usage_revenue = markup * gpu_usd_per_hour * charged_gpu_h
+    revenue = usage_revenue + standby_revenue
     return {
         "policy": record.policy,
         "jobs": len(record.tasks),
@@ -110,12 +132,14 @@ def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, ma
         "p50_jct_s": _pct(jct, 50),
         "p99_jct_s": _pct(jct, 99),
         "avg_queue_s": _mean(queue),
+        "p99_queue_s": _pct(queue, 99),
+        "p999_queue_s": _pct(queue, 99.9),
         "makespan_s": round(makespan, 3),
         "interactivity_p50_s": _pct(delay, 50),
         "interactivity_p90_s": _pct(delay, 90),
         "interactivity_p99_s": _pct(delay, 99),
         "interactivity_avg_s": _mean(delay),
-        "immediate_fraction": round(immediate / len(bound), 6) if bound else None,
+        "immediate_fraction": round(immediate / len(started), 6) if started else None,
         "executor_reuse_fraction": round(sum(reuse) / len(reuse), 6) if reuse else None,
         "migrations": record.migrations,
         "scale_in_migrations": record.scale_in_migrations,
@@ -126,8 +150,13 @@ def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, ma
         "gpu_hours_committed": round(committed_gpu_h, 3),
         "gpu_hours_used": round(used_gpu_h, 3),
         "gpu_hours_standby": round(standby_gpu_h, 3),
+        "standby_replica_hours": round(standby_replica_h, 3),
         "cost_usd": round(cost, 2),
         "revenue_usd": round(revenue, 2),
+        "revenue_usage_usd": round(usage_revenue, 2),
+        "revenue_standby_usd": round(standby_revenue, 2),
+        "profit_margin": round((revenue - cost) / revenue, 4) if revenue > 0 else None,
         "simulated_s": round(record.end_time, 3),
         "wall_s": round(record.wall_s, 4),
+        **record.extra,
     }

@@ -1,9 +1,11 @@
-"""The session engine: ``notebookos``, ``reservation``, ``batch`` and ``lcp`` on notebook sessions.
+"""The session engine: session policies (``notebookos``, ``reservation``, ``batch``, ``lcp``, and
+any plug-in of kind ``session``) on notebook sessions.
 
 Each session is a kernel with long life and short GPU tasks (cells). The policy decides replicas,
 hosts, the executor, migrations and scaling; this engine applies its decisions through the core
-accounting (``Cluster``/``Host``), adds the configured latencies and records every task.
-docs/simulator.md lists the semantics.
+accounting (``Cluster``/``Host``), adds the configured latencies and records every task. What
+depends on the container lifetime and the GPU binding lives in ``session_modes`` (chosen by the
+policy's strategies). docs/simulator.md lists the semantics.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import dataclass, field
 
 from notebookos.cluster import Cluster, Kernel, ReplicaState
 from notebookos.policies import placement
-from notebookos.policies.base import ContainerLifetime, GpuBinding, Policy, ScalingView
+from notebookos.policies.base import Policy, ScalingView
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.hosts import HostFactory
 from notebookos.simulator.records import RunRecord, TaskRecord
+from notebookos.simulator.session_modes import mode_for
 from notebookos.workload.model import Session, Task, Workload
 
 # Event kinds, in the order they apply at one instant.
@@ -51,6 +54,7 @@ class _Sess:
     last_exec: tuple[int, str] | None = None
     cells: int = 0
     submitted: int = 0
+    wait_hosts: int = 0  # hosts this waiting kernel asked for
 
 
 class SessionSimulator:
@@ -77,10 +81,18 @@ class SessionSimulator:
         self.next_drain = 0.0
         self.running_tasks = 0
         self.live_sessions = len(self.sessions)
-        self.per_cell = policy.container_lifetime is ContainerLifetime.CELL
-        self.reserve = policy.gpu_binding is GpuBinding.SESSION
-        self.pool_size = (getattr(policy, "warm_containers_per_host", 0) if self.per_cell
-                          else config.prewarm_per_host if policy.supports_migration else 0)
+        self.binding = policy.binding
+        self.mode = mode_for(self)
+        self.pool_size = self.mode.pool_size()
+        self.record.reserves_gpus = self.binding.binds_at_placement
+        # The uncontended request path: every policy pays the hops, replicated kernels the
+        # executor election too (appendix A.3 steps 1-7).
+        self.path_latency = config.request_overhead_s + (config.election_s if self.R > 1 else 0.0)
+        self.running_gpus = 0
+        self.waiting_hosts = 0
+        self.reserved: dict[str, None] = {}  # new hosts held for kernels that wait for hosts
+        self.scale_in = getattr(policy, "scale_in", "idle")
+        self.sr_limit = getattr(policy, "sr_limit_for", None)
         span = workload.span_s
         self.sample_every = max(1.0, span / config.timeline_points)
         self.next_sample = 0.0
@@ -110,8 +122,11 @@ class SessionSimulator:
         integ.hosts = len(self.cluster.hosts) + self.provisioning
         integ.committed_gpus = self.cluster.committed_gpus
 
-    def _add_standby(self, gpus: float) -> None:
-        self.record.integrals.standby_gpu_equiv += gpus
+    def _add_standby(self, replicas: int, gpus_each: int) -> None:
+        """``replicas`` replicas of ``gpus_each`` GPUs each become standby (negative: stop)."""
+        integ = self.record.integrals
+        integ.standby_gpu_equiv += replicas * gpus_each
+        integ.standby_replicas += replicas
 
     def _sample(self, now: float) -> None:
         while self.next_sample <= now:
@@ -120,14 +135,24 @@ class SessionSimulator:
                 sum(len(s.queue) for s in self.wait), len(self.cluster.hosts),
                 (len(self.cluster.hosts) + self.provisioning) * self.config.gpus_per_host,
                 self.cluster.committed_gpus, round(self.cluster.subscription_ratio(), 4),
-                self.record.migrations))
+                self.record.migrations, self.running_gpus,
+                "" if self.sr_limit is None else round(self.sr_limit(self.cluster), 4)))
             self.next_sample += self.sample_every
 
     # -- hosts and scaling ----------------------------------------------------------------------
 
-    def _host_up(self, now: float) -> None:
+    def _host_up(self, now: float) -> str:
         host = self.factory.new_host()
         self.warm[host.host_id] = self.pool_size
+        return host.host_id
+
+    def _release_reservations(self) -> None:
+        """Hosts held for waiting kernels that are used now, or more than are still wanted,
+        go back to the autoscaler."""
+        for host_id in list(self.reserved):
+            host = self.cluster.hosts.get(host_id)
+            if host is None or not host.is_empty or len(self.reserved) > self.waiting_hosts:
+                del self.reserved[host_id]
 
     def _autoscale(self, now: float) -> bool:
         """Apply the policy's scaling decision; True when hosts were added or released."""
@@ -139,18 +164,24 @@ class SessionSimulator:
         view = ScalingView(
             hosts=len(self.cluster.hosts) + self.provisioning, gpus_per_host=gph,
             committed_gpus=self.cluster.committed_gpus, waiting_gpus=self.waiting_gpus,
-            subscribed_gpus=self.cluster.subscribed_gpus + self.waiting_subscriptions)
+            subscribed_gpus=self.cluster.subscribed_gpus + self.waiting_subscriptions,
+            waiting_hosts=self.waiting_hosts)
         decision = self.policy.scaling(view)
         surplus = view.hosts - max(floor, self.policy.target_hosts(view))
-        drain = self.policy.supports_migration and now >= self.next_drain
-        if decision.add_hosts == 0 and surplus > 0 and (self.maybe_empty or drain):
+        migrating = self.policy.supports_migration
+        idle_mode = migrating and self.scale_in == "idle"
+        drain = migrating and self.scale_in == "drain" and now >= self.next_drain
+        if decision.add_hosts == 0 and surplus > 0 and (self.maybe_empty or drain or idle_mode):
             # Only now look for empty hosts (a bounded walk of the idle-GPU index), and only if
-            # something left a host since the last look found none. A migrating policy moves
-            # the standby replicas off idle hosts first (as the prototype does), at most once
-            # every 10 scaling intervals.
+            # something left a host since the last look found none. scale_in=idle (the paper):
+            # idle hosts (no GPU bound) are released after their standby replicas move;
+            # scale_in=drain (the prototype): that only above a hysteresis, at most once every
+            # 10 scaling intervals; scale_in=empty: only hosts that hold nothing.
             count = min(surplus, self.policy.max_release_per_tick)
             releasable = self._empty_hosts(count)
-            if not releasable and drain and surplus > self.config.drain_hysteresis_hosts:
+            if not releasable and idle_mode:
+                releasable = self._drain_hosts(count, order="replicas")
+            elif not releasable and drain and surplus > self.config.drain_hysteresis_hosts:
                 self.next_drain = now + 10 * self.config.scaling_interval_s
                 releasable = self._drain_hosts(count)
             self.maybe_empty = bool(releasable)
@@ -182,9 +213,11 @@ class SessionSimulator:
             changed = True
         return changed
 
-    def _drain_hosts(self, count: int) -> list[str]:
-        """Move the standby replicas off up to ``count`` idle hosts (no GPU bound or pending),
-        fewest subscriptions first; returns the hosts left empty."""
+    def _drain_hosts(self, count: int, order: str = "executors") -> list[str]:
+        """Move the standby replicas off up to ``count`` idle hosts (no GPU bound or pending);
+        returns the hosts left empty. ``order="executors"`` (the prototype): fewest last
+        executors, then fewest subscriptions first; ``"replicas"`` (the live Global Scheduler's
+        autoscaler): fewest replicas first."""
         gph = self.config.gpus_per_host
         def executors(host) -> int:  # noqa: ANN001 - replicas here that ran their kernel's last cell
             count = 0
@@ -196,14 +229,20 @@ class SessionSimulator:
 
         # Fewest last executors first (moving one costs the next cell its warm replica), then
         # fewest subscriptions.
-        candidates = sorted(
-            placement.most_idle_first(self.cluster, min_idle=gph, limit=64),
-            key=lambda h: (executors(h), h.subscribed.gpus, h.host_id))
+        if order == "replicas":
+            candidates = sorted(placement.most_idle_first(self.cluster, min_idle=gph, limit=64),
+                                key=lambda h: (len(h.owners), h.host_id))
+        else:
+            candidates = sorted(
+                placement.most_idle_first(self.cluster, min_idle=gph, limit=64),
+                key=lambda h: (executors(h), h.subscribed.gpus, h.host_id))
         emptied: list[str] = []
         draining: set[str] = set()
         for host in candidates:
             if len(emptied) == count:
                 break
+            if host.host_id in self.reserved:
+                continue
             draining.add(host.host_id)
             for owner in sorted(host.owners):
                 kernel_id, _, rid_text = owner.rpartition("/")
@@ -229,7 +268,7 @@ class SessionSimulator:
         found = []
         gph = self.config.gpus_per_host
         for host in placement.most_idle_first(self.cluster, min_idle=gph, limit=64):
-            if host.subscribed.is_zero and host.is_empty:
+            if host.subscribed.is_zero and host.is_empty and host.host_id not in self.reserved:
                 found.append(host.host_id)
                 if len(found) == count:
                     break
@@ -237,12 +276,15 @@ class SessionSimulator:
 
     # -- waiting -----------------------------------------------------------------------------------
 
-    def _enter_wait(self, sess: _Sess, gpus: int, subscriptions: int, now: float) -> None:
+    def _enter_wait(self, sess: _Sess, gpus: int, subscriptions: int, now: float,
+                    hosts: int = 0) -> None:
         if not sess.waiting:
             sess.waiting = True
             self.wait.append(sess)
             self.waiting_gpus += gpus
             self.waiting_subscriptions += subscriptions
+            sess.wait_hosts = hosts
+            self.waiting_hosts += hosts
             self._autoscale(now)
             self._provision_for_waiting(now)
 
@@ -253,9 +295,8 @@ class SessionSimulator:
         if not self.config.autoscale:
             return
         gph = self.config.gpus_per_host
-        short = self.waiting_gpus - self.provisioning * gph
-        add = min(-(-short // gph), self.config.max_hosts - len(self.cluster.hosts)
-                  - self.provisioning)
+        short = -(-self.waiting_gpus // gph) + self.waiting_hosts - self.provisioning
+        add = min(short, self.config.max_hosts - len(self.cluster.hosts) - self.provisioning)
         if add > 0:
             self._books(now)
             self.provisioning += add
@@ -269,6 +310,10 @@ class SessionSimulator:
         self.wait.remove(sess)
         self.waiting_gpus -= gpus
         self.waiting_subscriptions -= subscriptions
+        self.waiting_hosts -= sess.wait_hosts
+        sess.wait_hosts = 0
+        if self.reserved:
+            self._release_reservations()
 
     def _drain(self, now: float) -> None:
         """Capacity changed: retry waiting sessions in arrival order (strict for no-backfill)."""
@@ -290,41 +335,33 @@ class SessionSimulator:
             max_idle = 0 if top is None else top.idle_gpus
 
     def _waiting_need(self, sess: _Sess) -> int:
-        if sess.kernel is None and not self.per_cell:
-            return sess.s.request.gpus if self.reserve else 0
-        return sess.queue[0].task.gpus if sess.queue else 0
+        return self.mode.waiting_need(sess)
 
     def _retry(self, sess: _Sess, now: float) -> bool:
-        if sess.kernel is None and not self.per_cell:
-            gpus, subs = self._kernel_wait_amounts(sess)
-            self._leave_wait(sess, gpus, subs)
-            return self._place_kernel(sess, now)
-        run = sess.queue[0]
-        self._leave_wait(sess, run.task.gpus, 0)
-        return self._try_run(sess, now)
+        return self.mode.retry(sess, now)
 
     # -- kernels -----------------------------------------------------------------------------------
 
-    def _kernel_wait_amounts(self, sess: _Sess) -> tuple[int, int]:
-        gpus = sess.s.request.gpus if self.reserve else 0
-        return gpus, sess.s.request.gpus * self.R
-
     def _place_kernel(self, sess: _Sess, now: float) -> bool:
+        """Place a session's long-running kernel (its replicas) as the policy chooses."""
         request = sess.s.request
-        hosts = self.policy.choose_hosts(self.cluster, request)
-        if hosts is None:
-            gpus, subs = self._kernel_wait_amounts(sess)
-            self._enter_wait(sess, gpus, subs, now)
+        hosts = self.policy.acceptable_hosts(self.cluster, request, self.R)
+        if len(hosts) < self.R:
+            # A failed placement (3.4.2): the kernel waits, and asks for the hosts it lacks (a
+            # kernel that binds GPUs at placement asks for its GPUs instead).
+            gpus, subs = self.mode.kernel_wait_amounts(sess)
+            lacking = 0 if gpus else self.R - len(hosts)
+            self._enter_wait(sess, gpus, subs, now, lacking)
             return False
         self._books(now)
         kernel = self.cluster.add_kernel(sess.s.session_id, request)
         for rid, host in enumerate(hosts):
             replica = self.cluster.place_replica(kernel.kernel_id, rid, host.host_id)
-            if self.reserve:
+            if self.binding.binds_at_placement:
                 host.commit(replica.owner, request)
         sess.kernel = kernel
-        if not self.reserve:
-            self._add_standby(request.gpus * len(hosts))
+        if not self.binding.binds_at_placement:
+            self._add_standby(len(hosts), request.gpus)
         self._refresh_books()
         self._push(now + self.config.container_start_s, KERNEL_READY, sess)
         return True
@@ -334,13 +371,12 @@ class SessionSimulator:
         self.active_sessions -= 1
         self.live_sessions -= 1
         if sess.waiting:
-            gpus, subs = (self._kernel_wait_amounts(sess) if sess.kernel is None and not
-                          self.per_cell else (0, 0))
+            gpus, subs = self.mode.wait_amounts_at_teardown(sess)
             self._leave_wait(sess, gpus, subs)
         if sess.kernel is not None:
             self._books(now)
-            if not self.reserve:
-                self._add_standby(-sess.s.request.gpus * len(sess.kernel.replicas))
+            if not self.binding.binds_at_placement:
+                self._add_standby(-len(sess.kernel.replicas), sess.s.request.gpus)
             self.cluster.remove_kernel(sess.kernel.kernel_id)
             sess.kernel = None
             self.maybe_empty = True
@@ -362,129 +398,43 @@ class SessionSimulator:
         """Start the session's next cell if possible; returns False when it had to wait."""
         if sess.current is not None or not sess.queue or sess.ended:
             return True
-        if not self.per_cell and (sess.kernel is None or not sess.ready):
+        if not self.mode.can_run(sess):
             return True  # KERNEL_READY will call again
-        run = sess.queue[0]
-        if self.per_cell:
-            return self._run_in_new_container(sess, run, now)
-        if self.reserve:
-            sess.queue.popleft()
-            replica = sess.kernel.replicas[0]
-            run.host_id, run.owner = replica.host_id, replica.owner
-            run.rec.bound = now
-            run.rec.reused_executor = None if sess.last_exec is None else True
-            self._start(sess, run, now)
-            return True
-        return self._run_on_replica(sess, run, now)
+        return self.mode.try_run(sess, sess.queue[0], now)
 
-    def _run_on_replica(self, sess: _Sess, run: _Run, now: float) -> bool:
-        kernel = sess.kernel
-        request = run.task.request
-        decision = self.policy.choose_executor(self.cluster, kernel, request)
-        if not decision.migrate:
-            replica = kernel.replicas[decision.replica_id]
-            host = self.cluster.hosts[replica.host_id]
-            sess.queue.popleft()
-            self._books(now)
-            host.commit(replica.owner, request)
-            self._add_standby(-kernel.request.gpus)
-            self._refresh_books()
-            kernel.executor = replica.replica_id
-            run.host_id, run.owner = host.host_id, replica.owner
-            run.rec.bound = now
-            if sess.last_exec is not None:
-                run.rec.reused_executor = sess.last_exec == (replica.replica_id, host.host_id)
-            self._start(sess, run, now)
-            return True
-        migration = self.policy.choose_migration(self.cluster, kernel, request)
-        if migration is None or migration.target_host_id is None:
-            self._enter_wait(sess, run.task.gpus, 0, now)
-            return False
-        sess.queue.popleft()
-        self._books(now)
-        rid = migration.replica_id
-        self.cluster.remove_replica(kernel.kernel_id, rid)
-        self.maybe_empty = True
-        replica = self.cluster.place_replica(kernel.kernel_id, rid, migration.target_host_id)
-        host = self.cluster.hosts[migration.target_host_id]
-        host.reserve(replica.owner, request)
-        self._refresh_books()
-        kernel.executor = rid
-        self.record.migrations += 1
-        run.rec.migrated = True
-        if sess.last_exec is not None:
-            run.rec.reused_executor = False
-        run.host_id, run.owner = host.host_id, replica.owner
-        latency = self.config.migration_state_s + self._take_warm(host.host_id, now,
-                                                                  self.config.prewarm_promotion_s)
-        sess.current = run
-        self._push(now + latency, TASK_START, (sess, run))
-        return True
+    def _push_start(self, when: float, sess: _Sess, run: _Run) -> None:
+        self._push(when, TASK_START, (sess, run))
 
     def _take_warm(self, host_id: str, now: float, warm_latency: float) -> float:
         """Latency to get a container on ``host_id``: a warm one if the pool has one (refilled
         after a cold start), else a cold start."""
         if self.warm.get(host_id, 0) > 0:
             self.warm[host_id] -= 1
-            if not self.per_cell:  # notebookos refills its prewarm pool in the background
+            if self.mode.refills_pool_after_use():  # a prewarm pool refills in the background
                 self._push(now + self.config.container_start_s, PREWARM, host_id)
             return warm_latency
         return self.config.container_start_s
 
-    def _run_in_new_container(self, sess: _Sess, run: _Run, now: float) -> bool:
-        request = run.task.request
-        hosts = self.policy.choose_hosts(self.cluster, request, 1)
-        if hosts is None:
-            self._enter_wait(sess, run.task.gpus, 0, now)
-            return False
-        sess.queue.popleft()
-        host = hosts[0]
-        self._books(now)
-        container = f"{run.task.task_id}#c"
-        self.cluster.add_kernel(container, request)
-        replica = self.cluster.place_replica(container, 0, host.host_id)
-        host.commit(replica.owner, request)
-        self._refresh_books()
-        run.host_id, run.owner, run.container = host.host_id, replica.owner, container
-        run.rec.bound = now
-        if sess.last_exec is not None:
-            run.rec.reused_executor = False
-        if self.policy.name == "batch" or self.pool_size == 0:
-            latency = self.config.container_start_s + self.config.batch_state_io_s
-        else:
-            latency = self._take_warm(host.host_id, now, 0.0) + self.config.lcp_warmup_s
-        sess.current = run
-        self._push(now + latency, TASK_START, (sess, run))
-        return True
-
     def _start(self, sess: _Sess, run: _Run, now: float) -> None:
+        """The cell's GPUs are bound on its container: its code starts after the request path
+        (network hops, and the executor election for replicated kernels)."""
         sess.current = run
-        run.rec.start = now
+        start = now + self.path_latency
+        run.rec.start = start
         run.rec.host = run.host_id
         run.rec.executor = run.owner
         self.running_tasks += 1
-        tail = self.config.batch_state_io_s if (self.per_cell and self.policy.name == "batch"
-                                                and self.pool_size == 0) else 0.0
-        self._push(now + run.task.duration + tail, TASK_END, (sess, run))
+        self.running_gpus += run.task.gpus
+        self._push(start + run.task.duration + self.mode.cell_tail_s(), TASK_END, (sess, run))
 
     def _end(self, sess: _Sess, run: _Run, now: float) -> None:
         run.rec.end = now
         self.running_tasks -= 1
+        self.running_gpus -= run.task.gpus
         sess.current = None
         sess.cells += 1
         self._books(now)
-        if self.per_cell:
-            self.cluster.remove_kernel(run.container)
-            self.maybe_empty = True
-            if self.pool_size and run.host_id in self.warm:
-                self.warm[run.host_id] = min(self.pool_size, self.warm[run.host_id] + 1)
-        elif not self.reserve:
-            host = self.cluster.hosts[run.host_id]
-            host.release(run.owner)
-            self._add_standby(sess.kernel.request.gpus)
-            sess.last_exec = (sess.kernel.executor, run.host_id)
-        if self.reserve or self.per_cell:
-            sess.last_exec = (0, run.host_id)
+        self.mode.on_end(sess, run, now)
         self._refresh_books()
         self._try_run(sess, now)
         self._maybe_teardown(sess, now)
@@ -517,12 +467,7 @@ class SessionSimulator:
                 self._end(*payload, now)
             elif kind == TASK_START:
                 sess, run = payload
-                if not self.per_cell:
-                    self._books(now)
-                    self.cluster.hosts[run.host_id].commit(run.owner, run.task.request)
-                    run.rec.bound = now  # GPUs bound once the migrated replica is up
-                    self._add_standby(-sess.kernel.request.gpus)
-                    self._refresh_books()
+                self.mode.on_started(sess, run, now)
                 self._start(sess, run, now)
             elif kind == SESSION_START:
                 self.active_sessions += 1
@@ -530,10 +475,8 @@ class SessionSimulator:
                     self.record.unschedulable.append(payload.s.session_id)
                     payload.stopped = True
                     self._teardown(payload, now)
-                elif self.per_cell:
-                    payload.ready = True
                 else:
-                    self._place_kernel(payload, now)
+                    self.mode.on_session_start(payload, now)
             elif kind == KERNEL_READY:
                 if not payload.ended:
                     payload.ready = True
@@ -546,9 +489,14 @@ class SessionSimulator:
             elif kind == HOST_READY:
                 self._books(now)
                 self.provisioning -= 1
-                self._host_up(now)
+                host_id = self._host_up(now)
+                if self.waiting_hosts > len(self.reserved):
+                    # Asked for by a kernel whose replicas found no host (3.4.2): held for it,
+                    # not released by the scale-in, until the waiting kernels are placed.
+                    self.reserved[host_id] = None
                 self._refresh_books()
                 self._drain(now)
+                self._release_reservations()
             elif kind == PREWARM:
                 if payload in self.warm:
                     self.warm[payload] = min(self.pool_size, self.warm[payload] + 1)
