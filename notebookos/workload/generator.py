@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,8 +60,10 @@ def _quantile(knots: tuple[tuple[float, float], ...], u: float) -> float:
     return knots[-1][1]
 
 
-def generate_sensei(params: SenseiParams) -> dict:
-    """The template as a dict (``sessions`` with ticks), deterministic for ``params.seed``."""
+def generate_sensei(params: SenseiParams,
+                    progress: Callable[[float], None] | None = None) -> dict:
+    """The template as a dict (``sessions`` with ticks), deterministic for ``params.seed``.
+    ``progress`` is told the trace hours generated so far, after every session."""
     rng = np.random.default_rng(params.seed)
     end_tick = int(math.ceil(params.hours * 3600 / TICK_S))
     sessions = []
@@ -97,6 +100,8 @@ def generate_sensei(params: SenseiParams) -> dict:
             "trainings": trainings,
         })
         index += 1
+        if progress is not None:
+            progress(t_h)
     return {
         "workloadTitle": f"sensei-synthetic-{params.hours:g}h-seed{params.seed}",
         "workloadSeed": params.seed,
@@ -119,8 +124,9 @@ def _training(tick: int, duration: int, gpus: int) -> dict:
     }
 
 
-def write_sensei(params: SenseiParams, out: Path) -> dict:
-    template = generate_sensei(params)
+def write_sensei(params: SenseiParams, out: Path,
+                 progress: Callable[[float], None] | None = None) -> dict:
+    template = generate_sensei(params, progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(template, separators=(",", ":")) + "\n")
     return template

@@ -22,6 +22,8 @@ class Task:
     submit: float
     duration: float
     request: ResourceSpec
+    name: str = ""  # the job's model or name where the trace has one (Tiresias/Muri model_name)
+    user: str = ""  # who submitted it, where the trace says (else ""; a session's tasks: its id)
 
     @property
     def gpus(self) -> int:
@@ -73,11 +75,15 @@ def session_request(tasks: list[Task], default: ResourceSpec) -> ResourceSpec:
     )
 
 
-def jobs_workload(rows: list[tuple[str, float, float, int]], source: str) -> Workload:
-    """A batch-job trace: ``(job_id, submit_s, duration_s, gpus)`` rows, one session each."""
+def jobs_workload(rows: list[tuple], source: str) -> Workload:
+    """A batch-job trace: ``(job_id, submit_s, duration_s, gpus[, name[, user]])`` rows, one
+    session each."""
     sessions = []
-    for job_id, submit, duration, gpus in sorted(rows, key=lambda r: (r[1], r[0])):
+    for row in sorted(rows, key=lambda r: (r[1], r[0])):
+        job_id, submit, duration, gpus = row[:4]
+        name = row[4] if len(row) > 4 else ""
+        user = row[5] if len(row) > 5 else ""
         spec = ResourceSpec(gpus=gpus)
-        task = Task(job_id, job_id, submit, duration, spec)
+        task = Task(job_id, job_id, submit, duration, spec, name, user)
         sessions.append(Session(job_id, submit, None, spec, (task,)))
     return Workload(tuple(sessions), source, job_trace=True)

@@ -46,7 +46,7 @@ def _number(path: Path, line: int, row: dict, column: str) -> float:
 
 
 def read_job_csv(path: Path, fmt: str, seconds_per_unit: float) -> Workload:
-    rows: list[tuple[str, float, float, int]] = []
+    rows: list[tuple[str, float, float, int, str, str]] = []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         needed = {"job_id", "submit_time", "duration", "num_gpu"}
@@ -66,7 +66,9 @@ def read_job_csv(path: Path, fmt: str, seconds_per_unit: float) -> Workload:
                 raise TraceError(f"{path}:{line}: num_gpu={row['num_gpu']!r} must be an integer >= 1")
             submit = _number(path, line, row, "submit_time") * seconds_per_unit
             duration = _number(path, line, row, "duration") * seconds_per_unit
-            rows.append((job_id, submit, duration, int(gpus)))
+            name = (row.get("model_name") or row.get("job_name") or "").strip()
+            user = (row.get("user") or "").strip()
+            rows.append((job_id, submit, duration, int(gpus), name, user))
     if not rows:
         raise TraceError(f"{path}: the trace has no jobs")
     return jobs_workload(rows, str(path))
@@ -116,7 +118,8 @@ def read_template(path: Path, seconds_per_unit: float = TEMPLATE_TICK_S) -> Work
                 duration = float(tr["duration_in_ticks"]) * seconds_per_unit
                 if duration < 0 or submit < 0:
                     raise ValueError("negative start or duration")
-                tasks.append(Task(f"{sid}/{ti}", sid, submit, duration, spec))
+                tasks.append(Task(f"{sid}/{ti}", sid, submit, duration, spec,
+                                  str(tr.get("name") or ""), sid))
         except (KeyError, TypeError, ValueError, AttributeError, InvalidResourceSpec) as exc:
             raise TraceError(f"{where}: malformed session or training: {exc}") from None
         if stop < start:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from notebookos.workload.model import Workload
@@ -50,13 +52,16 @@ def _step_stats(changes: list[tuple[float, int]], end: float) -> dict:
             "median": median, "max": peak}
 
 
-def trace_stats(workload: Workload) -> dict:
+def trace_stats(workload: Workload, progress: Callable[[int], None] | None = None) -> dict:
+    """Calibration statistics; ``progress`` is told the sessions done so far, every 256."""
     durations, gaps, utils = [], [], []
     session_changes, task_changes = [], []
     reserved_gpu_s = busy_gpu_s = 0.0
     idle_sessions = 0
     end = workload.span_s
-    for s in workload.sessions:
+    for done, s in enumerate(workload.sessions, start=1):
+        if progress is not None and done % 256 == 0:
+            progress(done)
         stop = s.stop if s.stop is not None else max((t.submit + t.duration for t in s.tasks),
                                                      default=s.start)
         life = max(stop - s.start, 1e-9)

@@ -1,0 +1,1 @@
+"""The workload driver: `notebookos replay` (docs/replay.md)."""

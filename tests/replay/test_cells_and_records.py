@@ -1,0 +1,176 @@
+"""The replayed cells' code (run here in plain Python), the per-run summary, the comparison, and
+the simulator's policy parameters matching the live Global Scheduler's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from notebookos.config import load_config
+from notebookos.replay.cells import cell_code, parse_marker
+from notebookos.replay.compare import comparison_table, live_policy_params
+from notebookos.replay.records import COMPLETED, FAILED, RunResult, SessionResult, TaskResult
+from notebookos.replay.records import summarize as summarize_run
+
+
+def _run(code: str, namespace: dict) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<cell>", "exec"), namespace)  # noqa: S102 - the cell under test
+    marker = parse_marker(out.getvalue())
+    assert marker is not None, out.getvalue()
+    return marker
+
+
+def test_sleep_cells_check_the_previous_cells_state() -> None:
+    ns: dict = {}
+    first = _run(cell_code("sleep", "s", 0, 0.01, None), ns)
+    assert first["state_ok"] and first["seen"] is None and first["cell"] == 0
+    assert ns["replay_state"] == {"session": "s", "cell": 0}
+    second = _run(cell_code("sleep", "s", 1, 0.01, 0), ns)
+    assert second["state_ok"] and second["seen"] == 0
+    assert second["t_end"] - second["t_start"] >= 0.01
+    # A cell that expects another state (its predecessor's was lost) says so.
+    third = _run(cell_code("sleep", "s", 2, 0.0, 0), ns)
+    assert not third["state_ok"] and third["seen"] == 1
+    # The helper is gone from the namespace: only replay_state is left behind.
+    assert {k for k in ns if not k.startswith("__")} == {"replay_state"}
+
+
+def test_torch_cells_train_and_carry_model_and_optimizer_state() -> None:
+    pytest.importorskip("torch")
+    ns: dict = {}
+    first = _run(cell_code("torch", "s", 0, 0.05, None), ns)
+    assert first["state_ok"] and first["steps"] >= 1 and first["device"] == "cpu"
+    assert first["moved_by_kernel"] is None  # created here, nothing to move yet
+    second = _run(cell_code("torch", "s", 1, 0.05, 0), ns)
+    assert second["state_ok"] and second["steps_before"] == first["steps_after"]
+    assert second["moved_by_kernel"] is True  # on the CPU, where the cell runs
+    # An optimizer that lost its state fails the next check.
+    ns["replay_optimizer"].state.clear()
+    third = _run(cell_code("torch", "s", 2, 0.0, 1), ns)
+    assert not third["state_ok"]
+
+
+def test_unknown_work_is_refused() -> None:
+    with pytest.raises(ValueError, match="--work"):
+        cell_code("gpu-burn", "s", 0, 1.0, None)
+
+
+def _task(i: int, status: str, delay: float, gpus: int = 1, migrated: bool = False) -> TaskResult:
+    t = TaskResult(f"s/{i}", "s", i, gpus, 10.0 * i, 2.0, status=status)
+    t.submit_s, t.execute_input_s = 10.0 * i, 10.0 * i + delay
+    t.interactivity_s = delay
+    if status == COMPLETED:
+        t.reply_s, t.tct_s = 10.0 * i + delay + 2.0, delay + 2.0
+    t.migrated, t.immediate = migrated, (not migrated and delay <= 1.0)
+    return t
+
+
+def test_summary_figures() -> None:
+    tasks = [_task(0, COMPLETED, 0.1), _task(1, COMPLETED, 0.2), _task(2, COMPLETED, 5.0,
+                                                                          migrated=True),
+             _task(3, FAILED, 0.3)]
+    tasks[3].reason = "NotebookOSExecutorFailed: the executor died"
+    session = SessionResult("s", 1, "notebookos", 0.0, 40.0, 4)
+    session.start_requested_s, session.started_s, session.stopped_s = 0.0, 1.0, 41.0
+    samples = [(0.0, 3, 6, 0, 0, 1, 1.0), (10.0, 3, 6, 2, 0, 1, 1.0), (20.0, 3, 6, 0, 0, 1, 1.0)]
+    run = RunResult(tasks, [session], samples=samples, end_s=30.0)
+    s = summarize_run(run, reservation=False)
+    assert (s["tasks_submitted"], s["tasks_completed"], s["tasks_failed"]) == (4, 3, 1)
+    assert s["failure_reasons"] == {"NotebookOSExecutorFailed": 1}
+    assert s["immediate_fraction"] == 0.75
+    assert s["migrations"] == 1
+    assert s["interactivity_p50_s"] == pytest.approx(0.25)
+    assert s["gpu_hours_committed_sampled"] == pytest.approx(20.0 / 3600, abs=1e-6)
+    assert s["gpu_hours_committed"] == s["gpu_hours_committed_sampled"]
+    assert s["gpu_hours_reservation"] == pytest.approx(40.0 / 3600, abs=1e-6)
+    assert s["kernel_start_p50_s"] == 1.0
+    assert summarize_run(run, reservation=True)["gpu_hours_committed_client"] == \
+        pytest.approx(40.0 / 3600, abs=1e-6)
+
+
+def test_comparison_flags_disagreements_over_ten_percent() -> None:
+    table = comparison_table(
+        {"interactivity_p50_s": 1.0, "interactivity_p90_s": 0.03, "tasks_submitted": 10,
+         "tasks_failed": 3},
+        {"interactivity_p50_s": 2.0, "interactivity_p90_s": 0.0, "tasks_submitted": 10,
+         "tasks_failed": 0})
+    assert "| interactivity p50 (s) | 1.000 | 2.000 | -50% **>10%** |" in table
+    assert "| interactivity p90 (s) | 0.030 | 0.000 | +0.03 (simulated 0) |" in table
+    assert "| tasks failed | 3 | 0 | +3 (simulated 0) **>10%** |" in table
+    assert "| tasks submitted | 10 | 10 | 0% |" in table
+
+
+@pytest.mark.parametrize("policy", ["notebookos", "reservation", "batch", "lcp"])
+@pytest.mark.parametrize("ratio", [0.5, 1.0, 7.0])
+def test_simulated_policy_matches_the_live_global_schedulers(policy: str, ratio: float) -> None:
+    from notebookos.global_scheduler.daemon import make_policy
+    from notebookos.policies import get_policy
+
+    config = load_config(env={}, overrides={"cluster.policy": policy,
+                                            "cluster.max_subscription_ratio": ratio})
+    live = make_policy(config)
+    simulated = get_policy(policy, **live_policy_params(config))
+    assert vars(simulated) == vars(live)
+
+
+def test_cli_refuses_bad_input_with_a_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    cases = [
+        (["--template", str(bad), "--local", "3x2"], "not a readable JSON template"),
+        (["--template", str(tmp_path / "none.json"), "--local", "3x2"], "no such trace file"),
+        (["--generate", "1", "--local", "3by2"], "HOSTSxGPUS"),
+        (["--generate", "1", "--local", "3x2", "--time-scale", "0"], "time-scale"),
+        (["--generate", "1", "--url", "ftp://x", "--no-simulate"], "--url"),
+        (["--generate", "1", "--local", "3x2", "--sim-set", "nope=1"], "nope"),
+    ]
+    for argv, message in cases:
+        out = subprocess.run([sys.executable, "-m", "notebookos.cli", "replay", *argv],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, (argv, out.stderr)
+        assert message in out.stderr and "Traceback" not in out.stderr, (argv, out.stderr)
+
+
+def test_the_schedulers_reply_metadata_is_used_when_present_and_optional() -> None:
+    """Issue 16's ``metadata.notebookos`` block (executor, host, GPUs, delay, waits) fills the
+    record; without it the record still completes from the cell's own marker."""
+    import asyncio
+
+    from notebookos.replay.driver import Replay, ReplayOptions
+    from notebookos.replay.jupyter import Execution
+    from notebookos.resources import ResourceSpec
+    from notebookos.workload.model import Session, Task, Workload
+
+    spec = ResourceSpec(1000, 2048, 2, 0.0)
+    workload = Workload((Session("s", 0.0, 10.0, spec, (Task("s/0", "s", 1.0, 1.0, spec),
+                                                         Task("s/1", "s", 5.0, 1.0, spec))),))
+
+    async def record(metadata: dict) -> TaskResult:
+        replay = Replay(None, workload, ReplayOptions())  # type: ignore[arg-type]
+        replay.t0 = 100.0
+        execution = Execution("m", 101.0)
+        execution.execute_input, execution.reply_at, execution.idle = 101.02, 102.05, 102.06
+        execution.reply = {"status": "ok"}
+        execution.reply_metadata = metadata
+        execution.marker = {"t_start": 101.03, "t_end": 102.03, "seen": None, "state_ok": True,
+                            "device": "cpu", "gpus": None}
+        result = replay.tasks["s/0"]
+        replay._record_execution(result, execution)
+        return result
+
+    bare = asyncio.run(record({}))
+    assert bare.status == COMPLETED and bare.state_ok and bare.immediate
+    assert bare.interactivity_s == pytest.approx(0.02) and bare.tct_s == pytest.approx(1.05)
+    full = asyncio.run(record({"notebookos": {
+        "role": "executor", "replica_id": 2, "host_id": "host-1", "gpu_device_ids": [0, 1],
+        "interactivity_delay_ms": 15.0, "waited_ms": 800, "waited_for": "GPUs"}}))
+    assert (full.executor_replica, full.executor_host, full.gpu_device_ids) == (2, "host-1", "0+1")
+    assert full.scheduler_delay_s == pytest.approx(0.015)
+    assert full.immediate is False  # the scheduler says the cell waited for its GPUs

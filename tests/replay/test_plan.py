@@ -1,0 +1,141 @@
+"""What a replay plays: inputs, slices, time scale, GPUs as played, and the Sensei grouping."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from notebookos.replay import plan
+from notebookos.resources import ResourceSpec
+from notebookos.workload.model import Session, Task, TraceError, Workload, jobs_workload
+from notebookos.workload.sessionize import MIN_GAP_S, sessionize
+
+TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+
+
+def _template(tmp_path: Path) -> Path:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"sessions": [
+        {"id": "a", "start_tick": 2, "stop_tick": 10, "trainings": [
+            {"start_tick": 3, "duration_in_ticks": 1, "gpus": 1},
+            {"start_tick": 6, "duration_in_ticks": 2, "gpus": 3}]},
+        {"id": "b", "start_tick": 4, "stop_tick": 8, "trainings": []},
+    ]}))
+    return path
+
+
+def test_template_sliced_rebased_and_scaled(tmp_path: Path) -> None:
+    w = plan.load_input("template", _template(tmp_path), seed=0)
+    w = plan.scale_time(plan.rebase_to_zero(w), 0.02)
+    a, b = w.sessions
+    assert (a.session_id, a.start, a.stop) == ("a", 0.0, pytest.approx(9.6))
+    assert [(t.submit, t.duration) for t in a.tasks] == [pytest.approx((1.2, 1.2)),
+                                                         pytest.approx((4.8, 2.4))]
+    assert (b.start, b.stop) == (pytest.approx(2.4), pytest.approx(7.2))
+    one = plan.first_sessions(w, 1)
+    assert [s.session_id for s in one.sessions] == ["a"]
+
+
+def test_window_keeps_tasks_submitted_inside_and_cuts_sessions(tmp_path: Path) -> None:
+    w = plan.load_input("template", _template(tmp_path), seed=0)
+    cut = plan.window(w, 300.0, 420.0)  # ticks 5 to 7: only a's second cell is submitted inside
+    a, b = cut.sessions
+    assert [t.task_id for t in a.tasks] == ["a/1"]
+    assert a.tasks[0].submit == pytest.approx(60.0)
+    # The cell runs past the window's end: its session stays open until it ends.
+    assert a.start == 0.0 and a.stop == pytest.approx(180.0)
+    assert (b.start, b.stop) == (pytest.approx(0.0), pytest.approx(120.0))
+    with pytest.raises(TraceError, match="no session"):
+        plan.window(w, 10_000.0, 20_000.0)
+
+
+def test_as_played_rounds_gpus_up_to_an_offered_kernelspec(tmp_path: Path) -> None:
+    w = plan.load_input("template", _template(tmp_path), seed=0)
+    played = plan.as_played(w, {g: plan.kernelspec_request(g) for g in (0, 1, 2, 4, 8)})
+    a = played.sessions[0]
+    assert a.request == ResourceSpec(1000, 2048, 4, 0.0)
+    assert {t.request for t in a.tasks} == {a.request}
+    with pytest.raises(TraceError, match="at most 2"):
+        plan.as_played(w, {g: plan.kernelspec_request(g) for g in (1, 2)})
+
+
+def test_kernelspec_requests_are_the_provisioners() -> None:
+    from notebookos.provisioner.kernelspecs import GPU_VARIANTS, kernelspec
+    from notebookos.provisioner.provisioner import NotebookOSProvisioner
+
+    traits = NotebookOSProvisioner.class_traits()
+    for gpus in GPU_VARIANTS:
+        config = kernelspec(gpus)["metadata"]["kernel_provisioner"]["config"]
+        assert plan.kernelspec_request(config["gpus"], config) == ResourceSpec(
+            traits["millicpus"].default_value, traits["memory_mb"].default_value, gpus,
+            traits["vram_gb"].default_value)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2h:4h", (7200.0, 14400.0)), ("0:90m", (0.0, 5400.0)), ("30:1.5d", (30.0, 129600.0))])
+def test_window_syntax(text: str, expected: tuple[float, float]) -> None:
+    assert plan.parse_window(text) == expected
+
+
+@pytest.mark.parametrize("text", ["2h", "4h:2h", "x:1h", "1h:1h"])
+def test_bad_windows_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="--window|duration"):
+        plan.parse_window(text)
+
+
+def test_bad_scale_and_session_count_are_refused(tmp_path: Path) -> None:
+    w = plan.load_input("template", _template(tmp_path), seed=0)
+    with pytest.raises(ValueError, match="time-scale"):
+        plan.scale_time(w, 0)
+    with pytest.raises(ValueError, match="--sessions"):
+        plan.first_sessions(w, 0)
+
+
+def _jobs() -> Workload:
+    rows = []
+    for i in range(200):  # bursts of 1-, 4- and 8-GPU jobs over a day
+        rows.append((f"j{i}", 400.0 * i + (i % 7) * 13, 60.0 + (i % 11) * 90, (1, 4, 8)[i % 3]))
+    return jobs_workload(rows, "synthetic")
+
+
+def test_sessionize_puts_every_task_in_exactly_one_consistent_session() -> None:
+    jobs = _jobs()
+    grouped = sessionize(jobs, seed=3)
+    tasks = [t for s in grouped.sessions for t in s.tasks]
+    assert sorted(t.task_id for t in tasks) == sorted(t.task_id for t in jobs.tasks)
+    for s in grouped.sessions:
+        assert all(t.session_id == s.session_id for t in s.tasks)
+        assert len({t.gpus for t in s.tasks}) <= 1
+        assert s.start <= min((t.submit for t in s.tasks), default=s.start)
+        assert s.stop >= max((t.submit + t.duration for t in s.tasks), default=s.start)
+        for before, after in zip(s.tasks, s.tasks[1:], strict=False):
+            # one cell at a time, separated by at least the shortest Sensei gap
+            assert after.submit >= before.submit + before.duration + MIN_GAP_S
+    idle = [s for s in grouped.sessions if not s.tasks]
+    assert 0 < len(idle) < len(grouped.sessions)
+    assert sessionize(jobs, seed=3) == grouped  # deterministic
+    assert sessionize(jobs, seed=4) != grouped
+    assert not [s for s in sessionize(jobs, seed=3, idle_sessions=False).sessions if not s.tasks]
+
+
+def test_sessionize_reuses_a_session_when_the_user_is_back() -> None:
+    spec = ResourceSpec(gpus=1)
+    jobs = Workload((
+        Session("x", 0, None, spec, (Task("x", "x", 0.0, 60.0, spec),)),
+        Session("y", 400, None, spec, (Task("y", "y", 400.0, 60.0, spec),)),  # 340 s later
+        Session("z", 410, None, spec, (Task("z", "z", 410.0, 60.0, spec),)),  # overlaps y
+    ), job_trace=True)
+    grouped = sessionize(jobs, seed=0, idle_sessions=False)
+    by_task = {t.task_id: s.session_id for s in grouped.sessions for t in s.tasks}
+    assert by_task["x"] == by_task["y"] != by_task["z"]
+
+
+@pytest.mark.skipif(not (TRACES / "sensei").is_dir(), reason=f"no shared traces at {TRACES}")
+def test_a_sensei_slice_is_sessions_of_one_gpu_count() -> None:
+    w = plan.load_input("sensei", TRACES / "sensei" / "sensei_june_60sec.csv", seed=0)
+    cut = plan.first_sessions(plan.window(w, 108 * 3600, 110 * 3600), 10)
+    assert len(cut.sessions) == 10
+    assert {s.request.gpus for s in cut.sessions} <= {1, 4, 8}
+    assert all(t.gpus == s.request.gpus for s in cut.sessions for t in s.tasks)
