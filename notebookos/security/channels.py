@@ -1,0 +1,97 @@
+"""Mutual TLS for every gRPC server and channel, with grpcio's own credentials.
+
+Every server and channel in NotebookOS is made here:
+
+- ``add_secure_port(server, config, address)``: serve on ``address`` (a ``grpc.Server`` or a
+  ``grpc.aio.Server``); a client must present a certificate signed by the cluster CA, or the
+  handshake fails. The server re-reads its files when they change (checked at each new
+  handshake), so certificates rotate without a restart.
+- ``secure_channel(config, target)`` / ``secure_aio_channel(config, target)``: a channel that
+  presents this process's certificate and accepts only a server certificate signed by the
+  cluster CA that names ``security.server_name``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from notebookos.config import Config
+from notebookos.security.files import SecurityError, TlsMaterial, credential_files, load_tls
+
+log = logging.getLogger(__name__)
+
+ChannelOptions = Sequence[tuple[str, Any]]
+
+
+class _Reloader:
+    """``dynamic_ssl_server_credentials``' fetcher: a new configuration when the files changed."""
+
+    def __init__(self, config: Config, material: TlsMaterial) -> None:
+        self.config = config
+        self.stamp = material.stamp
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            material = load_tls(self.config)
+        except SecurityError as exc:
+            log.error("keeping the current TLS certificate: %s", exc)
+            return None
+        except Exception:  # noqa: BLE001 - never fail a handshake because of a reload
+            log.exception("keeping the current TLS certificate")
+            return None
+        if material.stamp == self.stamp:
+            return None
+        self.stamp = material.stamp
+        log.info("TLS files changed: serving the new certificate %s",
+                 credential_files(self.config).cert)
+        return _server_configuration(material)
+
+
+def _server_configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration(
+        [(material.key, material.cert)], root_certificates=material.ca)
+
+
+def server_credentials(config: Config) -> grpc.ServerCredentials:
+    """Server credentials that require a client certificate signed by the cluster CA."""
+    material = load_tls(config)
+    return grpc.dynamic_ssl_server_credentials(
+        _server_configuration(material), _Reloader(config, material),
+        require_client_authentication=True)
+
+
+def add_secure_port(server: grpc.Server | grpc.aio.Server, config: Config, address: str) -> int:
+    """Bind ``address`` with mutual TLS; returns the port (raises OSError when it cannot bind)."""
+    port = server.add_secure_port(address, server_credentials(config))
+    if port == 0:
+        raise OSError(f"cannot bind {address}")
+    return port
+
+
+def channel_credentials(config: Config) -> grpc.ChannelCredentials:
+    material = load_tls(config)
+    return grpc.ssl_channel_credentials(root_certificates=material.ca,
+                                        private_key=material.key,
+                                        certificate_chain=material.cert)
+
+
+def channel_options(config: Config, options: ChannelOptions = ()) -> list[tuple[str, Any]]:
+    out = list(options)
+    if config.security.server_name:
+        out.append(("grpc.ssl_target_name_override", config.security.server_name))
+    return out
+
+
+def secure_channel(config: Config, target: str, options: ChannelOptions = ()) -> grpc.Channel:
+    return grpc.secure_channel(target, channel_credentials(config),
+                               options=channel_options(config, options))
+
+
+def secure_aio_channel(config: Config, target: str,
+                       options: ChannelOptions = ()) -> grpc.aio.Channel:
+    return grpc.aio.secure_channel(target, channel_credentials(config),
+                                   options=channel_options(config, options))
