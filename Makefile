@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # torch is optional at run time; the tests install the CPU build that lies on these machines' disks.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: up test lint bench install install-test clean
+.PHONY: up test lint bench install install-test clean labextension
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,16 +21,33 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	mkdir -p $(dir $(JUPYTER_CONFIG)) && cp jupyter-config/jupyter_server_config.d/notebookos.json $(JUPYTER_CONFIG)
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.installed-test: pyproject.toml scripts/system-deps.sh | $(VENV)/bin/python
+	sh scripts/system-deps.sh
 	$(PIP) install -q "$(TORCH_SPEC)" || echo "warning: $(TORCH_SPEC) not installable here; torch tests will skip"
 	$(PIP) install -q -e ".[test]"
 	mkdir -p $(dir $(JUPYTER_CONFIG)) && cp jupyter-config/jupyter_server_config.d/notebookos.json $(JUPYTER_CONFIG)
 	touch $(VENV)/.installed $@
 
-install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test
+# The JupyterLab extension is committed prebuilt (provisioner/labextension, ~50 kB): a wheel ships
+# it under share/jupyter/labextensions (data-files); an editable install gets this copy.
+LABEXT_SHARE := $(VENV)/share/jupyter/labextensions/notebookos-jupyterlab
 
-up: $(VENV)/.installed
+$(LABEXT_SHARE)/package.json: provisioner/labextension/package.json | $(VENV)/bin/python
+	rm -rf $(LABEXT_SHARE) && mkdir -p $(dir $(LABEXT_SHARE))
+	cp -r provisioner/labextension $(LABEXT_SHARE)
+
+install: $(VENV)/.installed $(LABEXT_SHARE)/package.json
+install-test: $(VENV)/.installed-test $(LABEXT_SHARE)/package.json
+
+# Rebuild the extension from labextension/ (npm registry only; Node 20). Run after changing its
+# sources: tests/jupyter/test_labextension.py fails while the committed build is older.
+labextension: $(VENV)/.installed
+	cd labextension && npm ci --no-audit --no-fund && \
+		JUPYTERLAB_CORE_PATH="$$(../$(PY) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" npm run build
+	$(PY) -m notebookos.testing.labextension --write
+	rm -rf $(LABEXT_SHARE) && mkdir -p $(dir $(LABEXT_SHARE)) && cp -r provisioner/labextension $(LABEXT_SHARE)
+
+up: $(VENV)/.installed $(LABEXT_SHARE)/package.json
 	$(VENV)/bin/notebookos up $(UP_ARGS)
 
 lint: $(VENV)/.installed-test

@@ -65,10 +65,14 @@ class Autoscaler:
             for kernel in cluster.kernels.values():
                 for r in kernel.live_replicas():
                     replicas_on[r.host_id] = replicas_on.get(r.host_id, 0) + 1
+            # The policy's scale_in: `empty` releases only hosts that hold no replica; `idle`
+            # (and `drain`) hosts with no GPU bound, whose replicas move first (release()).
+            only_empty = getattr(svc.policy, "scale_in", "idle") == "empty"
             releasable = sorted(
                 (h for h, host in cluster.hosts.items()
                  if host.committed.gpus == 0 and host.pending.gpus == 0
-                 and not svc.hosts[h].draining),
+                 and not svc.hosts[h].draining
+                 and not (only_empty and replicas_on.get(h, 0) > 0)),
                 key=lambda h: (replicas_on.get(h, 0), -list(cluster.hosts).index(h)))
             active = [h for h, link in svc.hosts.items() if not link.draining]
             gpus = sum(cluster.hosts[h].capacity.gpus for h in active)
@@ -87,6 +91,7 @@ class Autoscaler:
                          add, view.committed_gpus, view.hosts)
                 for host_id in self.provider.add_hosts(add):
                     self._provisioning[host_id] = time.monotonic()
+                    svc.metrics.scale_events.labels(direction="out").inc()
         for host_id in decision.release_host_ids:
             self.release(host_id)
 
@@ -104,7 +109,7 @@ class Autoscaler:
         for kernel_id, replica_id in on_host:
             try:
                 target = self._target_for(kernel_id, host_id)
-                svc.migrate_replica(kernel_id, replica_id, target)
+                svc.migrate_replica(kernel_id, replica_id, target, reason="scale_in")
             except StartError as exc:
                 log.info("autoscaler: keeping host %s: %s", host_id, exc)
                 with svc.lock:
@@ -117,6 +122,7 @@ class Autoscaler:
             with svc.lock:
                 link.draining = False
             return False
+        svc.metrics.scale_events.labels(direction="in").inc()
         return True
 
     def _target_for(self, kernel_id: str, leaving: str) -> str:

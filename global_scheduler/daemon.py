@@ -23,6 +23,7 @@ from notebookos.global_scheduler.registry_store import (
     RegistryStore,
 )
 from notebookos.global_scheduler.service import GlobalSchedulerService
+from notebookos.metrics import MetricsServer, metrics_url
 from notebookos.policies import get_policy
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 
@@ -37,6 +38,7 @@ def make_policy(config: Config):  # noqa: ANN201 - a notebookos.policies.Policy
     if name == "lcp":
         params["warm_containers_per_host"] = gs.warm_containers_per_host
     if name == "notebookos":
+        params["scale_in"] = gs.scale_in
         params["max_subscription_ratio"] = max(1.0, config.cluster.max_subscription_ratio)
         if config.cluster.max_subscription_ratio < 1.0:
             params["subscription_ratio_limit"] = config.cluster.max_subscription_ratio
@@ -73,6 +75,15 @@ class GlobalSchedulerDaemon:
         if port == 0:
             raise OSError(f"cannot bind the Global Scheduler's gRPC port {gs.host}:{gs.grpc_port}")
         self.address = f"{gs.host}:{port}"
+        try:
+            self.metrics_server = MetricsServer(self.service.metrics.registry, gs.host,
+                                                gs.metrics_port,
+                                                {"/sd": self.service.service_discovery})
+        except OSError as exc:
+            self.server.stop(None)
+            raise OSError(f"cannot bind the Global Scheduler's metrics port {gs.host}:"
+                          f"{gs.metrics_port}: {exc}") from exc
+        self.service.metrics_address = self.metrics_server.address
         self._stopped = threading.Event()
         self.autoscaler: Autoscaler | None = None
         if gs.autoscale and gs.host_provider in ("local", "static"):
@@ -93,10 +104,12 @@ class GlobalSchedulerDaemon:
     def start(self) -> None:
         self.service.restore()
         self.server.start()
+        self.metrics_server.start()
         self._monitor.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
-        log.info("Global Scheduler listening on %s (policy %s)", self.address, self.policy.name)
+        log.info("Global Scheduler listening on %s (policy %s); metrics on %s", self.address,
+                 self.policy.name, metrics_url(self.metrics_server.address))
 
     def _monitor_hosts(self) -> None:
         interval = max(0.2, min(1.0, self.service.heartbeat_timeout_s / 4))
@@ -113,6 +126,7 @@ class GlobalSchedulerDaemon:
         if self.autoscaler is not None:
             self.autoscaler.close()
         self.server.stop(grace=1)
+        self.metrics_server.close()
         self.service.close()
 
     def wait(self) -> None:

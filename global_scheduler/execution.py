@@ -34,6 +34,16 @@ class ExecutionMixin:
             self._stop.wait(0.1)
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        started = time.monotonic()
+        try:
+            placed = self._place_execute(kernel_id, msg_id, metadata)
+        except PlacementFailed:
+            self.metrics.cell_failures.inc()
+            raise
+        self.metrics.cell_queue.observe(time.monotonic() - started)
+        return placed
+
+    def _place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
         if self.per_cell:
             with self.lock:
                 entry = self.kernels.get(kernel_id)
@@ -86,7 +96,8 @@ class ExecutionMixin:
         last = why
         for attempt in range(attempts):
             try:
-                rid, host_id = self.migrate_replica(kernel_id, None, None, request)
+                rid, host_id = self.migrate_replica(kernel_id, None, None, request,
+                                                     reason="contention")
             except StartError as exc:
                 last = str(exc)
                 if self.on_capacity_wanted is not None:
@@ -164,8 +175,10 @@ class ExecutionMixin:
             entry = self.kernels.get(kernel_id)
             arrived = entry.cell_arrived.pop(msg_id, None) if entry is not None else None
             if arrived is not None:
-                entry.last_interactivity_ms[replica_id] = (time.monotonic() - arrived) * 1000
+                now = time.monotonic()
+                entry.last_interactivity_ms[replica_id] = (now - arrived) * 1000
                 entry.kernel_interactivity_ms = entry.last_interactivity_ms[replica_id]
+                self.metrics.cell_interactivity_delay.observe(now - arrived)
 
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:

@@ -11,11 +11,16 @@ import grpc
 
 from notebookos.cluster import AccountingError, Host, ReplicaState
 from notebookos.global_scheduler.hosts import HostLink
-from notebookos.proto import global_scheduler_pb2
+from notebookos.proto import global_scheduler_pb2, local_scheduler_pb2
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 from notebookos.proto.convert import resource_spec_from_proto
 from notebookos.resources import InvalidResourceSpec, ResourceSpec
 
 log = logging.getLogger(__name__)
+
+# How long a registration waits for the instance already registered under its host id to answer
+# (a live one answers within milliseconds; a dead one refuses at once; a hung one does not).
+REGISTRATION_PROBE_S = 1.0
 
 
 class HostRegistryMixin:
@@ -35,7 +40,7 @@ class HostRegistryMixin:
     def _pool_target(self, offered: int) -> int:
         """A host's prewarm pool target: the pool it offers, or for lcp the policy's warm pool."""
         if self.uses_warm_pool:
-            return int(self.policy.warm_containers_per_host)
+            return self.lifetime.warm_per_host
         return offered
 
     def RegisterHost(self, request, context):  # noqa: N802 - gRPC method name
@@ -63,18 +68,27 @@ class HostRegistryMixin:
         stale: list[global_scheduler_pb2.ReplicaRef] = []
         with self.lock:
             link = self.hosts.get(request.host_id)
-            if link is not None and link.address != request.address \
-                    and link.instance_id != request.instance_id \
-                    and time.time() - link.last_heartbeat < self.heartbeat_timeout_s:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                              f"host {request.host_id} is registered from {link.address} and "
-                              "still heartbeating; two Local Schedulers claim one host id")
+            contested = link is not None and link.instance_id != request.instance_id \
+                and time.time() - link.last_heartbeat < self.heartbeat_timeout_s
+            old = (link.address, link.instance_id) if link is not None else None
+        if contested and old is not None and self._instance_answers(request.host_id, *old):
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          f"host {request.host_id} is registered from {old[0]} (instance "
+                          f"{old[1][:8]}), which still answers; two Local Schedulers claim one "
+                          "host id")
+        with self.lock:
+            link = self.hosts.get(request.host_id)
             if link is not None:
                 host = self.cluster.hosts[request.host_id]
                 if host.capacity != capacity or link.address != request.address:
-                    # a different machine under the same id: its old replicas are lost
-                    self._drop_host(request.host_id, "re-registered with a new capacity")
+                    # a restarted daemon on a new port, or a different machine under the same
+                    # id: the replicas of the old one are lost
+                    why = ("re-registered with a new capacity" if host.capacity != capacity
+                           else f"re-registered from {request.address} (was {link.address})")
+                    self._drop_host(request.host_id, why)
                     link = None
+                elif link.instance_id != request.instance_id:
+                    self._lose_unreported(request.host_id, request.replicas)
             if link is None:
                 try:
                     self._add_host(request.host_id, request.address, request.instance_id,
@@ -85,14 +99,12 @@ class HostRegistryMixin:
                 log.info("host %s registered at %s with %d GPU(s)", request.host_id,
                          request.address, capacity.gpus)
             link.instance_id = request.instance_id
+            link.metrics_address = request.metrics_address
             link.last_heartbeat = time.time()
             link.prewarm_pool_target = self._pool_target(request.prewarm_pool_size)
             for r in request.replicas:
                 # Placed replicas count as known, including those still starting.
-                kernel = self.cluster.kernels.get(r.kernel_id)
-                placed = kernel.replicas.get(r.replica_id) if kernel is not None else None
-                known = placed is not None and placed.host_id == request.host_id
-                if not known:
+                if not self._placed_on(request.host_id, r.kernel_id, r.replica_id):
                     stale.append(global_scheduler_pb2.ReplicaRef(kernel_id=r.kernel_id,
                                                                 replica_id=r.replica_id))
             self._save_host(request.host_id)
@@ -102,6 +114,30 @@ class HostRegistryMixin:
             scheduler_instance_id=self.instance_id,
             heartbeat_interval_s=self.heartbeat_interval_s,
             prewarm_pool_target=link.prewarm_pool_target, stale_replicas=stale)
+
+    def _instance_answers(self, host_id: str, address: str, instance_id: str) -> bool:
+        """Whether the Local Scheduler instance registered for ``host_id`` still answers at its
+        address (a second live daemon claiming the id), as opposed to a daemon restarted in its
+        place, whose old instance no longer answers (or answers as the new instance)."""
+        channel = grpc.insecure_channel(address)
+        try:
+            status = ls_grpc.LocalSchedulerStub(channel).GetHostStatus(
+                local_scheduler_pb2.GetHostStatusRequest(), timeout=REGISTRATION_PROBE_S)
+        except grpc.RpcError:
+            return False
+        finally:
+            channel.close()
+        return status.host.host_id == host_id and status.instance_id == instance_id
+
+    def _lose_unreported(self, host_id: str, reported: list) -> None:  # noqa: ANN001
+        """A new instance of a host's Local Scheduler registered at the same address: the
+        replicas the old instance ran and the new one does not report died with it. Lock held."""
+        have = {(r.kernel_id, r.replica_id) for r in reported}
+        for entry in list(self.kernels.values()):
+            for rid, rl in list(entry.replicas.items()):
+                if rl.host_id == host_id and (entry.kernel_id, rid) not in have:
+                    self._lose_replica(entry, rid, f"host {host_id}'s Local Scheduler restarted "
+                                       "without it")
 
     def Heartbeat(self, request, context):  # noqa: N802
         if not request.host_id:
@@ -129,11 +165,31 @@ class HostRegistryMixin:
             confirmed = [o for o in orphaned if o in suspects]
             suspects.clear()
             suspects.update(o for o in orphaned if o not in confirmed)
+            # Replicas of a known kernel that the host runs but this instance never placed there
+            # (a replacement the previous instance started just before it died): stopped when
+            # seen in two heartbeats in a row, so they neither hold the host nor linger.
+            unknown = {key for key in reported if key[0] in self.cluster.kernels
+                       and not self._placed_on(request.host_id, *key)}
+            strangers = self._stranger_suspects.setdefault(request.host_id, set())
+            stale = unknown & strangers
+            strangers.clear()
+            strangers.update(unknown - stale)
         for kernel_id, rid in confirmed:
             self._pool.submit(self._release_orphaned, link, kernel_id, rid)
+        for kernel_id, rid in stale:
+            log.warning("kernel %s: host %s runs replica %d, which this scheduler did not place "
+                        "there; stopping it", kernel_id, request.host_id, rid)
+            self._pool.submit(self._stop_replica_quietly, request.host_id, kernel_id, rid)
         return global_scheduler_pb2.HeartbeatResponse(
             prewarm_pool_target=link.prewarm_pool_target,
             heartbeat_interval_s=self.heartbeat_interval_s)
+
+    def _placed_on(self, host_id: str, kernel_id: str, replica_id: int) -> bool:
+        """Whether the cluster model has this replica placed on this host (running or starting).
+        Lock held."""
+        kernel = self.cluster.kernels.get(kernel_id)
+        placed = kernel.replicas.get(replica_id) if kernel is not None else None
+        return placed is not None and placed.host_id == host_id
 
     def DeregisterHost(self, request, context):  # noqa: N802
         with self.lock:
@@ -152,6 +208,7 @@ class HostRegistryMixin:
             for rid, rl in list(entry.replicas.items()):
                 if rl.host_id == host_id:
                     self._lose_replica(entry, rid, f"host {host_id} {reason}")
+                    self.metrics.replica_failures.labels(cause="host_lost").inc()
                     lost += 1
         host = self.cluster.hosts.get(host_id)
         if host is not None:
@@ -211,6 +268,7 @@ class HostRegistryMixin:
                 if entry.state != "stopping":
                     why = "died" if kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED \
                         else "exited"
+                    self.metrics.replica_failures.labels(cause=why).inc()
                     self._lose_replica(entry, request.replica_id,
                                        f"replica {request.replica_id} {why} (exit code "
                                        f"{request.exit_code})")

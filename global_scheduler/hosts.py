@@ -29,6 +29,7 @@ class HostLink:
     prewarm_pool_target: int = 0  # how many the host is asked to keep
     last_heartbeat: float = field(default_factory=time.time)
     draining: bool = False
+    metrics_address: str = ""  # host:port of the LS's /metrics (empty: it serves none)
     _stub: ls_grpc.LocalSchedulerStub | None = None
     _channel: grpc.Channel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -139,7 +140,8 @@ class HostLink:
                 "instance_id": self.instance_id, "gpus": self.gpus,
                 "virtual_gpus": self.virtual_gpus, "capacity": capacity,
                 "prewarm_pool_size": self.prewarm_pool_size,
-                "prewarm_pool_target": self.prewarm_pool_target}
+                "prewarm_pool_target": self.prewarm_pool_target,
+                "metrics_address": self.metrics_address}
 
 
 # How long a cell's GPU release waits for the next commit on its host to ride on: long enough to

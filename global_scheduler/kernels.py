@@ -49,6 +49,10 @@ class KernelEntry:
     created_unix: float = field(default_factory=time.time)
     executions: dict[str, tuple[int, str]] = field(default_factory=dict)  # msg -> (replica, host)
     raft_removals: list[int] = field(default_factory=list)  # lost members still in the group
+    # Raft addresses of the replicas in ``raft_removals`` where known: a replica asked to join
+    # is listed there (with its address) until it is ready, so one that never gets there (its
+    # start failed, or the Global Scheduler died meanwhile) is taken out of the group again.
+    removal_addresses: dict[int, str] = field(default_factory=dict)
     session_gpus: tuple[int, str, list[int]] | None = None  # reservation: (replica, host, ids)
     # What the status shows of the last cell: the GPUs each replica had bound for the last cell
     # it executed, and the interactivity delay (request at the front -> execute_input).
@@ -78,5 +82,6 @@ class KernelEntry:
                 "replicas": [r.to_doc() for r in self.replicas.values()],
                 "next_replica_id": self.next_replica_id, "created_unix": self.created_unix,
                 "raft_removals": list(self.raft_removals),
+                "removal_addresses": {str(k): v for k, v in self.removal_addresses.items()},
                 "session_gpus": list(self.session_gpus) if self.session_gpus else None,
                 "checkpoint_count": self.checkpoint_count, "kernel_info": self.kernel_info}

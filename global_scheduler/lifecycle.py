@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import grpc
 
@@ -61,6 +62,7 @@ class KernelLifecycleMixin:
             self.cluster.add_kernel(kernel_id, spec)
             entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {})
             self.kernels[kernel_id] = entry
+        started = time.monotonic()
         try:
             if self.per_cell:
                 self._start_retrying(kernel_id, "start",
@@ -76,6 +78,8 @@ class KernelLifecycleMixin:
                 entry.front.start()
                 entry.state = "idle"
                 self._save_kernel(entry)
+            self.metrics.placement.labels(operation="kernel_start").observe(
+                time.monotonic() - started)
             if self.per_cell:
                 self._park(kernel_id)
             return entry
@@ -189,6 +193,7 @@ class KernelLifecycleMixin:
                     if r.replica_id in kernel.replicas:
                         self.cluster.remove_replica(request.kernel_id, r.replica_id)
                 entry.raft_removals.clear()
+                entry.removal_addresses.clear()
                 entry.executions.clear()
                 entry.session_gpus = None
                 entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty

@@ -14,11 +14,13 @@ from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry
-from notebookos.policies.base import GpuBinding
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
+
+RECOVERY_ATTEMPTS = 6  # a kernel with no replica left is declared failed after these
+RECOVERY_BACKOFF_MAX_S = 8.0
 
 
 class RecoveryMixin:
@@ -27,8 +29,10 @@ class RecoveryMixin:
         if self.per_cell:  # a per-cell container is not replaced (cell_containers.py)
             self._lose_cell_container(entry, replica_id, why)
             return
-        if entry.replicas.pop(replica_id, None) is not None:
+        lost = entry.replicas.pop(replica_id, None)
+        if lost is not None:
             entry.raft_removals.append(replica_id)
+            entry.removal_addresses[replica_id] = lost.raft_address
         self._forget_replica(entry, replica_id)
         entry.state = "degraded"
         entry.message = why
@@ -62,7 +66,9 @@ class RecoveryMixin:
             return  # a recovery of this kernel is running; it re-reads the state each attempt
         try:
             self._stop.wait(0.5)  # let failures that happened together all be reported
-            for attempt in range(6):
+            attempt = 0
+            while not self._stop.is_set():
+                attempt += 1
                 with self.lock:
                     entry = self.kernels.get(kernel_id)
                     if entry is None or entry.state in ("stopping", "failed"):
@@ -76,22 +82,35 @@ class RecoveryMixin:
                         self._save_kernel(entry)
                         return
                     rebuild = live * 2 <= self.replicas_per_kernel
+                started = time.monotonic()
                 try:
                     if rebuild:
                         new_ids = self._rebuild_from_checkpoint(kernel_id)
                     else:
                         new_ids = self._add_replicas(kernel_id, 1, join=True)
+                    self.metrics.placement.labels(
+                        operation="rebuild" if rebuild else "replica_replacement",
+                    ).observe(time.monotonic() - started)
+                    if rebuild:
+                        self.metrics.rebuilds.labels(outcome="succeeded").inc()
                     self._rebind_session_gpus(kernel_id, new_ids)
                 except StartError as exc:
+                    if rebuild:
+                        self.metrics.rebuilds.labels(outcome="failed").inc()
                     log.warning("kernel %s: recovery attempt %d failed: %s", kernel_id,
-                                attempt + 1, exc)
-                    self._stop.wait(min(8.0, 0.5 * 2 ** attempt))
-            with self.lock:
-                entry = self.kernels.get(kernel_id)
-                if entry is not None and len(entry.replicas) == 0:
-                    entry.state = "failed"
-                    entry.message = "every replica was lost and the rebuild failed; see the log"
-                    self._save_kernel(entry)
+                                attempt, exc)
+                    if attempt >= RECOVERY_ATTEMPTS:
+                        with self.lock:
+                            entry = self.kernels.get(kernel_id)
+                            if entry is not None and len(entry.replicas) == 0:
+                                entry.state = "failed"
+                                entry.message = ("every replica was lost and the rebuild "
+                                                 "failed; see the log")
+                                self._save_kernel(entry)
+                                return
+                    # a kernel that still has a majority keeps trying (the host that refused
+                    # may free up, another may register): degraded must not become permanent
+                    self._stop.wait(min(RECOVERY_BACKOFF_MAX_S, 0.5 * 2 ** (attempt - 1)))
         finally:
             guard.release()
 
@@ -110,6 +129,7 @@ class RecoveryMixin:
                 if r.replica_id in self.cluster.kernels[kernel_id].replicas:
                     self.cluster.remove_replica(kernel_id, r.replica_id)
             entry.raft_removals.clear()
+            entry.removal_addresses.clear()
             if entry.front is not None:
                 entry.front.set_replicas([])
             self._save_kernel(entry)
@@ -124,11 +144,11 @@ class RecoveryMixin:
         return new_ids
 
     def _rebind_session_gpus(self, kernel_id: str, new_ids: list[int]) -> None:
-        """Reservation (``GpuBinding.SESSION``): the replica holding the kernel's GPUs was
+        """Reservation (GPUs bound at placement): the replica holding the kernel's GPUs was
         replaced, so its replacement commits them on its own host (another live replica if that
         host cannot). The old commitment left the cluster model with the old replica; it is
         released on the old Local Scheduler too when that one is still reachable."""
-        if self.policy.gpu_binding is not GpuBinding.SESSION:
+        if not self.binding.binds_at_placement:
             return
         with self.lock:
             entry = self.kernels.get(kernel_id)
@@ -167,11 +187,23 @@ class RecoveryMixin:
             self._save_kernel(entry)
 
     def migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
-                        request: ResourceSpec | None = None) -> tuple[int, str]:
+                        request: ResourceSpec | None = None, *,
+                        reason: str = "operator") -> tuple[int, str]:
         """Replace one replica by a new one on another host; returns (new id, host).
 
         The old replica leaves the Raft group and stops; the new one joins and catches up.
-        Raises StartError (RESOURCE_EXHAUSTED when no host can take it now)."""
+        Raises StartError (RESOURCE_EXHAUSTED when no host can take it now). ``reason``
+        (contention, scale_in, operator) labels the migration in the metrics."""
+        try:
+            result = self._migrate_replica(kernel_id, replica_id, target_host, request)
+        except StartError:
+            self.metrics.migrations.labels(reason=reason, outcome="failed").inc()
+            raise
+        self.metrics.migrations.labels(reason=reason, outcome="succeeded").inc()
+        return result
+
+    def _migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
+                         request: ResourceSpec | None) -> tuple[int, str]:
         with self.lock:
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
@@ -215,6 +247,7 @@ class RecoveryMixin:
         with self.lock:  # out of the group first (one membership change at a time)
             entry.replicas.pop(replica_id, None)
             entry.raft_removals.append(replica_id)
+            entry.removal_addresses[replica_id] = victim.raft_address
             if replica_id in kernel.replicas:
                 self.cluster.remove_replica(kernel_id, replica_id)
             if entry.front is not None:
@@ -229,6 +262,7 @@ class RecoveryMixin:
             raise
         log.info("kernel %s: replica %d replaced by %d on %s (stop %.2fs, start+join %.2fs)",
                  kernel_id, replica_id, new_ids[0], target_host, t1 - t0, time.monotonic() - t1)
+        self.metrics.placement.labels(operation="migration").observe(time.monotonic() - t0)
         self._rebind_session_gpus(kernel_id, new_ids)
         return new_ids[0], target_host
 
@@ -237,11 +271,15 @@ class RecoveryMixin:
         each live member in turn. Raises StartError (the caller retries later) when no member
         could commit the change."""
         for rid in list(entry.raft_removals):
-            self._membership_change(entry, members, "remove_replica_request",
-                                    {"replica_id": rid})
+            content: dict = {"replica_id": rid}
+            address = entry.removal_addresses.get(rid)
+            if address:  # a member may not know it yet (it never finished joining)
+                content["raft_address"] = address
+            self._membership_change(entry, members, "remove_replica_request", content)
             with self.lock:
                 if rid in entry.raft_removals:
                     entry.raft_removals.remove(rid)
+                entry.removal_addresses.pop(rid, None)
                 self._save_kernel(entry)
 
     def _membership_change(self, entry: KernelEntry, members: list[ReplicaEndpoint],

@@ -84,6 +84,7 @@ class ReplicaStarterMixin:
             peers += [local_scheduler_pb2.RaftPeer(replica_id=rid, address=raft)
                       for rid, _, raft in plan]
             request_spec = resource_spec_to_proto(kernel.request)
+            self._save_kernel(entry)  # the ids are taken, even if this instance dies now
         calls = {}
         for rid, link, raft in plan:
             req = local_scheduler_pb2.StartReplicaRequest(
@@ -110,6 +111,11 @@ class ReplicaStarterMixin:
                 resp.raft_address or raft, resp.pid, from_prewarm_pool=resp.from_prewarm_pool)
         t_started = time.monotonic()
         if not errors and join:
+            with self.lock:  # a member until proven ready: taken out again unless it gets there
+                for rid, r in started.items():
+                    entry.raft_removals.append(rid)
+                    entry.removal_addresses[rid] = r.raft_address
+                self._save_kernel(entry)
             for rid, r in started.items():
                 try:
                     self._membership_change(entry, members, "add_replica_request",
@@ -149,6 +155,9 @@ class ReplicaStarterMixin:
             for rid, r in started.items():
                 r.ready = True
                 entry.replicas[rid] = r
+                if rid in entry.raft_removals:
+                    entry.raft_removals.remove(rid)
+                entry.removal_addresses.pop(rid, None)
                 replica = self.cluster.kernels[kernel_id].replicas[rid]
                 replica.state = ReplicaState.RUNNING
                 replica.pid = r.pid

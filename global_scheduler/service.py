@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from concurrent import futures
 
+from notebookos import __version__
 from notebookos.cluster import AccountingError, Cluster, ReplicaState
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.execution import ExecutionMixin
@@ -34,7 +35,8 @@ from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
 from notebookos.global_scheduler.status import StatusMixin
-from notebookos.policies import ContainerLifetime, Policy
+from notebookos.metrics import GlobalSchedulerMetrics
+from notebookos.policies import Policy
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.resources import ResourceSpec
 
@@ -77,12 +79,16 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
         self._recovery_guards: dict[str, threading.Lock] = {}  # one recovery per kernel at once
         self._orphan_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
+        self._stranger_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
-        # Per-cell containers (batch, lcp): see cell_containers.py.
-        self.per_cell = policy.container_lifetime is ContainerLifetime.CELL
-        self.uses_warm_pool = self.per_cell and hasattr(policy, "warm_containers_per_host")
+        # The policy's strategies (notebookos/policies/framework.py) choose the mechanisms:
+        # per-cell containers (batch, lcp: cell_containers.py) and a warm pool (lcp).
+        self.lifetime = policy.lifetime
+        self.binding = policy.binding
+        self.per_cell = self.lifetime.per_cell
+        self.uses_warm_pool = self.lifetime.warm_pool
         self.cell_queue_timeout_s = cell_queue_timeout_s
         self.cell_checkpoint_timeout_s = cell_checkpoint_timeout_s
         self._cell_waiters: list = []  # CellWaiter, in arrival order
@@ -93,6 +99,11 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                         policy.name)
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3
+        # Prometheus: the counters and histograms are updated where each event happens; the
+        # daemon serves the registry and sets metrics_address (GetClusterStatus, /sd).
+        self.metrics = GlobalSchedulerMetrics(self.metrics_snapshot, policy=policy.name,
+                                              version=__version__)
+        self.metrics_address = ""
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -111,6 +122,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                     self._add_host(host_id, doc["address"], doc["instance_id"], capacity,
                                    doc["gpus"], doc["virtual_gpus"],
                                    doc.get("prewarm_pool_target", doc.get("prewarm_pool_size", 0)))
+                    self.hosts[host_id].metrics_address = doc.get("metrics_address", "")
                 except (KeyError, ValueError, AccountingError) as exc:
                     log.error("registry: skipping host %s: %s", host_id, exc)
             for kernel_id, doc in kernels.items():
@@ -128,12 +140,15 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                             dict(doc.get("env", {})), next_replica_id=doc["next_replica_id"],
                             created_unix=doc.get("created_unix", time.time()),
                             raft_removals=list(doc.get("raft_removals", [])),
+                            removal_addresses={int(k): str(v) for k, v in
+                                               doc.get("removal_addresses", {}).items()},
                             checkpoint_count=int(doc.get("checkpoint_count", 0)),
                             kernel_info=doc.get("kernel_info"))
         for rdoc in doc["replicas"]:
             link = ReplicaLink.from_doc(rdoc)
             if link.host_id not in self.hosts:
                 entry.raft_removals.append(link.replica_id)
+                entry.removal_addresses[link.replica_id] = link.raft_address
                 continue  # its host is gone: the replacement logic below restores the count
             replica = self.cluster.place_replica(kernel_id, link.replica_id, link.host_id)
             replica.state = ReplicaState.RUNNING

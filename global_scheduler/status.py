@@ -7,6 +7,7 @@ import grpc
 
 from notebookos.cluster import ReplicaState
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.metrics import ClusterSnapshot
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto.convert import resource_spec_to_proto
 
@@ -93,7 +94,8 @@ class StatusMixin:
                     gpus_pending=host.pending.gpus,
                     subscription_ratio=host.subscription_ratio(self.replicas_per_kernel),
                     prewarm_pool_size=link.prewarm_pool_size,
-                    last_heartbeat_unix=link.last_heartbeat, draining=link.draining))
+                    last_heartbeat_unix=link.last_heartbeat, draining=link.draining,
+                    metrics_address=link.metrics_address))
             limit = getattr(self.policy, "subscription_ratio_limit", 0.0)
             return global_scheduler_pb2.ClusterStatus(
                 hosts=hosts, kernels=[self._kernel_status(e) for e in self.kernels.values()],
@@ -101,4 +103,52 @@ class StatusMixin:
                 subscription_ratio_limit=float(limit or 0.0),
                 gpus_total=self.cluster.total_gpus, gpus_committed=self.cluster.committed_gpus,
                 gpus_pending=sum(h.pending.gpus for h in self.cluster.hosts.values()),
-                scheduler_instance_id=self.instance_id)
+                scheduler_instance_id=self.instance_id, metrics_address=self.metrics_address)
+
+    # -- Prometheus ---------------------------------------------------------------------------
+
+    def metrics_snapshot(self) -> ClusterSnapshot:
+        """The cluster gauges of ``notebookos.metrics``, read at each scrape."""
+        with self.lock:
+            hosts = {"active": 0, "draining": 0}
+            for link in self.hosts.values():
+                hosts["draining" if link.draining else "active"] += 1
+            kernels: dict[str, int] = {}
+            queued = 0
+            for entry in self.kernels.values():
+                waiting = self.queued_cells(entry.kernel_id) if self.per_cell else 0
+                queued += waiting
+                state = entry.state
+                if state in ("idle", "parked") and (entry.executions or waiting):
+                    state = "busy"
+                kernels[state] = kernels.get(state, 0) + 1
+            cluster = self.cluster
+            limit = getattr(self.policy, "subscription_ratio_limit", 0.0)
+            return ClusterSnapshot(
+                hosts=hosts, kernels=kernels, gpus_total=cluster.total_gpus,
+                gpus_committed=cluster.committed_gpus,
+                gpus_pending=sum(h.pending.gpus for h in cluster.hosts.values()),
+                gpus_subscribed=float(cluster.subscribed_gpus),
+                replicas_per_kernel=self.replicas_per_kernel,
+                subscription_ratio_limit=float(limit or 0.0),
+                prewarm_pool_size=sum(link.prewarm_pool_size for link in self.hosts.values()),
+                prewarm_pool_target=sum(link.prewarm_pool_target
+                                        for link in self.hosts.values()),
+                queued_cells=queued,
+                replicas=sum(len(k.replicas) for k in cluster.kernels.values()))
+
+    def service_discovery(self) -> list[dict]:
+        """Prometheus HTTP service discovery (``http_sd_configs``): one target group per
+        daemon serving ``/metrics``, so one scrape configuration follows hosts that come and go.
+        """
+        groups = []
+        if self.metrics_address:
+            groups.append({"targets": [self.metrics_address],
+                           "labels": {"notebookos_role": "global_scheduler"}})
+        with self.lock:
+            for host_id, link in sorted(self.hosts.items()):
+                if link.metrics_address:
+                    groups.append({"targets": [link.metrics_address],
+                                   "labels": {"notebookos_role": "local_scheduler",
+                                              "host_id": host_id}})
+        return groups

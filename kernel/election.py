@@ -16,8 +16,14 @@ Rules (issue 3):
   Since the sticky rule ignores every other proposal, a replica may vote as soon as the previous
   executor's LEAD is committed; and once the previous executor has yielded (or is gone, or there
   is none), the first committed LEAD cannot be outranked, so it may vote at once as well.
-  The book applies that as an implicit vote: a committed LEAD from the previous executor (still
-  a member) decides at once, unless a VOTE was committed before it.
+  The book applies that as an implicit vote: a committed LEAD from the previous executor (not
+  removed from the group) decides at once, unless a VOTE was committed before it.
+- Every transition depends on the records alone, never on the member map a replica started
+  with: a replacement starts with the *current* members (``--peers``) yet replays the log from
+  its beginning, when the members were others. (The sticky rule once asked "is the previous
+  executor a member?": on a replacement the founding executor was not, so the cells it decided
+  by its sticky LEAD stayed undecided there, their state updates were dropped, and the
+  replacement later ran cells without that state: issues 11 and 19.)
 - The first committed VOTE decides. A non-silent decided cell takes the next execution_count.
 - The executor's COMPLETION ends the election (its sync update rides on it); an ABORT committed
   first (executor presumed dead) fails the cell instead, and a later COMPLETION is ignored.
@@ -87,7 +93,10 @@ class ElectionBook:
     """All elections of one kernel, the member list, the term and the execution counter."""
 
     def __init__(self, members: dict[int, str]) -> None:
+        # the current members: a local view (a replacement starts with today's members), used for
+        # timing and addresses only, never by a transition (see the module docstring)
         self.members: dict[int, str] = dict(members)
+        self.removed: set[int] = set()  # replica ids a committed MemberRemoved took out
         self.term = 0
         self.execution_count = 0
         self.last_executor: int | None = None
@@ -123,9 +132,11 @@ class ElectionBook:
             return self._apply_abort(record)
         if isinstance(record, MemberAdded):
             self.members[record.replica_id] = record.address
+            self.removed.discard(record.replica_id)
             return Applied(membership_changed=True)
         if isinstance(record, MemberRemoved):
             self.members.pop(record.replica_id, None)
+            self.removed.add(record.replica_id)
             return Applied(membership_changed=True)
         if isinstance(record, Checkpointed):
             if record.execution_count > self.checkpoint_count:
@@ -165,9 +176,10 @@ class ElectionBook:
             election.proposals[p.replica_id] = p.kind
             if p.kind == LEAD:
                 election.leads.append(p.replica_id)
-                if p.replica_id == self.last_executor and self.last_executor in self.members:
+                if p.replica_id == self.last_executor and p.replica_id not in self.removed:
                     # sticky fast path: every vote would name the previous executor now, so its
-                    # committed LEAD decides at once (an implicit first vote, one commit saved)
+                    # committed LEAD decides at once (an implicit first vote, one commit saved).
+                    # "Not removed", not "a member": only records decide (module docstring)
                     return self._decide(election, p.replica_id, voter=p.replica_id)
         return Applied(election=election)
 

@@ -116,6 +116,9 @@ class RaftLog:
             connectionTimeout=10.0,  # a busy executor (GIL held by a big pickle) is not dead;
             # a killed one closes its sockets and is seen at once
             connectionRetryTime=0.2,
+            # a peer named by a replica container (docker launcher) may not resolve until its
+            # container exists: retry the lookup soon instead of after pysyncobj's default 30 s
+            dnsFailCacheTime=0.5,
             leaderFallbackTimeout=5.0,
             commandsWaitLeader=True,
             onReady=on_ready,

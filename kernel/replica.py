@@ -167,6 +167,9 @@ class ReplicaKernel(IPythonKernel):
         self._rebuilding = False
         self.restore_notes: list[str] = []
         self._restoring = bool(self.restore_from_checkpoint)
+        # whether the namespace holds the store checkpoint a rebuilt group starts from: founders
+        # of a rebuilt group load it at start; a replacement that joins one, before its updates
+        self._base_loaded = bool(self.restore_from_checkpoint)
         self._raft_ready = threading.Event()
         self.sync = StateSync(
             store_url=self.store_url,
@@ -294,6 +297,14 @@ class ReplicaKernel(IPythonKernel):
     # ---- applying others' state updates, in log order -----------------------------------------
     async def _drain_applies(self) -> None:
         while True:
+            if self._needs_base_checkpoint():
+                self._rebuilding = True
+                try:
+                    await self._load_base_checkpoint()
+                finally:
+                    self._rebuilding = False
+                    self._notify()
+                continue
             if self._restore_needed:
                 self._rebuilding = True
                 self._restore_needed = False
@@ -321,6 +332,30 @@ class ReplicaKernel(IPythonKernel):
                     self._applies_pending -= 1
                 self._notify()
 
+    def _needs_base_checkpoint(self) -> bool:
+        """A replacement that joined a group rebuilt from a store checkpoint: the group's log
+        starts at that checkpoint (its ``Restored`` record), so what the checkpoint holds and no
+        later cell changed (an imported module, a function) is only in the store. It is loaded
+        before the first update of the log is applied (updates commit after ``Restored``)."""
+        if self._base_loaded:
+            return False
+        with self.raft.lock:
+            return self.raft.book.restored_from is not None
+
+    async def _load_base_checkpoint(self) -> None:
+        self._base_loaded = True
+        try:
+            count, failed = await asyncio.to_thread(
+                self.sync.restore_checkpoint, self.shell.user_ns
+            )
+        except Exception as exc:  # noqa: BLE001 - reported; the log's updates still apply
+            self.log.error("could not load the checkpoint this group was rebuilt from: %s", exc)
+            return
+        for name in failed:
+            self.log.error("%r could not be restored from the checkpoint", name)
+        self.log.info("joined a group rebuilt from a checkpoint: loaded the checkpoint of "
+                      "cell %d before the log's updates", count)
+
     async def _rebuild_after_snapshot(self) -> None:
         """A Raft snapshot replaced the book: rebuild the namespace from the store's checkpoint
         plus the updates the book keeps after it; later records arrive through the queue."""
@@ -329,6 +364,7 @@ class ReplicaKernel(IPythonKernel):
             updates = [u for _c, _e, u in self.raft.book.updates]
             self._applies.clear()
             self._applies_pending = 0
+        self._base_loaded = True  # the snapshot's checkpoint covers the rebuilt group's base
         self.log.info("rebuilding from a Raft snapshot: checkpoint of cell %d + %d updates",
                       checkpoint_count, len(updates))
         if checkpoint_count:

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import grpc
 
+from notebookos import __version__
 from notebookos.config import Config
 from notebookos.local_scheduler.gpus import detect_gpus
 from notebookos.local_scheduler.gs_link import GlobalSchedulerLink
-from notebookos.local_scheduler.launcher import ProcessLauncher
-from notebookos.local_scheduler.prewarm import PrewarmPool
+from notebookos.local_scheduler.launcher import ExitCallback, Launcher, ProcessLauncher
+from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmPool
 from notebookos.local_scheduler.service import HostInfo, LocalSchedulerService
+from notebookos.metrics import LocalSchedulerMetrics, MetricsServer
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 
 log = logging.getLogger(__name__)
@@ -39,25 +41,57 @@ class LocalSchedulerDaemon:
         if port == 0:
             raise OSError(f"cannot bind the Local Scheduler's gRPC port {ls.host}:{ls.grpc_port}")
         self.address = f"{ls.host}:{port}"
+        docker = None
+        if ls.launcher == "docker":
+            from notebookos.local_scheduler import docker_launcher
+
+            docker = docker_launcher.connect()
+            host_id = host_id or ls.host_id or docker_launcher.default_host_id(docker)
         self.host_id = host_id or ls.host_id or f"{socket.gethostname()}-{port}"
-        gpus, virtual = detect_gpus(ls.virtual_gpus, ls.vram_gb_per_gpu)
+        if docker is not None:
+            gpus, virtual = docker_launcher.detect_gpus(docker, ls.docker_image,
+                                                        ls.virtual_gpus, ls.vram_gb_per_gpu)
+        else:
+            gpus, virtual = detect_gpus(ls.virtual_gpus, ls.vram_gb_per_gpu)
+        # /metrics is bound before the host registers, so the Global Scheduler learns its address
+        self.metrics = LocalSchedulerMetrics(lambda: self.service.metrics_snapshot(),
+                                             host_id=self.host_id, version=__version__)
+        try:
+            self.metrics_server = MetricsServer(self.metrics.registry, ls.host, ls.metrics_port)
+        except OSError as exc:
+            self.server.stop(None)
+            raise OSError(f"cannot bind the Local Scheduler's metrics port {ls.host}:"
+                          f"{ls.metrics_port}: {exc}") from exc
         host = HostInfo(
             host_id=self.host_id, address=self.address,
             millicpus=ls.millicpus or (os.cpu_count() or 1) * 1000,
             memory_mb=ls.memory_mb or _total_memory_mb(), gpus=gpus, virtual_gpus=virtual,
+            metrics_address=self.metrics_server.address,
         )
         workdir = Path(config.state_path) / "local_scheduler" / self.host_id
-        self.pool = PrewarmPool(ls.replica_module, ls.prewarm_pool_size)
+
+        def make_launcher(on_exit: ExitCallback) -> Launcher:
+            if docker is None:
+                return ProcessLauncher(workdir, on_exit, ip=ls.host, module=ls.replica_module)
+            return docker_launcher.DockerLauncher(
+                docker, on_exit, host_id=self.host_id, image=ls.docker_image,
+                network=ls.docker_network, user=ls.docker_user, module=ls.replica_module,
+                gpu_device_ids=[] if virtual else [g.device_id for g in gpus],
+                pass_env=[n.strip() for n in ls.docker_pass_env.split(",") if n.strip()])
+
+        self.pool = PrewarmPool(self._start_prewarmed, ls.prewarm_pool_size)
         self._stopped = threading.Event()
         self.service = LocalSchedulerService(
-            host,
-            lambda on_exit: ProcessLauncher(workdir, on_exit, ip=ls.host, module=ls.replica_module),
-            self.pool, self._report, stop_grace_period_s=ls.stop_grace_period_s,
-            on_shutdown=self._shutdown_requested,
+            host, make_launcher, self.pool, self._report,
+            stop_grace_period_s=ls.stop_grace_period_s, on_shutdown=self._shutdown_requested,
+            metrics=self.metrics,
         )
         self.link = GlobalSchedulerLink(self.service, ls.global_scheduler,
                                         ls.heartbeat_interval_s, ls.prewarm_pool_size)
         ls_grpc.add_LocalSchedulerServicer_to_server(self.service, self.server)
+
+    def _start_prewarmed(self) -> Prewarmed:
+        return self.service.launcher.start_prewarmed()
 
     def _report(self, event) -> None:  # noqa: ANN001 - a ReplicaEvent message
         self.link.report(event)
@@ -67,7 +101,9 @@ class LocalSchedulerDaemon:
 
     def start(self) -> None:
         self.server.start()
+        self.metrics_server.start()
         self.link.start()
+        self.pool.start()
         gpus = self.service.host.gpus
         log.info("Local Scheduler %s listening on %s with %d %s GPU(s)", self.host_id,
                  self.address, len(gpus), "virtual" if self.service.host.virtual_gpus else "real")
@@ -78,8 +114,10 @@ class LocalSchedulerDaemon:
         self.service.draining = True
         self.service.stop_all()
         self.pool.close()
+        self.service.launcher.close()
         self.link.close(deregister=deregister, reason=reason)
         self.server.stop(grace=1)
+        self.metrics_server.close()
         self._stopped.set()
 
     def wait(self) -> None:

@@ -80,6 +80,7 @@ class GlobalSchedulerLink:
             # the pool size this host keeps (its target), not how many happen to be ready now
             virtual_gpus=host.virtual_gpus, prewarm_pool_size=self.service.pool.target,
             replicas=self.service.replica_statuses(),
+            metrics_address=host.metrics_address,
         )
         try:
             response = self.stub.RegisterHost(request, timeout=5)

@@ -1,9 +1,10 @@
-"""Launching replica processes: the ``Launcher`` interface and the process launcher.
+"""Launching replicas: the ``Launcher`` interface and the process launcher.
 
 A launcher starts one replica with its connection file and Raft settings, reports its exit through
-``on_exit`` the moment it happens, and stops or interrupts it. The process launcher starts each
-replica in its own process group (so a stop reaches everything it spawned), either cold
-(``python -m MODULE ...``) or by promoting a prewarmed process from the pool.
+``on_exit`` the moment it happens, stops or interrupts it, and starts the prewarmed replicas the
+pool keeps. The process launcher starts each replica in its own process group (so a stop reaches
+everything it spawned), either cold (``python -m MODULE ...``) or by promoting a prewarmed process
+from the pool. The Docker launcher (``docker_launcher.py``) runs each replica in a container.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from notebookos.local_scheduler import spawn
-from notebookos.local_scheduler.prewarm import PrewarmedProcess
+from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
 from notebookos.ports import free_ports
+from notebookos.resources import ResourceSpec
 
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
@@ -46,6 +49,14 @@ class ReplicaSpec:
         return f"{self.kernel_id}/{self.replica_id}"
 
 
+class ReplicaProcess(Protocol):
+    """What the service needs of a running replica: ``subprocess.Popen`` has it."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
 @dataclass
 class LaunchedReplica:
     spec: ReplicaSpec
@@ -54,27 +65,72 @@ class LaunchedReplica:
     ports: dict[str, int]
     raft_address: str
     from_prewarm_pool: bool
-    log_path: Path
-    process: subprocess.Popen
+    log_path: Path | None
+    process: ReplicaProcess
     started_unix: float = field(default_factory=time.time)
 
 
 ExitCallback = Callable[[LaunchedReplica, int], None]
 
 
+def replica_argv(spec: ReplicaSpec, connection_file: str,
+                 kernel_class: str = "ReplicaKernel") -> list[str]:
+    """A replica's arguments after ``python -m MODULE`` (the kernel's documented flags)."""
+    c = kernel_class
+    peers = ",".join(f"{rid}={addr}" for rid, addr in spec.peers)
+    args = [
+        "-f", connection_file,
+        f"--{c}.kernel_id={spec.kernel_id}",
+        f"--{c}.replica_id={spec.replica_id}",
+        f"--{c}.raft_address={spec.raft_address}",
+        f"--{c}.peers={peers}",
+        f"--{c}.store_url={spec.store_url}",
+    ]
+    if spec.join:
+        args.append(f"--{c}.join=True")
+    if spec.restore_from_checkpoint:
+        args.append(f"--{c}.restore_from_checkpoint=True")
+    return args
+
+
+def connection_document(ip: str, ports: dict[str, int], spec: ReplicaSpec) -> dict:
+    """The Jupyter connection file of a replica."""
+    return {"ip": ip, "transport": "tcp", **ports, "key": spec.key,
+            "signature_scheme": spec.signature_scheme, "kernel_name": spec.kernel_name}
+
+
 class Launcher(ABC):
-    """Starts, stops and watches replica processes of one host."""
+    """Starts, stops and watches the replicas of one host."""
 
     @abstractmethod
     def launch(
-        self, spec: ReplicaSpec, prewarmed: PrewarmedProcess | None = None
-    ) -> LaunchedReplica: ...
+        self, spec: ReplicaSpec, prewarmed: Prewarmed | None = None,
+        resources: ResourceSpec | None = None,
+    ) -> LaunchedReplica:
+        """Start a replica (from ``prewarmed`` when given); ``resources`` is its request."""
 
     @abstractmethod
     def stop(self, replica: LaunchedReplica, grace_period_s: float) -> int: ...
 
     @abstractmethod
     def interrupt(self, replica: LaunchedReplica) -> None: ...
+
+    @abstractmethod
+    def start_prewarmed(self) -> Prewarmed:
+        """Start one prewarmed replica for the pool and wait until it is ready.
+
+        Raises OSError or RuntimeError with a message when it cannot."""
+
+    def log_tail(self, replica: LaunchedReplica, limit: int = 2000) -> str:
+        """The last ``limit`` characters the replica wrote."""
+        return log_tail(replica.log_path, limit) if replica.log_path is not None else ""
+
+    def recover(self) -> list[tuple[LaunchedReplica, ResourceSpec]]:
+        """Replicas a previous run of this Local Scheduler left running, now watched again."""
+        return []
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release what the launcher holds (not the replicas: ``stop`` them first)."""
 
 
 class ProcessLauncher(Launcher):
@@ -100,35 +156,24 @@ class ProcessLauncher(Launcher):
 
     def argv(self, spec: ReplicaSpec, connection_file: Path) -> list[str]:
         """The replica's arguments after ``python -m MODULE`` (the kernel's documented flags)."""
-        c = self.kernel_class
-        peers = ",".join(f"{rid}={addr}" for rid, addr in spec.peers)
-        args = [
-            "-f", str(connection_file),
-            f"--{c}.kernel_id={spec.kernel_id}",
-            f"--{c}.replica_id={spec.replica_id}",
-            f"--{c}.raft_address={spec.raft_address}",
-            f"--{c}.peers={peers}",
-            f"--{c}.store_url={spec.store_url}",
-        ]
-        if spec.join:
-            args.append(f"--{c}.join=True")
-        if spec.restore_from_checkpoint:
-            args.append(f"--{c}.restore_from_checkpoint=True")
-        return args
+        return replica_argv(spec, str(connection_file), self.kernel_class)
+
+    def start_prewarmed(self) -> PrewarmedProcess:
+        return start_prewarm_process(self.python, self.module)
 
     def launch(
-        self, spec: ReplicaSpec, prewarmed: PrewarmedProcess | None = None
+        self, spec: ReplicaSpec, prewarmed: Prewarmed | None = None,
+        resources: ResourceSpec | None = None,
     ) -> LaunchedReplica:
+        if prewarmed is not None and not isinstance(prewarmed, PrewarmedProcess):
+            raise TypeError(f"the process launcher cannot promote {prewarmed!r}")
         raft_port = spec.raft_address.rpartition(":")[2]
         exclude = {int(raft_port)} if raft_port.isdigit() else set()
         drawn = free_ports(len(PORT_NAMES), self.ip, exclude=exclude)
         ports = dict(zip(PORT_NAMES, drawn, strict=True))
         name = f"{spec.kernel_id}-{spec.replica_id}-{int(time.time() * 1000)}"
         connection_file = self.workdir / f"{name}.json"
-        connection_file.write_text(json.dumps({
-            "ip": self.ip, "transport": "tcp", **ports, "key": spec.key,
-            "signature_scheme": spec.signature_scheme, "kernel_name": spec.kernel_name,
-        }))
+        connection_file.write_text(json.dumps(connection_document(self.ip, ports, spec)))
         connection_file.chmod(0o600)
         log_path = self.workdir / f"{name}.log"
         argv = self.argv(spec, connection_file)
@@ -149,6 +194,7 @@ class ProcessLauncher(Launcher):
         return replica
 
     def _watch(self, replica: LaunchedReplica) -> None:
+        assert isinstance(replica.process, subprocess.Popen)
         code = replica.process.wait()
         try:
             self.on_exit(replica, code)
@@ -160,6 +206,7 @@ class ProcessLauncher(Launcher):
 
     def stop(self, replica: LaunchedReplica, grace_period_s: float) -> int:
         proc = replica.process
+        assert isinstance(proc, subprocess.Popen)
         if proc.poll() is None:
             _signal_group(proc.pid, signal.SIGTERM)
             try:

@@ -1,5 +1,10 @@
-"""The prewarm pool: replica processes started ahead (interpreter up, heavy imports done) that
-``StartReplica`` promotes instead of starting a replica cold."""
+"""The prewarm pool: replicas started ahead (interpreter up, heavy imports done) that
+``StartReplica`` promotes instead of starting a replica cold.
+
+The pool only counts and refills; what a prewarmed replica is (a waiting process, a waiting
+container) is the launcher's business: the pool calls the launcher's ``start_prewarmed`` and hands
+what it returns back to the launcher's ``launch``.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,24 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from notebookos.local_scheduler import spawn
 
 log = logging.getLogger(__name__)
+
+
+class Prewarmed(Protocol):
+    """One prewarmed replica waiting in the pool."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    def discard(self) -> None: ...
 
 
 class PrewarmedProcess:
@@ -43,22 +59,48 @@ class PrewarmedProcess:
         self.process.wait(timeout=10)
 
 
-class PrewarmPool:
-    """Keeps ``target`` prewarmed processes ready; refills in a background thread."""
+def start_prewarm_process(python: str, module: str) -> PrewarmedProcess:
+    """Start ``prewarm_main MODULE`` and wait for its ``ready`` line."""
+    proc = spawn.popen(
+        [python, "-m", "notebookos.local_scheduler.prewarm_main", module],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "ready" once the imports are done
+    proc.stdout.close()
+    prewarmed = PrewarmedProcess(proc)
+    if line.strip() != b"ready":
+        prewarmed.discard()
+        raise RuntimeError("a prewarm process failed to start")
+    return prewarmed
 
-    def __init__(self, module: str, target: int, python: str = sys.executable,
-                 ready_timeout_s: float = 60.0) -> None:
-        self.module = module
-        self.python = python
+
+class PrewarmPool:
+    """Keeps ``target`` prewarmed replicas ready; refills in one background thread.
+
+    ``starter`` makes one prewarmed replica (blocking until it is ready) or raises OSError or
+    RuntimeError with a message, which ``status`` reports until a start succeeds again.
+
+    A refill waits ``refill_delay_s`` after a take: the replica just promoted is still starting
+    (loading its state, answering its first cell), and on a small host a refill's imports would
+    compete with it for the CPU (measured: benchmarks/deploy.py, docs/performance.md).
+    """
+
+    def __init__(self, starter: Callable[[], Prewarmed], target: int,
+                 refill_delay_s: float = 2.0) -> None:
+        self.starter = starter
         self.target = target
-        self.ready_timeout_s = ready_timeout_s
-        self._ready: list[PrewarmedProcess] = []
+        self.refill_delay_s = refill_delay_s
+        self._refill_at = 0.0
+        self._ready: list[Prewarmed] = []
         self._starting = 0
         self._message = ""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="prewarm-pool")
+
+    def start(self) -> None:
         self._thread.start()
 
     def status(self) -> tuple[int, int, int, str]:
@@ -76,11 +118,12 @@ class PrewarmPool:
             p.discard()
         self._wake.set()
 
-    def take(self) -> PrewarmedProcess | None:
+    def take(self) -> Prewarmed | None:
         with self._lock:
             while self._ready:
                 p = self._ready.pop(0)
                 if p.alive:
+                    self._refill_at = time.monotonic() + self.refill_delay_s
                     self._wake.set()
                     return p
         return None
@@ -95,6 +138,11 @@ class PrewarmPool:
 
     def _run(self) -> None:
         while not self._closed:
+            pause = self._refill_at - time.monotonic()
+            if pause > 0:
+                self._wake.wait(timeout=pause)
+                self._wake.clear()
+                continue
             with self._lock:
                 self._ready = [p for p in self._ready if p.alive]
                 missing = self.target - len(self._ready) - self._starting
@@ -109,28 +157,19 @@ class PrewarmPool:
             self._wake.clear()
 
     def _start_one(self) -> None:
-        proc = None
         try:
-            proc = spawn.popen(
-                [self.python, "-m", "notebookos.local_scheduler.prewarm_main", self.module],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            )
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # "ready" once the imports are done
-            proc.stdout.close()
-            ok = line.strip() == b"ready"
+            prewarmed = self.starter()
+        except (OSError, RuntimeError) as exc:
             with self._lock:
                 self._starting -= 1
-                if ok and not self._closed:
-                    self._ready.append(PrewarmedProcess(proc))
-                    self._message = ""
-                    proc = None
-                else:
-                    self._message = "" if self._closed else "a prewarm process failed to start"
-        except OSError as exc:
-            with self._lock:
-                self._starting -= 1
-                self._message = f"cannot start a prewarm process: {exc}"
-        finally:
-            if proc is not None:
-                PrewarmedProcess(proc).discard()
+                self._message = "" if self._closed else f"cannot start a prewarmed replica: {exc}"
+            log.warning("%s", self._message)
+            return
+        with self._lock:
+            self._starting -= 1
+            keep = not self._closed
+            if keep:
+                self._ready.append(prewarmed)
+                self._message = ""
+        if not keep:
+            prewarmed.discard()

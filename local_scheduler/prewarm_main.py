@@ -1,10 +1,15 @@
-"""A prewarmed replica process: the interpreter is up and the heavy imports are done.
+"""A prewarmed replica: the interpreter is up and the heavy imports are done.
 
 Started by the Local Scheduler's prewarm pool as ``python -m notebookos.local_scheduler.prewarm_main
-MODULE``. It imports what a replica needs, prints ``ready`` on stdout and waits for one JSON line
-on stdin: ``{"argv": [...], "env": {...}, "log": PATH}``. It then sends its output to ``log`` and
-runs ``MODULE`` as ``__main__`` with that argv, exactly as a cold ``python -m MODULE ...`` would.
-EOF closes the pool's pipe: the process exits.
+[--order-file PATH] MODULE``. It imports what a replica needs, prints ``ready`` on stdout and waits
+for its order, a JSON object ``{"argv": [...], "env": {...}, "log": PATH}`` (``log`` optional):
+
+- a process (the process launcher) reads one JSON line on stdin; EOF means the pool closed its
+  pipe, and the process exits;
+- a container (the Docker launcher) watches ``--order-file``, which the Local Scheduler copies in.
+
+It then sends its output to ``log`` (when given) and runs ``MODULE`` as ``__main__`` with that argv,
+exactly as a cold ``python -m MODULE ...`` would.
 """
 
 from __future__ import annotations
@@ -14,16 +19,31 @@ import json
 import os
 import runpy
 import sys
+import time
 
 from notebookos.local_scheduler.spawn import die_with_parent
 
 HEAVY_IMPORTS = ("zmq", "ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "cloudpickle",
                  "pysyncobj", "numpy")
+USAGE = "usage: python -m notebookos.local_scheduler.prewarm_main [--order-file PATH] MODULE"
+
+
+def wait_for_order_file(path: str, poll_s: float = 0.01) -> dict:
+    """The order once ``path`` holds a complete JSON object (it may be seen half-written)."""
+    while True:
+        try:
+            with open(path) as f:
+                return json.loads(f.read())
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(poll_s)
 
 
 def main(argv: list[str]) -> int:
+    order_file = None
+    if len(argv) == 3 and argv[0] == "--order-file":
+        order_file, argv = argv[1], argv[2:]
     if len(argv) != 1:
-        print("usage: python -m notebookos.local_scheduler.prewarm_main MODULE", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     module = argv[0]
     die_with_parent()
@@ -34,13 +54,17 @@ def main(argv: list[str]) -> int:
             pass
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    line = sys.stdin.readline()
-    if not line:
-        return 0
-    order = json.loads(line)
-    log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
+    if order_file is not None:
+        order = wait_for_order_file(order_file)
+    else:
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        order = json.loads(line)
+    if order.get("log"):
+        log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.environ.update(order.get("env", {}))

@@ -13,8 +13,9 @@ import grpc
 
 from notebookos.local_scheduler.binding import GpuBinder
 from notebookos.local_scheduler.gpus import Gpu
-from notebookos.local_scheduler.launcher import LaunchedReplica, Launcher, ReplicaSpec, log_tail
+from notebookos.local_scheduler.launcher import LaunchedReplica, Launcher, ReplicaSpec
 from notebookos.local_scheduler.prewarm import PrewarmPool
+from notebookos.metrics import HostSnapshot, LocalSchedulerMetrics
 from notebookos.ports import free_ports
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
@@ -36,6 +37,7 @@ class ReplicaEntry:
     state: int = RS.REPLICA_STATE_STARTING
     stopping: bool = False
     last_cell_device_ids: list[int] = field(default_factory=list)
+    launched_at: float = field(default_factory=time.monotonic)
 
     @property
     def spec(self) -> ReplicaSpec:
@@ -50,6 +52,7 @@ class HostInfo:
     memory_mb: int
     gpus: list[Gpu]
     virtual_gpus: bool
+    metrics_address: str = ""  # host:port of this LS's Prometheus /metrics; empty: none
 
     @property
     def capacity(self) -> ResourceSpec:
@@ -71,8 +74,11 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         stop_grace_period_s: float = 5.0,
         ready_timeout_s: float = 120.0,
         on_shutdown: Callable[[str], None] | None = None,
+        metrics: LocalSchedulerMetrics | None = None,
     ) -> None:
         self.host = host
+        self.metrics = metrics or LocalSchedulerMetrics(self.metrics_snapshot,
+                                                        host_id=host.host_id)
         self.launcher = launcher_factory(self._replica_exited)
         self.pool = pool
         self.binder = GpuBinder([g.device_id for g in host.gpus])
@@ -85,6 +91,16 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         self.instance_id = ""
         self._replicas: dict[tuple[str, int], ReplicaEntry] = {}
         self._lock = threading.RLock()
+        self._recover()
+
+    def _recover(self) -> None:
+        """Take back the replicas a previous run of this Local Scheduler left running (replica
+        containers outlive a crashed Local Scheduler; processes do not)."""
+        for launched, resources in self.launcher.recover():
+            entry = ReplicaEntry(launched, resources, state=RS.REPLICA_STATE_IDLE)
+            self._replicas[(launched.spec.kernel_id, launched.spec.replica_id)] = entry
+            log.info("recovered replica %s (pid %d) from a previous run", launched.spec.owner,
+                     launched.pid)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -121,7 +137,21 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
                   for g in h.gpus],
             virtual_gpus=h.virtual_gpus, gpus_committed=h.capacity.gpus - self.binder.idle,
             subscription_ratio=sr, prewarm_pool_size=ready, draining=self.draining,
+            metrics_address=h.metrics_address,
         )
+
+    def metrics_snapshot(self) -> HostSnapshot:
+        """The host gauges of ``notebookos.metrics``, read at each scrape."""
+        target, ready, _, _ = self.pool.status()
+        with self._lock:
+            states: dict[str, int] = {}
+            for e in self._replicas.values():
+                name = RS.Name(e.state).removeprefix("REPLICA_STATE_").lower()
+                states[name] = states.get(name, 0) + 1
+        return HostSnapshot(
+            gpus_total=self.binder.total, gpus_committed=self.binder.total - self.binder.idle,
+            gpus_subscribed=float(self.subscribed().gpus), replicas=states,
+            prewarm_pool_size=ready, prewarm_pool_target=target, draining=self.draining)
 
     # -- replica life cycle -----------------------------------------------------------------
 
@@ -187,8 +217,11 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"host {self.host.host_id} has no prewarmed process ready")
             try:
-                launched = self.launcher.launch(spec, prewarmed)
-            except OSError as exc:
+                launched = self.launcher.launch(spec, prewarmed, resources)
+            except (OSError, RuntimeError) as exc:
+                self.metrics.replica_starts.labels(
+                    source="prewarm_pool" if prewarmed is not None else "cold",
+                    outcome="failed").inc()
                 context.abort(grpc.StatusCode.INTERNAL, f"could not start the replica: {exc}")
             entry = ReplicaEntry(launched, resources)
             self._replicas[(spec.kernel_id, spec.replica_id)] = entry
@@ -199,12 +232,13 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             connection=common_pb2.ConnectionInfo(ip=launched.ip, transport="tcp",
                                                  **launched.ports),
             pid=launched.pid, from_prewarm_pool=launched.from_prewarm_pool,
-            raft_address=raft_address,
+            raft_address=launched.raft_address,
         )
 
     def _await_ready(self, entry: ReplicaEntry) -> None:
         """A replica is ready once its shell socket accepts connections; report STARTED."""
         launched = entry.launched
+        source = "prewarm_pool" if launched.from_prewarm_pool else "cold"
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline and launched.process.poll() is None:
             try:
@@ -212,8 +246,12 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
                     break
             except OSError:
                 time.sleep(0.05)
-        else:
-            return  # exited (reported by the watcher) or never bound (the GS times out)
+        else:  # exited (reported by the watcher) or never bound (the GS times out)
+            self.metrics.replica_starts.labels(source=source, outcome="failed").inc()
+            return
+        self.metrics.replica_starts.labels(source=source, outcome="succeeded").inc()
+        self.metrics.replica_start.labels(source=source).observe(
+            time.monotonic() - entry.launched_at)
         with self._lock:
             if entry.state == RS.REPLICA_STATE_STARTING:
                 entry.state = RS.REPLICA_STATE_IDLE
@@ -227,12 +265,13 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
                 return
             del self._replicas[key]
         self.binder.release_owner(launched.spec.owner)
+        self.metrics.replica_exits.labels(cause="stopped" if entry.stopping else "died").inc()
         if entry.stopping:
             kind = global_scheduler_pb2.REPLICA_EVENT_KIND_EXITED
             message = ""
         else:
             kind = global_scheduler_pb2.REPLICA_EVENT_KIND_DIED
-            message = log_tail(launched.log_path, 1500)
+            message = self.launcher.log_tail(launched, 1500)
             log.warning("replica %s (pid %d) died with exit code %d", launched.spec.owner,
                         launched.pid, code)
         self._emit(entry, kind, code, message)
@@ -319,6 +358,8 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
                           f"replica {entry.spec.owner} is not running")
         result = self.binder.commit(entry.spec.owner, request.request_id, request.gpus,
                                     list(request.preferred_device_ids))
+        self.metrics.gpu_commits.labels(
+            outcome="committed" if result.committed else "refused").inc()
         if result.committed:
             entry.state = RS.REPLICA_STATE_EXECUTING
             entry.last_cell_device_ids = list(result.device_ids)

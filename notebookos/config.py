@@ -75,8 +75,23 @@ def setting(
     default: Any,
     help: str,  # noqa: A002 - the natural name in declarations
     check: Callable[[Any], str | None] | None = None,
+    secret: bool = False,
 ) -> Any:
-    return field(default=default, metadata={"help": help, "check": check})
+    """``secret``: the value is never printed (``config show``, error messages)."""
+    return field(default=default, metadata={"help": help, "check": check, "secret": secret})
+
+
+SECRET_MASK = "********"
+
+
+def _join_token_value(value: str) -> str | None:
+    if value == "" or (len(value) >= 16 and value.isprintable() and value.strip() == value):
+        return None
+    return "empty (read security.join_token_file) or at least 16 printable characters"
+
+
+def _absolute_or_empty(value: str) -> str | None:
+    return None if value == "" or Path(value).is_absolute() else "an absolute path, or empty"
 
 
 # -- sections --------------------------------------------------------------------------------
@@ -104,6 +119,10 @@ class ClusterSettings:
 class GlobalSchedulerSettings:
     host: str = setting("127.0.0.1", "Address the Global Scheduler binds (gRPC and kernel fronts).")
     grpc_port: int = setting(8079, "gRPC port of the Global Scheduler.", _port)
+    metrics_port: int = setting(
+        0, "Port of the Global Scheduler's Prometheus endpoint (`/metrics`, and `/sd`: HTTP "
+        "service discovery of every daemon's endpoint), bound on `host`; 0 picks a free one "
+        "(`notebookos status --json` shows it).", _port)
     registry_redis_url: str = setting(
         "", "Redis URL that keeps the registry across restarts; empty uses a local state file.",
         _optional_redis_url)
@@ -139,12 +158,21 @@ class GlobalSchedulerSettings:
     warm_containers_per_host: int = setting(
         8, "lcp: warm containers (prewarmed replica processes) the Global Scheduler asks every "
         "host to keep; each cell borrows one and the host refills its pool.", _at_least(0))
+    scale_in: str = setting(
+        "empty", "notebookos: which hosts the autoscaler may release: `empty` (holding no "
+        "replica), `idle` (no GPU bound: their standby replicas move to other hosts first) or "
+        "`drain` (as idle here; the simulator adds the prototype's hysteresis). The simulator's "
+        "default is the same (docs/evaluation.md measures the three).",
+        lambda v: None if v in ("empty", "idle", "drain") else "empty, idle or drain")
 
 
 @dataclass(frozen=True)
 class LocalSchedulerSettings:
     host: str = setting("127.0.0.1", "Address this Local Scheduler binds and advertises.")
     grpc_port: int = setting(0, "gRPC port of this Local Scheduler (0 picks a free one).", _port)
+    metrics_port: int = setting(
+        0, "Port of this Local Scheduler's Prometheus `/metrics`, bound on `host`; 0 picks a "
+        "free one (the Global Scheduler's `/sd` and `notebookos status --json` list it).", _port)
     global_scheduler: str = setting("127.0.0.1:8079", "host:port of the Global Scheduler.")
     virtual_gpus: int = setting(
         4, "GPUs to offer when no real GPU is found (nvidia-smi / CUDA).", _at_least(0))
@@ -159,6 +187,26 @@ class LocalSchedulerSettings:
         "notebookos.kernel", "Python module a replica process runs (`python -m MODULE -f FILE`).")
     stop_grace_period_s: float = setting(
         5.0, "Seconds a stopped replica gets between SIGTERM and SIGKILL.", _at_least(0.0))
+    launcher: str = setting(
+        "process", "How replicas run: `process` (a child process of this Local Scheduler) or "
+        "`docker` (a container per replica, made through the Docker engine of this host; see "
+        "docs/deployment.md).",
+        lambda v: None if v in ("process", "docker") else "process or docker")
+    docker_image: str = setting(
+        "notebookos:latest", "docker launcher: the image replica containers run (the NotebookOS "
+        "image, built by scripts/build-image.sh).", lambda v: None if v else "an image name")
+    docker_network: str = setting(
+        "", "docker launcher: the network replica containers join (a user-defined bridge, or an "
+        "attachable overlay under Swarm); empty means the network of this Local Scheduler's own "
+        "container.")
+    docker_user: str = setting(
+        "1000:1000", "docker launcher: the user replica containers run as (never root).",
+        lambda v: None if v and v.split(":")[0] not in ("0", "root") else
+        "a user other than root, e.g. 1000:1000")
+    docker_pass_env: str = setting(
+        "AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,AWS_DEFAULT_REGION,AWS_REGION",
+        "docker launcher: comma-separated environment variables of this Local Scheduler handed to "
+        "every replica container (the large-object store's credentials).")
 
 
 @dataclass(frozen=True)
@@ -176,8 +224,33 @@ class KernelSettings:
 @dataclass(frozen=True)
 class JupyterSettings:
     port: int = setting(8888, "Port of JupyterLab started by `notebookos up`.", _port)
-    token: str = setting("", "Jupyter Server token; empty generates one.")
+    token: str = setting("", "Jupyter Server token; empty generates one.", secret=True)
     open_browser: bool = setting(True, "Open a browser on `notebookos up`.")
+
+
+@dataclass(frozen=True)
+class SecuritySettings:
+    ca_file: str = setting(
+        "", "PEM file of the CA certificate(s) every gRPC peer must be signed by (several CAs may "
+        "be concatenated while rotating); empty means <state_dir>/security/ca.pem, which "
+        "`notebookos up` and the Global Scheduler create on first start.", _absolute_or_empty)
+    cert_file: str = setting(
+        "", "PEM certificate this process presents, as server and as client (mutual TLS); empty "
+        "means <state_dir>/security/node.pem.", _absolute_or_empty)
+    key_file: str = setting(
+        "", "PEM private key of cert_file (keep it mode 0600); empty means "
+        "<state_dir>/security/node-key.pem.", _absolute_or_empty)
+    server_name: str = setting(
+        "notebookos", "Name every gRPC client expects in the server's certificate (a DNS "
+        "subject alternative name); `notebookos security init` puts it in every certificate. "
+        "Empty checks the host part of each address instead.")
+    join_token_file: str = setting(
+        "", "File holding the cluster join token (one per line; the Global Scheduler accepts "
+        "any line, a Local Scheduler presents the first); empty means "
+        "<state_dir>/security/join-token.", _absolute_or_empty)
+    join_token: str = setting(
+        "", "The cluster join token itself, instead of join_token_file (prefer the file: "
+        "environment variables are easier to leak).", _join_token_value, secret=True)
 
 
 @dataclass(frozen=True)
@@ -187,6 +260,7 @@ class Config:
     local_scheduler: LocalSchedulerSettings = field(default_factory=LocalSchedulerSettings)
     kernel: KernelSettings = field(default_factory=KernelSettings)
     jupyter: JupyterSettings = field(default_factory=JupyterSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
 
     @property
     def state_path(self) -> Path:
@@ -215,6 +289,7 @@ class SettingInfo:
     default: Any
     help: str
     check: Callable[[Any], str | None] | None
+    secret: bool = False
 
     @property
     def dotted(self) -> str:
@@ -235,7 +310,8 @@ def settings() -> list[SettingInfo]:
         cls = section.default_factory  # type: ignore[misc]
         for f in dataclasses.fields(cls):
             out.append(SettingInfo(section.name, f.name, _TYPES[str(f.type)], f.default,
-                                   f.metadata["help"], f.metadata["check"]))
+                                   f.metadata["help"], f.metadata["check"],
+                                   f.metadata.get("secret", False)))
     return out
 
 
@@ -254,8 +330,9 @@ def _coerce(info: SettingInfo, value: Any, source: str) -> Any:
     """Turn a raw value (a TOML value, or a string from the environment) into the setting's type."""
 
     def fail(reason: str) -> ConfigError:
+        shown = SECRET_MASK if info.secret else repr(value)
         return ConfigError(
-            f"setting {info.dotted} = {value!r} (from {source}) is not allowed: {reason}"
+            f"setting {info.dotted} = {shown} (from {source}) is not allowed: {reason}"
         )
 
     t = info.type

@@ -32,6 +32,29 @@ def service_missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+def system_binary(name: str, package: str) -> str:
+    """The path of a program from a Debian package scripts/system-deps.sh installs."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        service_missing(f"`{name}` (Debian's {package} package, scripts/system-deps.sh) is not "
+                        "installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """``promtool`` (Debian's prometheus package): lints metrics endpoints."""
+    return system_binary("promtool", "prometheus")
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> str:
+    """The ``prometheus`` server (Debian's prometheus package)."""
+    return system_binary("prometheus", "prometheus")
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """URL of a live Redis server (127.0.0.1:6379, or NOTEBOOKOS_TEST_REDIS_URL)."""

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from notebookos.config import ConfigError, load_config, render_markdown, settings
+from notebookos.config import SECRET_MASK, ConfigError, load_config, render_markdown, settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,15 +33,19 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "check":
         print("configuration is valid")
         return 0
+    doc = config.to_dict()
+    for info in settings():  # tokens are never printed
+        if info.secret and doc[info.section][info.name]:
+            doc[info.section][info.name] = SECRET_MASK
     if args.json:
-        print(json.dumps(config.to_dict(), indent=2))
+        print(json.dumps(doc, indent=2))
         return 0
     section = None
     for info in settings():
         if info.section != section:
             section = info.section
             print(f"{'' if section == settings()[0].section else chr(10)}[{section}]")
-        print(f"{info.name} = {_toml_value(config.get(info.dotted))}")
+        print(f"{info.name} = {_toml_value(doc[info.section][info.name])}")
     return 0
 
 

@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--host", help="address to bind (gRPC and kernel fronts)")
     parser.add_argument("--port", type=int, help="gRPC port")
+    parser.add_argument("--metrics-port", type=int,
+                        help="port of the Prometheus /metrics endpoint (0 picks a free one)")
     parser.add_argument("--policy", help="scheduling policy (notebookos, reservation, ...)")
     parser.add_argument("--registry-redis-url", help="keep the registry in this Redis")
     parser.add_argument("--state-dir", help="directory for the registry file and the store")
@@ -32,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides={
             "global_scheduler.host": args.host,
             "global_scheduler.grpc_port": args.port,
+            "global_scheduler.metrics_port": args.metrics_port,
             "global_scheduler.registry_redis_url": args.registry_redis_url,
             "cluster.policy": args.policy,
             "cluster.state_dir": args.state_dir,

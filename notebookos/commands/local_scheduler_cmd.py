@@ -18,6 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host-id", help="this host's id (default: <hostname>-<grpc port>)")
     parser.add_argument("--host", help="address to bind and advertise")
     parser.add_argument("--port", type=int, help="gRPC port (0 picks a free one)")
+    parser.add_argument("--metrics-port", type=int,
+                        help="port of the Prometheus /metrics endpoint (0 picks a free one)")
     parser.add_argument("--global-scheduler", metavar="HOST:PORT",
                         help="the Global Scheduler's gRPC address")
     parser.add_argument("--virtual-gpus", type=int,
@@ -37,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
             "local_scheduler.host_id": args.host_id,
             "local_scheduler.host": args.host,
             "local_scheduler.grpc_port": args.port,
+            "local_scheduler.metrics_port": args.metrics_port,
             "local_scheduler.global_scheduler": args.global_scheduler,
             "local_scheduler.virtual_gpus": args.virtual_gpus,
             "local_scheduler.prewarm_pool_size": args.prewarm,

@@ -11,6 +11,7 @@ from pathlib import Path
 SUMMARY_COLUMNS = (
     ("policy", "policy", "{}"), ("jobs", "tasks", "{}"), ("avg_jct_s", "avg JCT s", "{:.1f}"),
     ("p99_jct_s", "p99 JCT s", "{:.1f}"), ("avg_queue_s", "avg queue s", "{:.1f}"),
+    ("p999_queue_s", "p99.9 queue s", "{:.0f}"),
     ("interactivity_p50_s", "delay p50", "{:.1f}"), ("interactivity_p99_s", "delay p99", "{:.1f}"),
     ("immediate_fraction", "immediate", "{:.3f}"),
     ("executor_reuse_fraction", "reuse", "{:.3f}"), ("migrations", "migr.", "{}"),
@@ -111,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
     summaries, records = [], {}
     for name in names:
         bar = ProgressBar(f"{name:>12}", enabled=False if args.quiet else None)
-        summary, record = simulate(workload, name, config, bar)
+        try:
+            summary, record = simulate(workload, name, config, bar)
+        finally:
+            bar.close()
         summaries.append(summary)
         records[name] = record
         if args.out is not None:
@@ -122,7 +126,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_plots:
             from notebookos.simulator.plots import plot_runs
 
-            plot_runs(args.out, records, config.gpu_usd_per_hour)
+            subtitle = (f"trace {Path(args.trace).name}, cluster {args.cluster} "
+                        f"({'autoscaled from there' if not args.no_autoscale else 'fixed'} for "
+                        f"session policies), simulator seed {args.seed}")
+            plot_runs(args.out, records, config.gpu_usd_per_hour, subtitle,
+                      {s["policy"]: s for s in summaries}, config.immediate_within_s)
     if args.json:
         print(json.dumps(summaries if len(names) > 1 else summaries[0], indent=2))
     else:

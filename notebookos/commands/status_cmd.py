@@ -2,7 +2,10 @@
 
 The JSON keys are a stable contract: ``hosts`` (``id``, ``address``, ``gpus`` with ``total``/
 ``committed``/``pending``, ``subscription_ratio``) and ``kernels`` (``id``, ``replicas`` with
-``replica_id``/``host_id``/``pid``/``state``, ``executor``). Other keys may be added.
+``replica_id``/``host_id``/``pid``/``state``, ``executor``) and ``metrics`` (``global_scheduler``:
+the URL of the Global Scheduler's Prometheus ``/metrics``, ``local_schedulers``: ``{host_id: URL}``,
+``service_discovery``: the URL of its Prometheus HTTP service discovery; an empty string where a
+daemon serves none). Other keys may be added.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import grpc
 
 from notebookos.config import ConfigError, load_config
+from notebookos.metrics import metrics_url
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 
@@ -57,7 +61,13 @@ def status_document(status: global_scheduler_pb2.ClusterStatus) -> dict[str, Any
         "last_container_start_ms": round(k.last_container_start_ms, 1),
         "queued_cells": k.queued_cells,
     } for k in status.kernels]
-    return {"hosts": hosts, "kernels": kernels, "policy": status.policy,
+    metrics = {
+        "global_scheduler": metrics_url(status.metrics_address),
+        "local_schedulers": {h.host_id: metrics_url(h.metrics_address) for h in status.hosts},
+        "service_discovery": f"http://{status.metrics_address}/sd"
+        if status.metrics_address else "",
+    }
+    return {"hosts": hosts, "kernels": kernels, "policy": status.policy, "metrics": metrics,
             "gpus": {"total": status.gpus_total, "committed": status.gpus_committed,
                      "pending": status.gpus_pending},
             "subscription_ratio_limit": status.subscription_ratio_limit}
@@ -87,6 +97,9 @@ def render_text(doc: dict[str, Any]) -> str:
                          f"{r['state']}")
     if not doc["kernels"]:
         lines.append("  (none)")
+    if doc["metrics"]["global_scheduler"]:
+        lines += ["", f"METRICS  {doc['metrics']['global_scheduler']} (service discovery "
+                      f"{doc['metrics']['service_discovery']})"]
     return "\n".join(lines)
 
 

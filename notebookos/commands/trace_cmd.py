@@ -1,11 +1,29 @@
-"""``notebookos trace``: generate a Sensei-calibrated session template, or print a trace's stats."""
+"""``notebookos trace``: generate a Sensei-calibrated session template, or print a trace's stats.
+
+Both show a tqdm progress bar on stderr while they work, and nothing when stderr is not a
+terminal (tqdm's ``disable=None``), so pipes and logs stay clean."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def progress_bar(desc: str, total: float | None, unit: str) -> Iterator[Callable[[float], None]]:
+    """A callback that moves a tqdm bar to an absolute position; quiet off a terminal."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, disable=None, leave=False,
+              file=sys.stderr) as bar:
+        def update(position: float) -> None:
+            bar.update(int(position) - bar.n)
+
+        yield update
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,7 +72,8 @@ def run_generate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"notebookos trace generate: {exc}", file=sys.stderr)
         return 2
-    template = write_sensei(params, args.out)
+    with progress_bar("generating", args.hours, "h") as progress:
+        template = write_sensei(params, args.out, progress)
     tasks = sum(len(s["trainings"]) for s in template["sessions"])
     print(f"wrote {args.out}: {len(template['sessions'])} sessions, {tasks} tasks, "
           f"{args.hours:g} hours (seed {args.seed})")
@@ -67,7 +86,9 @@ def run_stats(args: argparse.Namespace) -> int:
     from notebookos.workload.stats import trace_stats
 
     try:
-        stats = trace_stats(read_trace(args.file, args.format, args.time_unit))
+        workload = read_trace(args.file, args.format, args.time_unit)
+        with progress_bar("statistics", len(workload.sessions), "sessions") as progress:
+            stats = trace_stats(workload, progress)
     except TraceError as exc:
         print(f"notebookos trace stats: {exc}", file=sys.stderr)
         return 2

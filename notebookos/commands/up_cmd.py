@@ -2,7 +2,9 @@
 
 Starts a Global Scheduler, ``--hosts`` Local Schedulers (virtual GPUs unless real ones are found),
 installs the NotebookOS kernelspecs into this environment, and starts JupyterLab with ``notebookos``
-as its default kernel. It prints the URL with its token. Ctrl-C (SIGINT) or SIGTERM stops
+as its default kernel. It prints the URL with its token. A daemon that dies is restarted with a
+backoff (and said so on stderr) while everything else keeps running; only a daemon that
+crash-loops stops the whole cluster (with the reason). Ctrl-C (SIGINT) or SIGTERM stops
 everything and leaves no process behind.
 """
 
@@ -22,7 +24,11 @@ import grpc
 
 from notebookos.config import Config, ConfigError, load_config
 from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
-from notebookos.supervisor import Supervisor
+from notebookos.supervisor import RestartPolicy, Supervisor
+
+# How `notebookos up` restarts a daemon that died (DESIGN section 4: a crashed daemon is
+# restarted by whatever supervises it).
+RESTART = RestartPolicy()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -83,11 +89,10 @@ def run(args: argparse.Namespace) -> int:
               f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}", flush=True)
         print(f"  logs:   {supervisor.log_dir}", flush=True)
         print("  Ctrl-C stops everything.", flush=True)
-        while not stop.wait(0.5):
-            dead = supervisor.first_dead()
-            if dead is not None:
-                print(f"notebookos up: {dead.name} exited (code {dead.proc.returncode}); "
-                      f"stopping. Last lines of {dead.log_path}:\n{dead.tail()}", file=sys.stderr)
+        while not stop.wait(0.2):
+            why = supervisor.supervise()
+            if why is not None:
+                print(f"notebookos up: {why}", file=sys.stderr, flush=True)
                 return 1
         return 0
     except RuntimeError as exc:
@@ -120,17 +125,19 @@ def start_cluster(config: Config, hosts: int, supervisor: Supervisor,
             f"--ServerApp.root_dir={Path.cwd()}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")
-    lab = supervisor.start("jupyterlab", argv, env=env)
+    lab = supervisor.start("jupyterlab", argv, env=env, restart=RESTART)
     supervisor.wait_for_port(lab, "127.0.0.1", port, timeout=90)
     return f"http://127.0.0.1:{port}/lab?token={token}"
 
 
 def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
-                     stop: threading.Event) -> dict[str, str] | None:
+                     stop: threading.Event,
+                     extra_env: dict[str, str] | None = None) -> dict[str, str] | None:
     """Start the Global Scheduler and ``hosts`` Local Schedulers; wait until all registered.
 
     Returns the environment under which clients (the provisioner in JupyterLab) find this
-    cluster, or None when asked to stop meanwhile.
+    cluster, or None when asked to stop meanwhile. ``extra_env`` (``NOTEBOOKOS_*`` settings)
+    goes to every daemon and overrides the defaults set here.
     """
     gs = config.global_scheduler
     address = f"{gs.host}:{gs.grpc_port}"
@@ -146,18 +153,19 @@ def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
         "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": str(max(hosts, gs.min_hosts)),
         "NOTEBOOKOS_GLOBAL_SCHEDULER_MAX_HOSTS": str(max(hosts, gs.max_hosts)),
     })
+    env.update(extra_env or {})
     cli = [sys.executable, "-m", "notebookos.cli"]
     gs_child = supervisor.start("global-scheduler", [
         *cli, "global-scheduler", "--host", gs.host, "--port", str(gs.grpc_port),
         "--policy", config.cluster.policy, "--store", config.store_url, "--state-dir", state_dir,
-    ], env=env)
+    ], env=env, restart=RESTART)
     supervisor.wait_for_port(gs_child, gs.host, gs.grpc_port, timeout=60)
     for i in range(hosts):
         supervisor.start(f"local-scheduler-{i}", [
             *cli, "local-scheduler", "--host-id", f"host-{i}", "--host", "127.0.0.1",
             "--port", "0", "--global-scheduler", address,
             "--virtual-gpus", str(config.local_scheduler.virtual_gpus), "--state-dir", state_dir,
-        ], env=env)
+        ], env=env, restart=RESTART)
     if not wait_for_hosts(address, hosts, timeout=90, stop=stop, supervisor=supervisor):
         return None
     return env

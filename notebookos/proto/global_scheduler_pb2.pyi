@@ -22,7 +22,7 @@ REPLICA_EVENT_KIND_EXITED: ReplicaEventKind
 REPLICA_EVENT_KIND_DIED: ReplicaEventKind
 
 class RegisterHostRequest(_message.Message):
-    __slots__ = ("host_id", "address", "instance_id", "capacity", "gpus", "virtual_gpus", "prewarm_pool_size", "replicas")
+    __slots__ = ("host_id", "address", "instance_id", "capacity", "gpus", "virtual_gpus", "prewarm_pool_size", "replicas", "metrics_address")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class RegisterHostRequest(_message.Message):
     VIRTUAL_GPUS_FIELD_NUMBER: _ClassVar[int]
     PREWARM_POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     address: str
     instance_id: str
@@ -39,7 +40,8 @@ class RegisterHostRequest(_message.Message):
     virtual_gpus: bool
     prewarm_pool_size: int
     replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.ReplicaStatus]
-    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., instance_id: _Optional[str] = ..., capacity: _Optional[_Union[_common_pb2.ResourceSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuDevice, _Mapping]]] = ..., virtual_gpus: _Optional[bool] = ..., prewarm_pool_size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.ReplicaStatus, _Mapping]]] = ...) -> None: ...
+    metrics_address: str
+    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., instance_id: _Optional[str] = ..., capacity: _Optional[_Union[_common_pb2.ResourceSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuDevice, _Mapping]]] = ..., virtual_gpus: _Optional[bool] = ..., prewarm_pool_size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.ReplicaStatus, _Mapping]]] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class RegisterHostResponse(_message.Message):
     __slots__ = ("scheduler_instance_id", "heartbeat_interval_s", "prewarm_pool_target", "stale_replicas")
@@ -229,7 +231,7 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("hosts", "kernels", "policy", "replicas_per_kernel", "subscription_ratio_limit", "gpus_total", "gpus_committed", "gpus_pending", "scheduler_instance_id")
+    __slots__ = ("hosts", "kernels", "policy", "replicas_per_kernel", "subscription_ratio_limit", "gpus_total", "gpus_committed", "gpus_pending", "scheduler_instance_id", "metrics_address")
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +241,7 @@ class ClusterStatus(_message.Message):
     GPUS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     GPUS_PENDING_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedCompositeFieldContainer[_common_pb2.HostStatus]
     kernels: _containers.RepeatedCompositeFieldContainer[_common_pb2.KernelStatus]
     policy: str
@@ -248,7 +251,8 @@ class ClusterStatus(_message.Message):
     gpus_committed: int
     gpus_pending: int
     scheduler_instance_id: str
-    def __init__(self, hosts: _Optional[_Iterable[_Union[_common_pb2.HostStatus, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[_common_pb2.KernelStatus, _Mapping]]] = ..., policy: _Optional[str] = ..., replicas_per_kernel: _Optional[int] = ..., subscription_ratio_limit: _Optional[float] = ..., gpus_total: _Optional[int] = ..., gpus_committed: _Optional[int] = ..., gpus_pending: _Optional[int] = ..., scheduler_instance_id: _Optional[str] = ...) -> None: ...
+    metrics_address: str
+    def __init__(self, hosts: _Optional[_Iterable[_Union[_common_pb2.HostStatus, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[_common_pb2.KernelStatus, _Mapping]]] = ..., policy: _Optional[str] = ..., replicas_per_kernel: _Optional[int] = ..., subscription_ratio_limit: _Optional[float] = ..., gpus_total: _Optional[int] = ..., gpus_committed: _Optional[int] = ..., gpus_pending: _Optional[int] = ..., scheduler_instance_id: _Optional[str] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class MigrateReplicaRequest(_message.Message):
     __slots__ = ("kernel_id", "replica_id", "target_host_id")

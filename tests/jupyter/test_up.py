@@ -1,7 +1,8 @@
 """`notebookos up` smoke test: the whole local cluster and JupyterLab from one command.
 
 It starts, a kernel created over the REST API runs cells over the websocket on three replicas,
-and SIGINT leaves no process behind.
+a SIGKILLed Local Scheduler and Global Scheduler are restarted by `notebookos up` itself while
+JupyterLab and the notebook carry on, and SIGINT leaves no process behind.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,25 +37,26 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     marker = None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
     try:
         url = None
         deadline = time.monotonic() + 150
-        lines = []
-        while time.monotonic() < deadline and url is None:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            match = re.search(r"NotebookOS is up: (http://\S+token=(\w+))", line)
+        while time.monotonic() < deadline and url is None and proc.poll() is None:
+            match = re.search(r"NotebookOS is up: (http://\S+token=(\w+))", "".join(lines))
             if match:
                 url, token = match.group(1), match.group(2)
+            time.sleep(0.2)
         assert url, "notebookos up did not come up:\n" + "".join(lines)
         marker = _marker_of(proc.pid)
         assert marker, "children of notebookos up carry no supervisor marker"
 
         kernel = asyncio.run(start_kernel(port, token))
         assert kernel["name"] == "notebookos"  # JupyterLab's default kernel
-        results = asyncio.run(run_cells(port, token, kernel["id"], [
+        kernel_id = kernel["id"]
+        results = asyncio.run(run_cells(port, token, kernel_id, [
             "x = 41", "x += 1\nprint('x is', x)", "x",
         ]))
         assert [r["reply"]["status"] for r in results] == ["ok", "ok", "ok"]
@@ -63,17 +66,29 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         for r in results:  # exactly one busy and one idle per request
             assert r["states"] == ["busy", "idle"]
 
-        status = subprocess.run(
-            [sys.executable, "-m", "notebookos.cli", "status", "--json",
-             "--global-scheduler", f"127.0.0.1:{gs_port}"],
-            capture_output=True, text=True, timeout=30)
-        doc = json.loads(status.stdout)
+        doc = _status(gs_port)
         assert len(doc["hosts"]) == 3
         (kernel,) = doc["kernels"]
         assert len({r["host_id"] for r in kernel["replicas"]}) == 3
 
+        # A Local Scheduler holding a replica, then the Global Scheduler, die: `notebookos up`
+        # restarts each, JupyterLab stays up, and the notebook goes on with its state.
+        victim = kernel["replicas"][0]["host_id"]  # "host-N", started as local-scheduler-N
+        _kill_child(proc.pid, "--host-id", victim)
+        _wait_for_line(lines, f"restarted local-scheduler-{victim.removeprefix('host-')}")
+        _kill_child(proc.pid, "global-scheduler")
+        _wait_for_line(lines, "restarted global-scheduler")
+        results = asyncio.run(run_cells(port, token, kernel_id, ["x += 1\nx"]))
+        assert results[0]["reply"]["status"] == "ok", results
+        assert results[0]["outputs"][0]["data"]["text/plain"] == "43"
+        doc = _wait_whole(gs_port, 3)
+        assert len(doc["hosts"]) == 3
+        assert proc.poll() is None
+
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        out = "".join(lines)
         assert proc.returncode == 0, out
         assert "notebookos up: stopped" in out
         assert _processes_with_marker(marker) == [], "processes left behind after SIGINT"
@@ -82,6 +97,56 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         if marker:
             for pid in _processes_with_marker(marker):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _status(gs_port: int) -> dict:
+    status = subprocess.run(
+        [sys.executable, "-m", "notebookos.cli", "status", "--json",
+         "--global-scheduler", f"127.0.0.1:{gs_port}"],
+        capture_output=True, text=True, timeout=30)
+    return json.loads(status.stdout)
+
+
+def _wait_whole(gs_port: int, hosts: int, timeout: float = 90) -> dict:
+    """The cluster status once ``hosts`` hosts are registered and the kernel has three replicas
+    on distinct hosts again."""
+    deadline = time.monotonic() + timeout
+    doc: dict = {}
+    while time.monotonic() < deadline:
+        try:
+            doc = _status(gs_port)
+        except (json.JSONDecodeError, subprocess.TimeoutExpired):
+            continue
+        replicas = doc["kernels"][0]["replicas"] if doc.get("kernels") else []
+        if len(doc.get("hosts", [])) == hosts and len({r["host_id"] for r in replicas}) == 3:
+            return doc
+        time.sleep(0.5)
+    raise AssertionError(f"the cluster did not heal within {timeout:g} s: {doc}")
+
+
+def _kill_child(up_pid: int, *words: str) -> None:
+    """SIGKILL the child of `notebookos up` whose command line has all of ``words``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().split(") ", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == up_pid and all(w in argv for w in words):
+            os.kill(int(entry.name), signal.SIGKILL)
+            return
+    raise AssertionError(f"no child of notebookos up runs with {words}")
+
+
+def _wait_for_line(lines: list[str], text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in line for line in lines):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"notebookos up never said {text!r}:\n{''.join(lines)}")
 
 
 def _marker_of(pid: int) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from notebookos.kernel.election import ElectionBook, Phase, choose_vote
 from notebookos.kernel.records import (
@@ -160,3 +162,87 @@ def test_open_elections_are_exactly_the_unsettled_ones_in_term_order():
         assert book.open_elections() == scan
     assert all(not e.phase.settled for e in book.open_elections())
     assert pickle.loads(pickle.dumps(book)).open_ids == book.open_ids
+
+
+# ---- a replacement replays the log from its start with today's members (issues 11 and 19) ----
+
+JOINER_MEMBERS = {2: "a:2", 3: "a:3", 4: "a:4"}  # a replacement's --peers plus itself
+
+
+def outcome(book: ElectionBook) -> tuple:
+    """Everything a replica acts on: each election's result, the counters, the kept updates."""
+    elections = tuple((e.election_id, e.term, e.phase, e.executor, e.execution_count, e.status)
+                      for e in (book.elections[i] for i in book.order))
+    return (elections, book.term, book.execution_count, book.last_executor,
+            book.checkpoint_count, tuple(book.updates), tuple(book.open_ids))
+
+
+def test_a_replacement_replaying_the_log_decides_every_cell_as_the_founders_did():
+    """The log of two sticky cells on replica 1, its loss and its replacement by replica 4, as
+    recorded on a real replacement: the second cell was decided by 1's sticky LEAD. A book that
+    starts with the replacement's members must still decide it and keep its update."""
+    records = [
+        Proposal("c1", 2, YIELD), Proposal("c1", 3, YIELD), Proposal("c1", 1, LEAD),
+        Vote("c1", 1, 1), Completion("c1", 1, "ok", b"u1"), Checkpointed(1, "c1"),
+        Proposal("c2", 1, LEAD), Completion("c2", 1, "ok", b"u2"), Checkpointed(2, "c2"),
+        MemberRemoved(1), MemberAdded(4, "a:4"),
+        Proposal("c3", 4, LEAD), Vote("c3", 4, 4), Completion("c3", 4, "ok", b"u3"),
+    ]
+    founder, joiner = ElectionBook(MEMBERS), ElectionBook(JOINER_MEMBERS)
+    completed_updates = {"founder": [], "joiner": []}
+    for record in records:
+        for name, book in (("founder", founder), ("joiner", joiner)):
+            applied = book.apply(record)
+            if applied.completed and applied.update is not None:
+                completed_updates[name].append(applied.update)
+    assert joiner.get("c2").phase is Phase.COMPLETED
+    assert completed_updates["joiner"] == completed_updates["founder"] == [b"u1", b"u2", b"u3"]
+    assert outcome(joiner) == outcome(founder)
+    assert joiner.members == founder.members == {2: "a:2", 3: "a:3", 4: "a:4"}
+
+
+def test_a_removed_previous_executor_does_not_decide_by_its_sticky_lead():
+    book = book_with(Proposal("c1", 1, LEAD), Vote("c1", 1, 1), Completion("c1", 1, "ok"),
+                     MemberRemoved(1), Proposal("c2", 1, LEAD))
+    assert book.get("c2").phase is Phase.PROPOSING  # a vote decides, as before the removal
+
+
+replica_ids = st.integers(min_value=1, max_value=4)
+election_ids = st.sampled_from(["c1", "c2", "c3", "c4", "c5", "c6"])
+any_record = st.one_of(
+    st.builds(Proposal, election_ids, replica_ids, st.sampled_from([LEAD, YIELD]), st.booleans()),
+    st.builds(Vote, election_ids, replica_ids, st.one_of(st.none(), replica_ids)),
+    st.builds(Completion, election_ids, replica_ids, st.just("ok"),
+              st.one_of(st.none(), st.binary(min_size=1, max_size=3))),
+    st.builds(Abort, election_ids, replica_ids, st.just("gone")),
+    st.builds(MemberAdded, replica_ids, st.just("a:x")),
+    st.builds(MemberRemoved, replica_ids),
+    st.builds(Checkpointed, st.integers(min_value=0, max_value=6)),
+)
+
+
+@st.composite
+def cell(draw) -> list:
+    """The records of one ordinary cell: a LEAD (and maybe a vote for it), its completion."""
+    eid, executor = draw(election_ids), draw(replica_ids)
+    records = [Proposal(eid, executor, LEAD)]
+    if draw(st.booleans()):
+        records.append(Vote(eid, draw(replica_ids), executor))
+    records.append(Completion(eid, executor, "ok", draw(st.binary(min_size=1, max_size=2))))
+    return records
+
+
+log_records = st.lists(st.one_of(cell(), any_record.map(lambda r: [r])), max_size=25).map(
+    lambda blocks: [r for block in blocks for r in block])
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=log_records, start=st.dictionaries(replica_ids, st.just("a:y"), max_size=4))
+def test_every_transition_depends_on_the_records_not_on_the_starting_members(records, start):
+    """Books that start with any member maps reach the same outcome from the same records."""
+    founder, other = ElectionBook(MEMBERS), ElectionBook(start)
+    for record in records:
+        one, two = founder.apply(record), other.apply(record)
+        assert (one.decided, one.completed, one.aborted, one.ignored_completion, one.update) == (
+            two.decided, two.completed, two.aborted, two.ignored_completion, two.update)
+    assert outcome(founder) == outcome(other)

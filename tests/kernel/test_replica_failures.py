@@ -87,6 +87,25 @@ def test_replacement_replica_catches_up_and_can_execute(group: ReplicaGroup):
     assert set(status[1]["members"]) == {"1", "2", str(rid)}
 
 
+def test_replacement_has_the_state_of_cells_its_predecessor_ran_back_to_back(
+    group: ReplicaGroup,
+):
+    """Issues 11 and 19: cells 2 and 3 run on replica 1 again, so its LEAD alone decides them
+    (the sticky fast path). A replacement replays that log starting with other members; it must
+    still apply their updates, or it later runs cells without that state (NameError)."""
+    group.execute("import numpy as np\nbig = np.arange(300_000.0)\nv = 0", target=1)
+    group.execute("v = 1\nnote = 'set by cell 2'", target=1)
+    group.execute("v += 1\nbig[0] = 7.0", target=1)
+    group.kill(1)
+    assert group.remove(1, via=2)["content"]["status"] == "ok"
+    replacement = group.add_replacement(via=2)
+    result = group.execute("print(v, note, float(big[0]))", target=replacement.replica_id)
+    assert result.executor() == replacement.replica_id, result.summary()
+    assert result.stdout() == "2 set by cell 2 7.0\n", (result.summary(), result.stderr())
+    counts = {r["content"]["execution_count"] for r in result.replies.values()}
+    assert len(counts) == 1, result.summary()
+
+
 def test_all_replicas_killed_kernel_rebuilt_from_checkpoint(tmp_path: Path):
     store_url = f"file://{tmp_path}/store"
     first = ReplicaGroup(tmp_path / "a", store_url=store_url)

@@ -86,6 +86,7 @@ def test_scale_in_moves_a_hosts_replicas_off_before_releasing_it(make_cluster):
         "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE_INTERVAL_S": "12",  # first decision after setup
         "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": "3",
         "NOTEBOOKOS_GLOBAL_SCHEDULER_SCALING_BUFFER_HOSTS": "0",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_SCALE_IN": "idle",  # move replicas to release a host
     })
     cluster.start_gs()
     for i in range(4):

@@ -246,6 +246,33 @@ def test_losing_the_majority_rebuilds_the_kernel_from_its_last_checkpoint(make_c
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b', 'e']"
 
 
+def test_replacements_joining_a_rebuilt_group_hold_the_checkpoint_too(make_cluster):
+    """After a rebuild the group's log starts at the checkpoint: a replacement that joins later
+    must load it, or what no later cell re-bound (here an imported module) is missing on it, and
+    a cell it runs fails with a NameError (found by benchmarks/chaos.py)."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    cell = run_cell(kc, "import json as codec\ndata['e'] = 5")
+    assert cell["reply"]["content"]["status"] == "ok"
+    _wait_checkpointed(kc, cell["reply"]["content"]["execution_count"])
+    before = _replicas(cluster, kernel_id)
+    for rid in sorted(before)[:2]:
+        os.kill(before[rid][1], signal.SIGKILL)
+    cluster.wait(lambda: not set(_replicas(cluster, kernel_id)) & set(before)
+                 and _recovered(cluster, kernel_id, before), 120, "a rebuilt group")
+    assert run_cell(kc, "data['f'] = 6")["reply"]["content"]["status"] == "ok"
+    # Replace every founder of the rebuilt group, one at a time: then a joiner runs the cell.
+    founders = _replicas(cluster, kernel_id)
+    for rid in sorted(founders):
+        current = _replicas(cluster, kernel_id)
+        os.kill(current[rid][1], signal.SIGKILL)
+        cluster.wait(lambda rid=rid, current=current: rid not in _replicas(cluster, kernel_id)
+                     and _recovered(cluster, kernel_id, current), 120, f"replica {rid} replaced")
+    assert not set(_replicas(cluster, kernel_id)) & set(founders)
+    run = run_cell(kc, "codec.dumps(sorted(data))")
+    assert run["reply"]["content"]["status"] == "ok", run
+    assert result_text(run) == """'["a", "b", "e", "f"]'"""
+
+
 def _session_holder(cluster, kernel_id: str) -> tuple[int, str]:  # noqa: ANN001
     """(replica id, host) of the reservation kernel's single replica, once it is running."""
     (replica,) = cluster.kernel(kernel_id).replicas

@@ -1,0 +1,787 @@
+"""Fault campaign: does a notebook's state survive random faults of a local cluster?
+
+A cluster started by ``notebookos up`` itself (Global Scheduler, Local Schedulers, JupyterLab; a
+daemon that dies is restarted by ``notebookos up``), one notebook driven through Jupyter Server's
+kernel websocket the way JupyterLab drives it (a session created over REST, the
+``v1.kernel.websocket.jupyter.org`` protocol, ``kernel_info`` first), and state made of small values
+(a counter, a dict, a list) and large objects (a numpy array over the sync threshold, a torch model
+with its SGD optimizer, whose parameters they share).
+
+Every cell prints a digest of the whole state before and after it changes it. After each fault the
+next cell must see exactly the digest the previous cell left, or, when the kernel announces that it
+was rebuilt from the checkpoint taken after cell [N] (a Raft majority was lost), exactly the digest
+cell [N] left. Anything else is a *silent loss*; a cell that fails or never answers is an *error*.
+
+Faults, drawn at random (seeded) between cells:
+
+- ``kill-executor``: SIGKILL of the replica that ran the last cell (the next cell's sticky pick);
+- ``kill-standby``: SIGKILL of another replica;
+- ``kill-local-scheduler``: SIGKILL of the Local Scheduler of a host holding a replica (its
+  replicas die with it; ``notebookos up`` restarts it);
+- ``kill-global-scheduler``: SIGKILL of the Global Scheduler (``notebookos up`` restarts it);
+- ``hang-host``: SIGSTOP of a host's Local Scheduler and everything it runs, SIGCONT 10 s later;
+- ``double``: two of the above, on different hosts, the second 0.1-1 s after the first.
+
+The next cell is sent 0-0.3 s after the fault (before any replacement has joined). Single faults
+wait until the kernel is whole again (three live replicas on distinct hosts, every host back)
+before the next one. Reported per fault kind: cells intact, rollbacks announced, silent losses,
+errors, time from the fault to the next cell's reply (p50/p99), time from the fault back to full
+redundancy (p50/p99).
+
+Usage::
+
+    python benchmarks/chaos.py [--faults 100] [--double 30] [--seed 1] [--hosts 4]
+        [--big-mib 16] [--no-torch] [--round-robin] [--json] [--keep DIR]
+    python benchmarks/chaos.py --table-of DIR
+
+``--round-robin`` draws the single faults in turn instead of at random (every kind at least once in
+a short run; ``make test`` runs it that way). Exit status 1 when a silent loss or an error occurred.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import psutil
+from jupyter_server.services.kernels.connection.base import (
+    deserialize_msg_from_ws_v1,
+    serialize_msg_to_ws_v1,
+)
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from notebookos.ports import free_ports
+from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+from notebookos.supervisor import MARKER_VAR, marked_processes
+
+SINGLE_KINDS = ("kill-executor", "kill-standby", "kill-local-scheduler", "kill-global-scheduler",
+                "hang-host")
+KINDS = (*SINGLE_KINDS, "double")
+HANG_S = 10.0
+CELL_TIMEOUT_S = 300.0
+WHOLE_TIMEOUT_S = 300.0
+WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+ROLLBACK = re.compile(r"rebuilt from the checkpoint taken after cell \[(\d+)\]")
+CHAOS_LINE = re.compile(r"^CHAOS (\S+) (\S+)$", re.M)
+
+
+# -- the notebook's state --------------------------------------------------------------------
+
+def setup_code(big_mib: int, use_torch: bool) -> str:
+    rows = max(1, big_mib * (1 << 20) // (1024 * 8))
+    code = ("import numpy as np\n"
+            "counter = 0\nsmall = {'name': 'chaos'}\nitems = []\n"
+            f"big = np.zeros(({rows}, 1024), dtype=np.float64)\n")
+    if use_torch:
+        code += ("import torch\ntorch.manual_seed(0)\n"
+                 "model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), "
+                 "torch.nn.Linear(64, 8))\n"
+                 "opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n")
+    return code + _digest_code(use_torch) + "print('CHAOS', '-', _chaos_digest())\n"
+
+
+def _digest_code(use_torch: bool) -> str:
+    """A function (redefined by every cell) that hashes the whole state, names it needs included:
+    a missing name fails the cell instead of hiding in the digest."""
+    code = ("def _chaos_digest():\n"
+            "    import hashlib\n"
+            "    h = hashlib.sha256()\n"
+            "    h.update(repr((counter, sorted(small.items()), items, big.shape,"
+            " str(big.dtype))).encode())\n"
+            "    h.update(big.tobytes())\n")
+    if use_torch:
+        code += ("    for k, v in sorted(model.state_dict().items()):\n"
+                 "        h.update(k.encode()); h.update(v.detach().cpu().numpy().tobytes())\n"
+                 "    state = opt.state_dict()\n"
+                 "    for i, st in sorted(state['state'].items()):\n"
+                 "        for k, v in sorted(st.items()):\n"
+                 "            h.update(f'{i}/{k}'.encode())\n"
+                 "            h.update(v.detach().cpu().numpy().tobytes() if hasattr(v, 'detach')"
+                 " else repr(v).encode())\n"
+                 "    h.update(repr([{k: v for k, v in g.items() if k != 'params'}"
+                 " for g in state['param_groups']]).encode())\n"
+                 "    # the optimizer must still update the model's own parameters\n"
+                 "    shared = all(p is q for p, q in zip(opt.param_groups[0]['params'],"
+                 " model.parameters()))\n"
+                 "    h.update(b'shared' if shared else b'COPIED')\n")
+    return code + "    return h.hexdigest()[:16]\n"
+
+
+def cell_code(use_torch: bool) -> str:
+    code = (_digest_code(use_torch) + "_before = _chaos_digest()\n"
+            "counter += 1\nsmall[f'k{counter}'] = counter * 7\nitems.append(counter)\n"
+            "big[counter % big.shape[0]] += counter\n")
+    if use_torch:
+        code += ("x = torch.full((8, 64), float(counter % 5))\n"
+                 "loss = model(x).pow(2).mean()\nopt.zero_grad()\nloss.backward()\nopt.step()\n")
+    return code + "print('CHAOS', _before, _chaos_digest())\n"
+
+
+PROBE = "print('CHAOS', '-', _chaos_digest())\n"
+
+
+# -- the cluster, as `notebookos up` runs it ---------------------------------------------------
+
+class UpCluster:
+    """``notebookos up`` in a new session; its output is kept in ``up.log``."""
+
+    def __init__(self, workdir: Path, hosts: int, gpus_per_host: int = 2) -> None:
+        self.workdir = workdir
+        self.hosts = hosts
+        self.port, self.gs_port = free_ports(2)
+        self.lines: list[str] = []
+        self.token = ""
+        self._log = open(workdir / "up.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "notebookos.cli", "up", "--no-browser", "--hosts", str(hosts),
+             "--gpus-per-host", str(gpus_per_host), "--port", str(self.port),
+             "--scheduler-port", str(self.gs_port), "--state-dir", str(workdir / "state")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            cwd=workdir)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gs_port}")
+        self.stub = gs_grpc.GlobalSchedulerStub(self.channel)
+        self.stopped_pids: list[int] = []
+        self._stopped = False
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in iter(self.proc.stdout.readline, ""):
+            self.lines.append(line)
+            self._log.write(line)
+            self._log.flush()
+
+    def wait_up(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(r"NotebookOS is up: \S+token=(\w+)", "".join(self.lines))
+            if match:
+                self.token = match.group(1)
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError("notebookos up did not come up:\n" + "".join(self.lines[-40:]))
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def restarts(self) -> int:
+        return sum("notebookos up: restarted" in line for line in self.lines)
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def _child(self, *words: str) -> psutil.Process:
+        for child in psutil.Process(self.proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                argv = child.cmdline()
+                if all(w in argv for w in words):
+                    return child
+        raise LookupError(f"no child of notebookos up runs with {words}")
+
+    def global_scheduler(self) -> psutil.Process:
+        return self._child("global-scheduler")
+
+    def local_scheduler(self, host_id: str) -> psutil.Process:
+        return self._child("--host-id", host_id)
+
+    def host_processes(self, host_id: str) -> list[psutil.Process]:
+        ls = self.local_scheduler(host_id)
+        return [ls, *ls.children(recursive=True)]
+
+    # -- the Global Scheduler's view ----------------------------------------------------------
+
+    def kernel(self, kernel_id: str) -> common_pb2.KernelStatus | None:
+        try:
+            return self.stub.GetKernelStatus(
+                global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=3)
+        except grpc.RpcError:
+            return None
+
+    def host_count(self) -> int:
+        try:
+            status = self.stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(),
+                                                timeout=3)
+        except grpc.RpcError:
+            return -1
+        return len(status.hosts)
+
+    def whole(self, kernel_id: str) -> bool:
+        """Full redundancy: three live replicas on distinct hosts, the kernel idle, every host
+        registered."""
+        status = self.kernel(kernel_id)
+        if status is None or status.state != common_pb2.KERNEL_STATE_IDLE:
+            return False
+        pids = [r.pid for r in status.replicas]
+        if len(pids) != 3 or len({r.host_id for r in status.replicas}) != 3:
+            return False
+        if not all(p > 0 and psutil.pid_exists(p) and _running(p) for p in pids):
+            return False
+        return self.host_count() == self.hosts
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        marker = _marker_of(self.proc.pid)
+        for pid in self.stopped_pids:  # a hung host must not outlive the campaign
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        if marker:
+            for pid in marked_processes(marker):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.channel.close()
+        self._log.close()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _marker_of(pid: int) -> str | None:
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.Error):
+                value = child.environ().get(MARKER_VAR)
+                if value:
+                    return value
+    return None
+
+
+# -- the notebook, as JupyterLab drives it -----------------------------------------------------
+
+@dataclass
+class CellResult:
+    status: str  # ok, error, timeout
+    execution_count: int | None
+    stdout: str
+    stderr: str
+    error: str
+    seconds: float
+
+
+class Notebook:
+    """A notebook session over Jupyter Server's REST API and kernel websocket (v1 protocol)."""
+
+    def __init__(self, base: str, token: str) -> None:
+        self.base = base
+        self.token = token
+        self.kernel_id = ""
+        self.client_id = uuid.uuid4().hex
+        self.ws = None
+        self.reconnects = 0
+
+    async def open(self) -> None:
+        body = {"path": "chaos.ipynb", "type": "notebook", "name": "chaos.ipynb",
+                "kernel": {"name": "notebookos"}}
+        resp = await AsyncHTTPClient().fetch(HTTPRequest(
+            f"{self.base}/api/sessions", method="POST", body=json.dumps(body),
+            headers={"Authorization": f"token {self.token}"}, request_timeout=300))
+        self.kernel_id = json.loads(resp.body)["kernel"]["id"]
+        await self._connect()
+
+    async def _connect(self) -> None:
+        url = self.base.replace("http", "ws", 1)
+        self.ws = await websocket_connect(HTTPRequest(
+            f"{url}/api/kernels/{self.kernel_id}/channels?session_id={self.client_id}",
+            headers={"Authorization": f"token {self.token}"}), subprotocols=[WS_PROTOCOL])
+        await self._request("kernel_info_request", {}, timeout=120)
+
+    def _send(self, msg_type: str, content: dict, channel: str = "shell") -> str:
+        msg_id = uuid.uuid4().hex
+        header = {"msg_id": msg_id, "username": "chaos", "session": self.client_id,
+                  "msg_type": msg_type, "version": "5.3",
+                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        parts = [json.dumps(p).encode() for p in (header, {}, {}, content)]
+        self.ws.write_message(serialize_msg_to_ws_v1(parts, channel), binary=True)
+        return msg_id
+
+    async def _messages(self, deadline: float):  # noqa: ANN202 - an async iterator of dicts
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            raw = await asyncio.wait_for(self.ws.read_message(), left)
+            if raw is None:
+                raise ConnectionError("the kernel websocket closed")
+            channel, parts = deserialize_msg_from_ws_v1(raw)
+            yield channel, {"header": json.loads(parts[0]), "parent_header": json.loads(parts[1]),
+                            "content": json.loads(parts[3])}
+
+    async def _request(self, msg_type: str, content: dict, timeout: float) -> dict:
+        msg_id = self._send(msg_type, content)
+        async for _, msg in self._messages(time.monotonic() + timeout):
+            if msg["parent_header"].get("msg_id") == msg_id \
+                    and msg["header"]["msg_type"] == msg_type.replace("_request", "_reply"):
+                return msg["content"]
+        raise AssertionError("unreachable")
+
+    async def execute(self, code: str, timeout: float = CELL_TIMEOUT_S) -> CellResult:
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        for attempt in range(2):
+            try:
+                return await self._execute(code, t0, deadline)
+            except ConnectionError:  # JupyterLab reconnects its websocket too
+                if attempt:
+                    raise
+                self.reconnects += 1
+                await self._connect()
+        raise AssertionError("unreachable")
+
+    async def _execute(self, code: str, t0: float, deadline: float) -> CellResult:
+        msg_id = self._send("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True})
+        out, err, reply, idle = [], [], None, False
+        try:
+            async for channel, msg in self._messages(deadline):
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["header"]["msg_type"], msg["content"]
+                if kind == "stream":
+                    (out if content["name"] == "stdout" else err).append(content["text"])
+                elif kind == "error":
+                    err.append(f"{content['ename']}: {content['evalue']}")
+                elif kind == "status" and content["execution_state"] == "idle":
+                    idle = True
+                elif channel == "shell" and kind == "execute_reply":
+                    reply = content
+                if reply is not None and idle:
+                    break
+        except TimeoutError:
+            return CellResult("timeout", None, "".join(out), "".join(err),
+                              f"no reply within {deadline - t0:.0f} s", time.monotonic() - t0)
+        error = "" if reply["status"] == "ok" else \
+            f"{reply.get('ename', '?')}: {reply.get('evalue', '')}"
+        return CellResult(reply["status"], reply.get("execution_count"), "".join(out),
+                          "".join(err), error, time.monotonic() - t0)
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            self.ws.close()
+        with contextlib.suppress(Exception):
+            await AsyncHTTPClient().fetch(HTTPRequest(
+                f"{self.base}/api/kernels/{self.kernel_id}", method="DELETE",
+                headers={"Authorization": f"token {self.token}"}, request_timeout=60))
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+@dataclass
+class Fault:
+    kind: str
+    detail: str
+    host: str | None  # the host it touched (a second fault goes elsewhere)
+
+
+class Injector:
+    def __init__(self, cluster: UpCluster, kernel_id: str, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.kernel_id = kernel_id
+        self.rng = rng
+        self._hangs: list[threading.Timer] = []
+
+    def inject(self, kind: str, status: common_pb2.KernelStatus, avoid: set[str]) -> Fault:
+        replicas = [r for r in status.replicas if r.host_id not in avoid and r.pid > 0]
+        if not replicas:
+            raise LookupError("no replica outside the hosts already touched")
+        executor = next((r for r in replicas if r.replica_id == status.executor_replica_id), None)
+        if kind == "kill-executor" and executor is None:
+            kind = "kill-standby"  # the executor's host was touched by the first fault
+        if kind == "kill-executor":
+            os.kill(executor.pid, signal.SIGKILL)
+            return Fault(kind, f"replica {executor.replica_id} on {executor.host_id}",
+                         executor.host_id)
+        if kind == "kill-standby":
+            standby = self.rng.choice([r for r in replicas if r is not executor] or replicas)
+            os.kill(standby.pid, signal.SIGKILL)
+            return Fault(kind, f"replica {standby.replica_id} on {standby.host_id}",
+                         standby.host_id)
+        if kind == "kill-global-scheduler":
+            self.cluster.global_scheduler().send_signal(signal.SIGKILL)
+            return Fault(kind, "global scheduler", None)
+        victim = self.rng.choice(replicas)
+        if kind == "kill-local-scheduler":
+            ls = self.cluster.local_scheduler(victim.host_id)
+            ls.send_signal(signal.SIGKILL)
+            return Fault(kind, f"{victim.host_id} (pid {ls.pid}, holding replica "
+                               f"{victim.replica_id})", victim.host_id)
+        if kind == "hang-host":
+            procs = self.cluster.host_processes(victim.host_id)
+            pids = [p.pid for p in procs]
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            self.cluster.stopped_pids.extend(pids)
+            timer = threading.Timer(HANG_S, self._resume, args=(pids,))
+            timer.daemon = True
+            timer.start()
+            self._hangs.append(timer)
+            return Fault(kind, f"{victim.host_id} ({len(pids)} processes) for {HANG_S:g} s",
+                         victim.host_id)
+        raise ValueError(f"unknown fault kind {kind!r}")
+
+    def _resume(self, pids: list[int]) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ValueError):
+                self.cluster.stopped_pids.remove(pid)
+
+    def hung(self) -> bool:
+        return any(t.is_alive() for t in self._hangs)
+
+
+# -- the campaign ----------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    kind: str
+    detail: str
+    verdict: str  # intact, rollback, silent-loss, error
+    next_cell_s: float
+    redundancy_s: float | None
+    note: str = ""
+
+
+@dataclass
+class Campaign:
+    outcomes: list[Outcome] = field(default_factory=list)
+    setup_s: float = 0.0
+    restarts: int = 0
+    reconnects: int = 0
+
+    def table(self) -> list[dict]:
+        rows = []
+        for kind in [*KINDS, "all"]:
+            group = [o for o in self.outcomes if kind in ("all", o.kind)]
+            if not group:
+                continue
+            nxt = [o.next_cell_s for o in group]
+            red = [o.redundancy_s for o in group if o.redundancy_s is not None]
+            rows.append({
+                "kind": kind, "faults": len(group),
+                "intact": sum(o.verdict == "intact" for o in group),
+                "rollbacks_announced": sum(o.verdict == "rollback" for o in group),
+                "silent_losses": sum(o.verdict == "silent-loss" for o in group),
+                "errors": sum(o.verdict == "error" for o in group),
+                "next_cell_p50_s": _pct(nxt, 50), "next_cell_p99_s": _pct(nxt, 99),
+                "redundancy_p50_s": _pct(red, 50), "redundancy_p99_s": _pct(red, 99),
+                "not_whole_again": sum(o.redundancy_s is None for o in group),
+            })
+        return rows
+
+    def markdown(self) -> str:
+        head = ("| fault | n | intact | rollbacks announced | silent losses | errors | "
+                "next cell p50 / p99 (s) | back to 3 replicas p50 / p99 (s) |\n"
+                "|---|---|---|---|---|---|---|---|\n")
+        body = "".join(
+            f"| {r['kind']} | {r['faults']} | {r['intact']} | {r['rollbacks_announced']} | "
+            f"{r['silent_losses']} | {r['errors']} | {_fmt(r['next_cell_p50_s'])} / "
+            f"{_fmt(r['next_cell_p99_s'])} | {_fmt(r['redundancy_p50_s'])} / "
+            f"{_fmt(r['redundancy_p99_s'])}"
+            + (f" ({r['not_whole_again']} never)" if r["not_whole_again"] else "") + " |\n"
+            for r in self.table())
+        return head + body
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))], 2)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+class Verifier:
+    """Follows the digests: what each execution count left, what the last cell left."""
+
+    def __init__(self) -> None:
+        self.after: dict[int, str] = {}
+        self.last = ""
+
+    def record(self, result: CellResult) -> tuple[str, str]:
+        """(verdict, note) for a cell run after a fault; updates the chain."""
+        if result.status != "ok":
+            return "error", f"{result.status}: {result.error} {result.stderr[-300:]}".strip()
+        match = CHAOS_LINE.search(result.stdout)
+        if match is None:
+            return "error", f"no digest in the output: {result.stdout[-300:]!r}"
+        before, after = match.groups()
+        rollback = ROLLBACK.search(result.stderr)
+        verdict, note = "intact", ""
+        if rollback:
+            count = int(rollback.group(1))
+            wanted = self.after.get(count)
+            if before == wanted:
+                verdict, note = "rollback", f"rebuilt from the checkpoint of cell [{count}]"
+            else:
+                verdict = "silent-loss"
+                note = (f"announced a rebuild from cell [{count}], whose state was {wanted}, "
+                        f"but the cell saw {before}")
+        elif before != self.last:
+            verdict, note = "silent-loss", (f"expected {self.last}, saw {before}; "
+                                            f"stderr: {result.stderr[-300:]!r}")
+        self.accept(result.execution_count, after)
+        return verdict, note
+
+    def accept(self, count: int | None, digest: str) -> None:
+        if count is not None:
+            self.after[count] = digest
+        self.last = digest
+
+
+async def run_campaign(args: argparse.Namespace, workdir: Path,
+                       progress: Callable[[Outcome], None]) -> Campaign:
+    rng = random.Random(args.seed)
+    campaign = Campaign()
+    cluster = UpCluster(workdir, args.hosts)
+    _ACTIVE.append(cluster)
+    notebook: Notebook | None = None
+    try:
+        t0 = time.monotonic()
+        await asyncio.to_thread(cluster.wait_up)
+        notebook = Notebook(cluster.base, cluster.token)
+        await notebook.open()
+        verifier = Verifier()
+        setup_source = setup_code(args.big_mib, args.torch)
+        setup = await notebook.execute(setup_source)
+        if setup.status != "ok" or not CHAOS_LINE.search(setup.stdout):
+            raise RuntimeError(f"the setup cell failed: {setup.error} {setup.stderr[-2000:]}")
+        verifier.accept(setup.execution_count, CHAOS_LINE.search(setup.stdout).group(2))
+        code = cell_code(args.torch)
+        for _ in range(2):  # warm: the executor is sticky, large objects are in the store
+            verdict, note = verifier.record(await notebook.execute(code))
+            if verdict != "intact":
+                raise RuntimeError(f"a cell without any fault: {verdict}: {note}")
+        if not await _wait_whole(cluster, notebook.kernel_id, None):
+            raise RuntimeError("the kernel never had three replicas")
+        campaign.setup_s = time.monotonic() - t0
+        injector = Injector(cluster, notebook.kernel_id, rng)
+        plan = _plan(args, rng)
+        for kind in plan:
+            outcome = await _one_fault(kind, cluster, notebook, injector, verifier, code,
+                                       setup_source, rng)
+            campaign.outcomes.append(outcome)
+            with open(workdir / "outcomes.jsonl", "a") as out:  # a cut-short run keeps its figures
+                out.write(json.dumps(asdict(outcome)) + "\n")
+            progress(outcome)
+        campaign.restarts = cluster.restarts()
+        campaign.reconnects = notebook.reconnects
+        return campaign
+    finally:
+        if notebook is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(notebook.close(), 60)
+        await asyncio.to_thread(cluster.stop)
+        _ACTIVE.remove(cluster)
+
+
+def _plan(args: argparse.Namespace, rng: random.Random) -> list[str]:
+    if args.round_robin:
+        singles = [SINGLE_KINDS[i % len(SINGLE_KINDS)] for i in range(args.faults)]
+    else:
+        singles = [rng.choice(SINGLE_KINDS) for _ in range(args.faults)]
+    plan = singles + ["double"] * args.double
+    if not args.round_robin:
+        rng.shuffle(plan)
+    return plan
+
+
+async def _one_fault(kind: str, cluster: UpCluster, notebook: Notebook, injector: Injector,
+                     verifier: Verifier, code: str, setup: str, rng: random.Random) -> Outcome:
+    status = cluster.kernel(notebook.kernel_id)
+    assert status is not None
+    t_fault = time.monotonic()
+    if kind == "double":
+        first_kind, second_kind = rng.sample(SINGLE_KINDS, 2)
+        first = injector.inject(first_kind, status, set())
+        await asyncio.sleep(rng.uniform(0.1, 1.0))
+        avoid = {first.host} if first.host else set()
+        try:
+            second = injector.inject(second_kind, status, avoid)
+        except (LookupError, psutil.Error) as exc:
+            second = Fault(second_kind, f"not injected: {exc}", None)
+        fault = Fault("double", f"{first.kind} {first.detail} + {second.kind} {second.detail}",
+                      None)
+    else:
+        fault = injector.inject(kind, status, set())
+    await asyncio.sleep(rng.uniform(0.0, 0.3))
+    result = await notebook.execute(code)
+    next_cell_s = time.monotonic() - t_fault
+    verdict, note = verifier.record(result)
+    if verdict == "error":
+        verdict, note = await _after_error(result, note, notebook, verifier, setup)
+    whole = await _wait_whole(cluster, notebook.kernel_id, injector)
+    redundancy_s = time.monotonic() - t_fault if whole else None
+    return Outcome(fault.kind, fault.detail, verdict, round(next_cell_s, 3),
+                   round(redundancy_s, 3) if redundancy_s is not None else None, note)
+
+
+async def _after_error(result: CellResult, note: str, notebook: Notebook, verifier: Verifier,
+                       setup: str) -> tuple[str, str]:
+    """A cell after a fault failed, or ran without its output reaching the client: classify it
+    and re-baseline the chain from a probe (a cell that changes nothing), so the next fault is
+    judged on its own. A ``NameError`` is state that vanished without a word: a silent loss.
+    When even the probe fails, the setup cell runs again (the state starts over)."""
+    verdict = "error"
+    if result.status == "ok":
+        note = "the cell ran but its output never reached the client"
+    elif "NameError" in result.error:
+        verdict = "silent-loss"
+    probe = await notebook.execute(PROBE)
+    match = CHAOS_LINE.search(probe.stdout) if probe.status == "ok" else None
+    if match is not None:
+        verifier.accept(probe.execution_count, match.group(2))
+        return verdict, note
+    note += f"; the probe failed too ({probe.error}): setup cell run again"
+    again = await notebook.execute(setup)
+    match = CHAOS_LINE.search(again.stdout) if again.status == "ok" else None
+    if match is None:
+        raise RuntimeError(f"the notebook cannot be repaired: {again.error} {again.stderr}")
+    verifier.accept(again.execution_count, match.group(2))
+    return verdict, note
+
+
+async def _wait_whole(cluster: UpCluster, kernel_id: str, injector: Injector | None) -> bool:
+    deadline = time.monotonic() + WHOLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        hung = injector is not None and injector.hung()
+        if not hung and await asyncio.to_thread(cluster.whole, kernel_id):
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+_ACTIVE: list[UpCluster] = []
+
+
+def _stop_and_exit(signum: int, _frame: object) -> None:
+    for cluster in _ACTIVE:
+        cluster.stop()
+    os._exit(128 + signum)
+
+
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--faults", type=int, default=100, help="single faults (default 100)")
+    parser.add_argument("--double", type=int, default=30, help="double faults (default 30)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--hosts", type=int, default=4, help="Local Schedulers (default 4)")
+    parser.add_argument("--big-mib", type=int, default=16, help="size of the numpy array")
+    parser.add_argument("--no-torch", dest="torch", action="store_false",
+                        help="leave the torch model out (it is left out when torch is missing)")
+    parser.add_argument("--round-robin", action="store_true",
+                        help="single faults in turn instead of at random")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep the logs there")
+    parser.add_argument("--table-of", metavar="DIR",
+                        help="only print the table of the run kept in DIR (its outcomes.jsonl, "
+                             "also of a run cut short)")
+    args = parser.parse_args()
+    if args.table_of:
+        lines = (Path(args.table_of) / "outcomes.jsonl").read_text().splitlines()
+        print(Campaign([Outcome(**json.loads(line)) for line in lines if line]).markdown())
+        return 0
+    if args.hosts < 4:
+        parser.error("--hosts must be at least 4: a lost host's replicas need a fourth host")
+    if args.faults < 0 or args.double < 0:
+        parser.error("--faults and --double must be >= 0")
+    args.torch = args.torch and _torch_available()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop the cluster, whatever the loop is doing
+        signal.signal(sig, _stop_and_exit)
+
+    bar = None
+    total = args.faults + args.double
+    if sys.stderr.isatty() and not args.json:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="fault", desc="chaos", file=sys.stderr)
+
+    def progress(outcome: Outcome) -> None:
+        line = (f"{outcome.kind}: {outcome.verdict}, next cell {outcome.next_cell_s:.1f} s, "
+                f"whole again "
+                + (f"{outcome.redundancy_s:.1f} s" if outcome.redundancy_s else "never")
+                + f" ({outcome.detail}){' - ' + outcome.note if outcome.note else ''}")
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"{outcome.kind}: {outcome.verdict}")
+            if outcome.verdict not in ("intact", "rollback"):
+                bar.write(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            workdir = Path(args.keep)
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chaos-")))
+        t0 = time.monotonic()
+        campaign = asyncio.run(run_campaign(args, workdir, progress))
+        elapsed = time.monotonic() - t0
+    if bar is not None:
+        bar.close()
+    result = {
+        "seed": args.seed, "hosts": args.hosts, "big_mib": args.big_mib, "torch": args.torch,
+        "round_robin": args.round_robin, "elapsed_s": round(elapsed, 1),
+        "setup_s": round(campaign.setup_s, 1), "daemon_restarts": campaign.restarts,
+        "websocket_reconnects": campaign.reconnects, "table": campaign.table(),
+        "outcomes": [asdict(o) for o in campaign.outcomes],
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(campaign.markdown())
+        print(f"{len(campaign.outcomes)} faults in {elapsed:.0f} s (setup {campaign.setup_s:.0f}"
+              f" s), {campaign.restarts} daemon restarts by notebookos up, torch "
+              f"{'on' if args.torch else 'off'}, numpy array {args.big_mib} MiB, seed "
+              f"{args.seed}")
+    bad = sum(o.verdict in ("silent-loss", "error") for o in campaign.outcomes)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
