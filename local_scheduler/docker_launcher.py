@@ -42,7 +42,7 @@ import docker
 import docker.errors
 from docker.types import DeviceRequest, LogConfig
 
-from notebookos.local_scheduler.gpus import Gpu, real_gpus
+from notebookos.local_scheduler.gpus import Gpu, parse_nvidia_smi, real_gpus
 from notebookos.local_scheduler.launcher import (
     PORT_NAMES,
     ExitCallback,
@@ -147,19 +147,6 @@ def probe_engine_gpus(client: docker.DockerClient, image: str) -> list[Gpu]:
         log.warning("nvidia-smi in a GPU container failed (exit %s): %s", code, out[-300:])
         return []
     return parse_nvidia_smi(out)
-
-
-def parse_nvidia_smi(text: str) -> list[Gpu]:
-    gpus = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 3:
-            continue
-        try:
-            gpus.append(Gpu(int(parts[0]), parts[1], float(parts[2]) / 1024.0))
-        except ValueError:
-            continue
-    return gpus
 
 
 def container_name(kernel_id: str, replica_id: int) -> str:

@@ -26,8 +26,13 @@ def real_gpus(timeout_s: float = 5.0) -> list[Gpu]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Devices from ``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader,nounits``."""
     gpus = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 3:
             continue
