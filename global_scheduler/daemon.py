@@ -25,24 +25,14 @@ from notebookos.global_scheduler.registry_store import (
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.metrics import MetricsServer, metrics_url
 from notebookos.policies import get_policy
+from notebookos.policies.live import policy_params
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 
 log = logging.getLogger(__name__)
 
 
 def make_policy(config: Config):  # noqa: ANN201 - a notebookos.policies.Policy
-    name = config.cluster.policy
-    gs = config.global_scheduler
-    params = {"scale_factor": gs.scaling_factor, "buffer_hosts": gs.scaling_buffer_hosts,
-              "min_hosts": gs.min_hosts}
-    if name == "lcp":
-        params["warm_containers_per_host"] = gs.warm_containers_per_host
-    if name == "notebookos":
-        params["scale_in"] = gs.scale_in
-        params["max_subscription_ratio"] = max(1.0, config.cluster.max_subscription_ratio)
-        if config.cluster.max_subscription_ratio < 1.0:
-            params["subscription_ratio_limit"] = config.cluster.max_subscription_ratio
-    return get_policy(name, **params)
+    return get_policy(config.cluster.policy, **policy_params(config))
 
 
 def make_store(config: Config) -> RegistryStore:

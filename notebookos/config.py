@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from notebookos.policies import defaults as policy_defaults
+
 ENV_PREFIX = "NOTEBOOKOS_"
 CONFIG_FILE_ENV = "NOTEBOOKOS_CONFIG"
 
@@ -108,10 +110,14 @@ class ClusterSettings:
     state_dir: str = setting("", "Directory for local state (registry file, store, logs); empty "
                              "means $XDG_DATA_HOME/notebookos.")
     max_subscription_ratio: float = setting(
-        1.0, "Cluster-wide limit on a host's subscription ratio SR = subscribed GPUs / (GPUs x R).",
-        _between(0.01, 100.0))
+        policy_defaults.MAX_SUBSCRIPTION_RATIO,
+        "notebookos: the most a host's subscription ratio SR = subscribed GPUs / (GPUs x R) may "
+        "reach; the limit itself is dynamic (the paper's total subscribed GPUs / total GPUs, "
+        "at least 1) up to this. Below 1 it is a fixed limit. The simulator's default is the "
+        "same (docs/policies.md).", _between(0.01, 100.0))
     oversubscription: float = setting(
-        21.0, "Hard cap of a host's subscribed resources, as a multiple of its capacity (at "
+        policy_defaults.HOST_OVERSUBSCRIPTION,
+        "Hard cap of a host's subscribed resources, as a multiple of its capacity (at "
         "least replicas x the policy's largest subscription ratio, 3 x 7).", _at_least(1.0))
 
 
@@ -135,10 +141,12 @@ class GlobalSchedulerSettings:
     autoscale: bool = setting(True, "Scale hosts out and in automatically.")
     autoscale_interval_s: float = setting(15.0, "Seconds between autoscaler runs.", _at_least(0.1))
     scaling_factor: float = setting(
-        1.05, "Expected capacity = committed GPUs x this factor (plus the buffer).", _at_least(1.0))
+        policy_defaults.SCALE_FACTOR,
+        "Expected capacity = committed GPUs x this factor (plus the buffer).", _at_least(1.0))
     scaling_buffer_hosts: int = setting(1, "Spare hosts kept beyond expected capacity.",
                                         _at_least(0))
-    min_hosts: int = setting(3, "The autoscaler never goes below this many hosts.", _at_least(0))
+    min_hosts: int = setting(policy_defaults.MIN_HOSTS,
+                             "The autoscaler never goes below this many hosts.", _at_least(0))
     max_hosts: int = setting(32, "The autoscaler never goes above this many hosts.", _at_least(1))
     host_provider: str = setting(
         "local", "Where the autoscaler gets hosts: `local` starts Local Scheduler processes with "
@@ -159,9 +167,9 @@ class GlobalSchedulerSettings:
         8, "lcp: warm containers (prewarmed replica processes) the Global Scheduler asks every "
         "host to keep; each cell borrows one and the host refills its pool.", _at_least(0))
     scale_in: str = setting(
-        "empty", "notebookos: which hosts the autoscaler may release: `empty` (holding no "
-        "replica), `idle` (no GPU bound: their standby replicas move to other hosts first) or "
-        "`drain` (as idle here; the simulator adds the prototype's hysteresis). The simulator's "
+        policy_defaults.SCALE_IN,
+        "notebookos: which hosts the autoscaler may release: `empty` (holding no replica), "
+        "`idle` (no GPU bound: their standby replicas move to other hosts first) or `drain` (as idle here; the simulator adds the prototype's hysteresis). The simulator's "
         "default is the same (docs/evaluation.md measures the three).",
         lambda v: None if v in ("empty", "idle", "drain") else "empty, idle or drain")
 

@@ -7,6 +7,7 @@ from collections import deque
 from typing import ClassVar
 
 from notebookos.cluster import Cluster, Host
+from notebookos.policies import defaults
 from notebookos.policies.base import (
     ContainerLifetime,
     GpuBinding,
@@ -43,8 +44,11 @@ class NotebookOSPolicy(Policy):
     surplus passes a hysteresis, at most every 10 intervals, fewest last executors first; the
     simulator's setting ``drain_hysteresis_hosts``). ``scale_for_subscriptions`` adds hosts until
     the subscriptions fit under the limit (not in the paper's autoscaler); by default it is on only
-    when the limit cannot grow with the subscriptions (a fixed limit, or a maximum of 1 as the live
-    Global Scheduler's default), where without it the cluster would be too small to place kernels.
+    when the limit cannot grow with the subscriptions (a fixed limit, or a maximum of 1), where
+    without it the cluster would be too small to place kernels.
+
+    The defaults live in ``notebookos.policies.defaults``, which the live configuration's
+    defaults (``cluster.max_subscription_ratio``, ``global_scheduler.scale_in``...) also read.
     """
 
     name: ClassVar[str] = "notebookos"
@@ -58,13 +62,13 @@ class NotebookOSPolicy(Policy):
         self,
         *,
         subscription_ratio_limit: float | None = None,
-        sr_limit: str = "paper",
-        max_subscription_ratio: float = 7.0,
+        sr_limit: str = defaults.SR_LIMIT,
+        max_subscription_ratio: float = defaults.MAX_SUBSCRIPTION_RATIO,
         ratio_window: int = 5,
-        scale_factor: float = 1.05,
+        scale_factor: float = defaults.SCALE_FACTOR,
         buffer_hosts: int = 2,
-        min_hosts: int = 3,
-        scale_in: str = "empty",
+        min_hosts: int = defaults.MIN_HOSTS,
+        scale_in: str = defaults.SCALE_IN,
         scale_for_subscriptions: bool | None = None,
         **kwargs,
     ) -> None:
@@ -85,7 +89,7 @@ class NotebookOSPolicy(Policy):
         self.max_subscription_ratio = float(max_subscription_ratio)
         self.scale_in = scale_in
         # The paper's limit grows with the subscriptions, so the cluster need not grow for them;
-        # a limit that cannot grow (fixed, or a maximum of 1 as the live default) needs the hosts.
+        # a limit that cannot grow (fixed, or a maximum of 1) needs the hosts.
         fixed = subscription_ratio_limit is not None or max_subscription_ratio <= 1.0
         self.scale_for_subscriptions = (fixed if scale_for_subscriptions is None
                                         else bool(scale_for_subscriptions))

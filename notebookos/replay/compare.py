@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from notebookos.config import Config
+from notebookos.policies.live import policy_params
 from notebookos.simulator.records import RunRecord
 from notebookos.workload.model import Workload
 
@@ -37,20 +38,9 @@ DISAGREEMENT = 0.10
 
 
 def live_policy_params(config: Config) -> dict[str, Any]:
-    """The policy parameters the live Global Scheduler derives from ``config``
-    (global_scheduler/daemon.py ``make_policy``; tests/replay checks they stay equal)."""
-    name = config.cluster.policy
-    gs = config.global_scheduler
-    params: dict[str, Any] = {"scale_factor": gs.scaling_factor,
-                              "buffer_hosts": gs.scaling_buffer_hosts, "min_hosts": gs.min_hosts}
-    if name == "lcp":
-        params["warm_containers_per_host"] = gs.warm_containers_per_host
-    if name == "notebookos":
-        params["scale_in"] = gs.scale_in
-        params["max_subscription_ratio"] = max(1.0, config.cluster.max_subscription_ratio)
-        if config.cluster.max_subscription_ratio < 1.0:
-            params["subscription_ratio_limit"] = config.cluster.max_subscription_ratio
-    return params
+    """The policy parameters the live Global Scheduler derives from ``config`` (the same
+    function: ``notebookos.policies.live.policy_params``)."""
+    return policy_params(config)
 
 
 def simulate_played(workload: Workload, policy: str, hosts: int, gpus_per_host: int,
