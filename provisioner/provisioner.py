@@ -31,6 +31,7 @@ from traitlets import Float, Integer, Unicode
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.proto.convert import connection_info_to_dict, resource_spec_to_proto
+from notebookos.provisioner.errors import start_refused
 from notebookos.resources import ResourceSpec
 
 LIVE_REPLICA_STATES = frozenset({
@@ -117,10 +118,8 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         try:
             response = await self._stub().StartKernel(request, timeout=self.start_timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise RuntimeError(
-                f"NotebookOS could not start kernel {self.kernel_id} through the Global Scheduler "
-                f"at {self.address}: {exc.code().name}: {exc.details()}"
-            ) from None
+            # An HTTPError, so that Jupyter Server answers with the reason and JupyterLab shows it.
+            raise start_refused(self.kernel_id, self.address, exc.code(), exc.details()) from None
         self._started = self._registered = True
         self._exit_code = None
         info = connection_info_to_dict(response.connection)

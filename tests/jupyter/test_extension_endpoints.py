@@ -22,11 +22,18 @@ class Stack:
         self.port, self.token = port, token
 
     def get(self, path: str, token: str | None = None) -> tuple[int, dict]:
+        return self.fetch(path, token)
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        return self.fetch(path, None, method="POST", body=json.dumps(body))
+
+    def fetch(self, path: str, token: str | None = None, **kwargs: str) -> tuple[int, dict]:
         query = "" if token == "" else f"?token={token or self.token}"
 
         async def fetch() -> tuple[int, dict]:
             try:
-                resp = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{self.port}{path}{query}")
+                resp = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{self.port}{path}{query}",
+                                                     request_timeout=120, **kwargs)
                 return resp.code, json.loads(resp.body)
             except HTTPClientError as err:
                 body = err.response.body if err.response is not None else b"{}"
@@ -97,3 +104,28 @@ def test_kernel_endpoint_after_a_cell(stack: Stack) -> None:
 
     code, err = stack.get("/api/notebookos/kernels/no-such-kernel")
     assert code == 404 and "no-such-kernel" in err["message"]
+
+
+def test_a_refused_kernel_start_reaches_the_rest_client_with_its_reason(stack: Stack) -> None:
+    # No host has 4 GPUs: the Global Scheduler refuses (RESOURCE_EXHAUSTED) and says why; Jupyter
+    # Server passes that on, with what the user can do, instead of "Unhandled error".
+    code, err = stack.post("/api/kernels", {"name": "notebookos-4gpu"})
+    assert code == 503, err
+    assert err["reason"] == "NotebookOS cluster has no room for this kernel"
+    assert "RESOURCE_EXHAUSTED" in err["message"]
+    assert "no host can hold the request" in err["message"]
+    assert "What you can do: Shut down notebooks you no longer use" in err["message"]
+    assert "traceback" not in err
+
+    # What JupyterLab calls when it opens a notebook: the same message (Jupyter Server's sessions
+    # handler answers any start failure with 500 and the exception's text).
+    code, err = stack.post("/api/sessions", {"path": "refused.ipynb", "type": "notebook",
+                                             "kernel": {"name": "notebookos-4gpu"}})
+    assert code == 500, err
+    assert "no host can hold the request" in err["message"]
+    assert "What you can do" in err["message"]
+
+    # Nothing is left behind: the refused kernels are not listed.
+    code, kernels = stack.get("/api/kernels")
+    assert code == 200
+    assert not any(k["name"] == "notebookos-4gpu" for k in kernels)
