@@ -5,7 +5,6 @@ Raft group, waiting until they answer. Mixed into ``GlobalSchedulerService``."""
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -18,6 +17,7 @@ from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import ReplicaLink
 from notebookos.global_scheduler.readiness import wait_until_ready
+from notebookos.ports import raft_port
 from notebookos.proto import local_scheduler_pb2
 from notebookos.proto.convert import resource_spec_to_proto
 from notebookos.resources import ResourceSpec
@@ -69,15 +69,21 @@ class ReplicaStarterMixin:
                 raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  self._why_no_hosts(kernel.request, count, len(occupied)))
             plan = []
-            # A group of one needs no address known in advance: its host picks a free port.
-            alone = len(hosts) == 1 and not entry.replicas
+            # One new replica needs no address known in advance (a group of one; a replacement
+            # announces the address its host answers with in add_replica_request): its host
+            # picks a port it can bind (port 0). Several founders must know each other's
+            # addresses first: drawn from the range kept for Raft, never a port this scheduler
+            # gave another replica on that host (a taken port kills the replica at start).
+            taken = self._raft_ports_in_use()
             for host in hosts:
                 rid = entry.next_replica_id
                 entry.next_replica_id += 1
                 self.cluster.place_replica(kernel_id, rid, host.host_id)
-                port = 0 if alone else random.randint(20000, 59999)
-                raft = f"{self.hosts[host.host_id].ip}:{port}"
-                plan.append((rid, self.hosts[host.host_id], raft))
+                ip = self.hosts[host.host_id].ip
+                port = 0 if len(hosts) == 1 else raft_port(taken.setdefault(ip, set()))
+                if port:
+                    taken[ip].add(port)
+                plan.append((rid, self.hosts[host.host_id], f"{ip}:{port}"))
             peers = [local_scheduler_pb2.RaftPeer(replica_id=r.replica_id,
                                                   address=r.raft_address)
                      for r in entry.replicas.values()]
@@ -165,6 +171,16 @@ class ReplicaStarterMixin:
                 entry.front.set_replicas(entry.endpoints())
             self._save_kernel(entry)
         return sorted(started)
+
+    def _raft_ports_in_use(self) -> dict[str, set[int]]:
+        """The Raft ports of every replica this scheduler knows, by IP. Lock held."""
+        taken: dict[str, set[int]] = {}
+        for entry in self.kernels.values():
+            for r in entry.replicas.values():
+                ip, _, port = r.raft_address.rpartition(":")
+                if port.isdigit():
+                    taken.setdefault(ip, set()).add(int(port))
+        return taken
 
     def _why_no_hosts(self, request: ResourceSpec, count: int, occupied: int) -> str:
         total = len(self.cluster.hosts)

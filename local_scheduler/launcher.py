@@ -24,7 +24,7 @@ from typing import Protocol
 
 from notebookos.local_scheduler import spawn
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
-from notebookos.ports import free_ports
+from notebookos.ports import bindable, free_ports
 from notebookos.resources import ResourceSpec
 
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
@@ -167,8 +167,12 @@ class ProcessLauncher(Launcher):
     ) -> LaunchedReplica:
         if prewarmed is not None and not isinstance(prewarmed, PrewarmedProcess):
             raise TypeError(f"the process launcher cannot promote {prewarmed!r}")
-        raft_port = spec.raft_address.rpartition(":")[2]
+        raft_host, _, raft_port = spec.raft_address.rpartition(":")
         exclude = {int(raft_port)} if raft_port.isdigit() else set()
+        if raft_port.isdigit() and not bindable(raft_host or self.ip, int(raft_port)):
+            # refused before the replica starts: a replica that cannot bind it would die
+            raise OSError(f"cannot listen for Raft on {spec.raft_address}: the port is in use "
+                          f"on host {self.ip}")
         drawn = free_ports(len(PORT_NAMES), self.ip, exclude=exclude)
         ports = dict(zip(PORT_NAMES, drawn, strict=True))
         name = f"{spec.kernel_id}-{spec.replica_id}-{int(time.time() * 1000)}"

@@ -5,6 +5,13 @@ binding port 0: a port the OS hands out from the ephemeral range can be taken in
 between this probe and the replica's bind by any outgoing connection on the host (gRPC, Raft and
 ZMQ open many), and the replica then dies with "address already in use". Outside that range
 only another prober could take it, and random draws make that rare.
+
+The range below the ephemeral one is split in two. ``free_ports`` (replica ZMQ sockets, daemons,
+test servers) draws from the lower half. The upper half is for the Raft ports the Global
+Scheduler names for a new group's replicas (``raft_port``): their peers must know those addresses
+before the replicas start, so they cannot be probed on the replica's host; drawn where nothing else
+draws, and never one the Global Scheduler already gave a live replica of that host, they are free
+unless a foreign process took them.
 """
 
 from __future__ import annotations
@@ -18,15 +25,59 @@ RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST = 10_000
 
 
-def allocation_range() -> tuple[int, int]:
-    """[low, high) of the ports to draw from: below the ephemeral range where it is known."""
+def _ephemeral_low() -> int:
     try:
-        ephemeral_low = int(RANGE_FILE.read_text().split()[0])
+        return int(RANGE_FILE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        ephemeral_low = 32_768
-    if ephemeral_low - LOWEST < 1_000:  # an unusual ephemeral range: fall back to the OS
+        return 32_768
+
+
+def _split(ephemeral_low: int) -> int:
+    return LOWEST + (ephemeral_low - LOWEST) // 2
+
+
+def allocation_range() -> tuple[int, int]:
+    """[low, high) of the ports ``free_ports`` draws from: the lower half of the ports below the
+    ephemeral range where it is known; (0, 0) (the OS picks) where that is too small."""
+    ephemeral_low = _ephemeral_low()
+    if ephemeral_low - LOWEST < 2_000:  # an unusual ephemeral range: fall back to the OS
         return 0, 0
-    return LOWEST, ephemeral_low
+    return LOWEST, _split(ephemeral_low)
+
+
+def raft_port_range() -> tuple[int, int]:
+    """[low, high) of the Raft ports a Global Scheduler names for a new group: the upper half
+    below the ephemeral range (no prober draws there), or 20000-59999 where that is too small."""
+    ephemeral_low = _ephemeral_low()
+    if ephemeral_low - LOWEST < 2_000:
+        return 20_000, 60_000
+    return _split(ephemeral_low), ephemeral_low
+
+
+def raft_port(taken: Collection[int] = ()) -> int:
+    """A port of ``raft_port_range`` that is not one of ``taken`` (the Raft ports of the replicas
+    already on that host, and those drawn for the same group)."""
+    low, high = raft_port_range()
+    for _ in range(100):
+        port = random.randrange(low, high)
+        if port not in taken:
+            return port
+    left = [p for p in range(low, high) if p not in taken]
+    if left:
+        return random.choice(left)
+    raise RuntimeError(f"no Raft port left in [{low}, {high}) outside {len(taken)} taken ones")
+
+
+def bindable(host: str, port: int) -> bool:
+    """Whether a listener could bind ``host:port`` now (as Raft does: SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
 
 def free_ports(

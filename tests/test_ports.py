@@ -4,8 +4,9 @@ between the Local Scheduler's probe and the replica's bind."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
-from notebookos.ports import allocation_range, free_ports
+from notebookos.ports import allocation_range, free_ports, raft_port, raft_port_range
 
 
 def test_ports_are_distinct_bindable_and_below_the_ephemeral_range():
@@ -47,3 +48,15 @@ def test_excluded_ports_are_never_handed_out():
     ports = free_ports(5, exclude=excluded)
     assert len(set(ports)) == 5
     assert not set(ports) & excluded, ports
+
+
+def test_raft_ports_have_a_range_of_their_own_below_the_ephemeral_range():
+    # the Global Scheduler names a new group's Raft ports without probing the replicas' hosts:
+    # no prober (free_ports) may draw there, nor outgoing connections (the ephemeral range)
+    low, high = allocation_range()
+    raft_low, raft_high = raft_port_range()
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert low < high <= raft_low < raft_high <= ephemeral_low
+    taken = set(range(raft_low, raft_high)) - {raft_low + 7}
+    assert raft_port(taken) == raft_low + 7
+    assert all(raft_low <= raft_port() < raft_high for _ in range(100))

@@ -18,6 +18,7 @@ from sched_cluster import (  # noqa: F401 - fixture
     run_cell,
 )
 
+from notebookos.ports import allocation_range, raft_port_range
 from notebookos.testing.processes import pid_alive
 
 pytestmark = pytest.mark.timeout(180)
@@ -49,6 +50,13 @@ def test_a_killed_replica_is_replaced_and_the_kernel_keeps_its_variables(make_cl
     after = _replicas(cluster, kernel_id)
     assert len({host for host, _ in after.values()}) == 3
     assert max(after) > max(before)  # the replacement has a fresh replica id
+    # Founders' Raft ports come from the range kept for them; the replacement's from its host,
+    # which probed it (a port drawn blindly could be taken there, and the replacement died).
+    ports = {r.replica_id: int(r.raft_address.rpartition(":")[2])
+             for r in cluster.kernel(kernel_id).replicas}
+    (low, high), (raft_low, raft_high) = allocation_range(), raft_port_range()
+    assert all(raft_low <= ports[rid] < raft_high for rid in before if rid in ports), ports
+    assert low <= ports[max(after)] < high, ports
     assert result_text(run_cell(kc, "data['d'] = 4\nsorted(data.items())")) == (
         "[('a', 1), ('b', 2), ('d', 4)]")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 import uuid
 
@@ -37,8 +38,9 @@ def host(make_cluster):  # noqa: ANN001, ANN201
 
 def _start(stub, kernel_id: str, **kw) -> local_scheduler_pb2.StartReplicaResponse:  # noqa: ANN001
     key = kw.pop("key", "k" * 32)
+    raft_address = kw.pop("raft_address", "127.0.0.1:0")
     return stub.StartReplica(local_scheduler_pb2.StartReplicaRequest(
-        kernel_id=kernel_id, replica_id=1, raft_address="127.0.0.1:0", key=key,
+        kernel_id=kernel_id, replica_id=1, raft_address=raft_address, key=key,
         resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=64, gpus=1), **kw),
         timeout=60)
 
@@ -94,6 +96,22 @@ def test_registration_gpu_binding_and_release_when_the_replica_dies(host):
     else:
         pytest.fail(f"GPUs not released after the replica died: {s}")
     assert "died" in cluster.log("solo")
+
+
+def test_a_raft_port_in_use_fails_the_start_at_once_and_no_replica_dies(host):
+    """A replica told to listen for Raft on a taken port would die at start (and count as a
+    replica death): the host refuses the start instead, naming the port."""
+    cluster, stub = host
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(grpc.RpcError) as err:
+            _start(stub, f"t-{uuid.uuid4().hex[:6]}", raft_address=f"127.0.0.1:{port}")
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert f"cannot listen for Raft on 127.0.0.1:{port}" in err.value.details()
+    assert not _host_status(stub).replicas
+    assert "died" not in cluster.log("solo")
 
 
 def test_a_commit_applies_the_releases_it_carries_first(host):
