@@ -24,11 +24,13 @@ from collections.abc import Callable
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from .election import Applied, ElectionBook
+from .raft_rest import RaftRest, RestingTransport, RestTimings
 from .records import Record
 
 log = logging.getLogger(__name__)
 
 CommitHandler = Callable[[Record, Applied], None]
+DEFAULT_REST = RestTimings()
 TRANSIENT = frozenset({"MISSING_LEADER", "NOT_LEADER", "LEADER_CHANGED", "DISCARDED", "QUEUE_FULL"})
 
 
@@ -93,6 +95,7 @@ class RaftLog:
         raft_min_timeout: float = 0.25,
         raft_max_timeout: float = 0.6,
         compaction_entries: int = 5000,
+        rest: RestTimings | None = DEFAULT_REST,
     ) -> None:
         check_bindable(self_address)
         self.self_address = self_address
@@ -124,7 +127,14 @@ class RaftLog:
             onReady=on_ready,
             logCompactionMinEntries=compaction_entries,  # then a joiner gets a snapshot
         )
-        self._sync = SyncObj(self_address, peer_addresses, conf, consumers=[self._consumer])
+        transport = RestingTransport if rest is not None else None
+        self._sync = SyncObj(self_address, peer_addresses, conf, consumers=[self._consumer],
+                             **({"transportClass": transport} if transport else {}))
+        # an idle group rests (raft_rest.py): almost no heartbeats while nothing is proposed
+        self.rest: RaftRest | None = None
+        if rest is not None:
+            self.rest = RaftRest(self._sync, rest)
+            self._sync._SyncObj__transport.rest = self.rest
 
     @property
     def lock(self) -> threading.RLock:
@@ -189,6 +199,10 @@ class RaftLog:
     def is_ready(self) -> bool:
         return bool(self._sync.isReady())
 
+    def is_resting(self) -> bool:
+        """Whether this replica's Raft timers rest (raft_rest.py)."""
+        return self.rest is not None and self.rest.resting
+
     def has_quorum(self) -> bool:
         return bool(self._sync.hasQuorum)
 
@@ -215,6 +229,8 @@ class RaftLog:
         self._closed = True
         try:
             self._sync.destroy()
+            # a resting tick thread sleeps up to a second: wake it so it sees the destroy now
+            self._sync._SyncObj__pipeNotifier.notify()
         except Exception:  # noqa: BLE001 - best effort at shutdown
             log.debug("raft destroy failed", exc_info=True)
 

@@ -808,5 +808,6 @@ class ReplicaKernel(IPythonKernel):
                 "checkpoint_pending": self.sync.checkpoint_pending(),
                 "raft_ready": self._raft_ready.is_set(),
                 "has_quorum": self.raft.has_quorum(),
+                "raft_resting": self.raft.is_resting(),
             }
         self.session.send(stream, "replica_status_reply", content, parent, ident=ident)

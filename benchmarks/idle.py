@@ -1,0 +1,221 @@
+"""What an idle kernel costs: NotebookOS (three replicas) against a plain ipykernel, same run.
+
+    python benchmarks/idle.py [--json] [--kernels 1,8] [--window 20] [--settle 5]
+
+For each count N in --kernels: N plain ipykernels and N NotebookOS replica groups (three replica
+processes each, on loopback, started like benchmarks/kernel.py does) are started, each runs one
+small cell, then all sit idle. After --settle seconds, the CPU time (user + system, every process
+of the kernel and its children) is read over --window seconds, and the resident memory (RSS).
+Figures are per kernel (a NotebookOS kernel = its three replicas together):
+
+- ``plain_idle_cpu_ms_per_s`` / ``nbos_idle_cpu_ms_per_s`` and their ratio;
+- ``plain_rss_mb`` / ``nbos_rss_mb`` (MB = 10^6 bytes) and their ratio;
+- ``plain_start_s`` / ``nbos_start_s``: launching the processes until the first cell's reply
+  (the first kernel of the run, measured before the others start);
+- ``plain_cell_after_idle_ms`` / ``nbos_cell_after_idle_ms``: a trivial cell sent after the idle
+  window (the group has rested: does waking it cost?), median over the kernels;
+- ``failover_after_idle_s``: SIGKILL the executor of an idle group, then the next cell on a
+  survivor: kill -> that cell's ``execute_input``.
+
+The Global and Local Schedulers are not counted (they serve every kernel of a cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "kernel"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness import ReplicaGroup, kill_group  # noqa: E402
+from jupyter_client import BlockingKernelClient  # noqa: E402
+from jupyter_client.connect import write_connection_file  # noqa: E402
+
+from kernel import failover, wait_idle, wait_reply  # noqa: E402
+
+
+class PlainKernel:
+    def __init__(self, cf: Path) -> None:
+        write_connection_file(str(cf), ip="127.0.0.1", key=b"plain-key")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ipykernel_launcher", "-f", str(cf),
+             "--HistoryManager.enabled=False"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        self.client = BlockingKernelClient(connection_file=str(cf))
+        self.client.load_connection_file()
+        self.client.start_channels()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                wait_reply(self.client.get_shell_msg, self.client.kernel_info(), 1.0)
+                return
+            except TimeoutError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the plain ipykernel did not start") from None
+
+    def execute(self, code: str) -> None:
+        msg_id = self.client.execute(code)
+        wait_reply(self.client.get_shell_msg, msg_id)
+        wait_idle(self.client, msg_id)
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid]
+
+    def stop(self) -> None:
+        self.client.stop_channels()
+        kill_group(self.proc)
+
+
+def group_pids(group: ReplicaGroup) -> list[int]:
+    return [r.proc.pid for r in group.replicas.values() if r.alive]
+
+
+def _tree(pids: list[int]) -> list[psutil.Process]:
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs.append(p)
+            procs.extend(p.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for p in _tree(pids):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for p in _tree(pids):
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def measure(workdir: Path, count: int, window: float, settle: float,
+            failover_too: bool) -> dict[str, Any]:
+    plains: list[PlainKernel] = []
+    groups: list[ReplicaGroup] = []
+    out: dict[str, Any] = {}
+    try:
+        for i in range(count):
+            t0 = time.perf_counter()
+            plain = PlainKernel(workdir / f"plain-{count}-{i}.json")
+            plains.append(plain)
+            plain.execute("x = 1")
+            if i == 0:
+                out["plain_start_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            group = ReplicaGroup(workdir / f"group-{count}-{i}",
+                                 store_url=f"file://{workdir}/store-{count}-{i}")
+            groups.append(group)
+            group.start()
+            group.execute("x = 1", target=1)
+            if i == 0:
+                out["nbos_start_s"] = time.perf_counter() - t0
+        group_pid_lists = [group_pids(g) for g in groups]
+        plain_pid_lists = [p.pids() for p in plains]
+        time.sleep(settle)
+        plain_cpu0 = [cpu_seconds(p) for p in plain_pid_lists]
+        nbos_cpu0 = [cpu_seconds(p) for p in group_pid_lists]
+        t0 = time.monotonic()
+        time.sleep(window)
+        elapsed = time.monotonic() - t0
+        plain_cpu = [(cpu_seconds(p) - c) / elapsed * 1e3
+                     for p, c in zip(plain_pid_lists, plain_cpu0, strict=True)]
+        nbos_cpu = [(cpu_seconds(p) - c) / elapsed * 1e3
+                    for p, c in zip(group_pid_lists, nbos_cpu0, strict=True)]
+        plain_rss = [rss_bytes(p) / 1e6 for p in plain_pid_lists]
+        nbos_rss = [rss_bytes(p) / 1e6 for p in group_pid_lists]
+        plain_after, nbos_after = [], []
+        for plain, group in zip(plains, groups, strict=True):
+            t0 = time.perf_counter()
+            plain.execute("y = 2")
+            plain_after.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            msg_id = group.send_execute("y = 2", target=1)
+            wait_reply(group.replicas[1].client.get_shell_msg, msg_id)
+            wait_idle(group.replicas[1].client, msg_id)
+            nbos_after.append(time.perf_counter() - t0)
+            group.collect(msg_id, [2, 3], target=None)
+        out.update({
+            "plain_idle_cpu_ms_per_s": sum(plain_cpu) / count,
+            "nbos_idle_cpu_ms_per_s": sum(nbos_cpu) / count,
+            "nbos_idle_cpu_max_ms_per_s": max(nbos_cpu),
+            "plain_rss_mb": sum(plain_rss) / count,
+            "nbos_rss_mb": sum(nbos_rss) / count,
+            "plain_cell_after_idle_ms": median(plain_after) * 1e3,
+            "nbos_cell_after_idle_ms": median(nbos_after) * 1e3,
+        })
+        out["cpu_ratio"] = out["nbos_idle_cpu_ms_per_s"] / max(out["plain_idle_cpu_ms_per_s"], 1e-3)
+        out["rss_ratio"] = out["nbos_rss_mb"] / out["plain_rss_mb"]
+        out["start_ratio"] = out["nbos_start_s"] / out["plain_start_s"]
+        if failover_too:
+            time.sleep(settle)  # let the group rest again
+            out["failover_after_idle_s"] = failover(groups[0])
+    finally:
+        for plain in plains:
+            plain.stop()
+        for group in groups:
+            group.stop()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--kernels", default="1", help="comma-separated kernel counts")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds of idle measured")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+    results: dict[str, Any] = {"cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="nbos-idle-") as tmp:
+        for count in (int(c) for c in args.kernels.split(",")):
+            row = measure(Path(tmp), count, args.window, args.settle, failover_too=True)
+            results[str(count)] = {k: round(v, 4) if isinstance(v, float) else v
+                                   for k, v in row.items()}
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for key, value in results.items():
+            if isinstance(value, dict):
+                print(f"{key} kernel(s):")
+                for k, v in value.items():
+                    print(f"  {k:>28}: {v}")
+            else:
+                print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

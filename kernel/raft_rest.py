@@ -1,0 +1,261 @@
+"""A Raft group that rests while nothing is written to its log.
+
+An awake pysyncobj group costs about 30 ms of CPU per second for three replicas doing nothing
+(docs/performance.md): the leader's heartbeats, 20 a second, each answered by every follower, and
+everyone's 50 ms ticks. Production systems quiesce idle groups (CockroachDB quiesces idle ranges,
+TiKV hibernates idle regions); this module does the same for one kernel's group:
+
+1. A follower that has seen no log activity (index, commit, term, leader, role) for
+   ``follower_quiet`` seconds, is caught up and connected to its leader, *rests*: its election
+   timeout becomes ``rest_election`` (longer than the rest heartbeat period), its tick slows to
+   ``rest_tick``, and it tells the leader with an ``nbos_rest`` message (term and log index).
+2. A leader that has heard ``nbos_rest`` for its current term and log index from every other
+   member, all connected and caught up, and has itself been quiet ``leader_quiet`` seconds, rests:
+   one heartbeat every ``rest_heartbeat`` seconds instead of every 50 ms (often enough to keep the
+   TCP connections under pysyncobj's connection timeout, and a hung leader is still found by the
+   followers' election timeout), slower ticks, a longer ``leaderFallbackTimeout``.
+3. Anything but a rest heartbeat and its answer wakes a resting replica at once: a proposal (it
+   enters the log), any other Raft message, a member connecting or disconnecting, a role or term
+   change. A replica that wakes restores its timings and sends ``nbos_wake`` to the others it
+   knows (a leader to every member, a follower to its leader), so the whole group wakes together
+   and the next cell pays nothing. A SIGKILLed leader closes its sockets: the followers wake on
+   the disconnect and elect within the normal election timeout (the Local Scheduler reports the
+   death as well). A hung-but-alive leader of a resting group is found by the rest election
+   timeout instead of the normal one.
+
+Only the timing changes: the log, its commits and Raft's safety rules are pysyncobj's own. The
+messages are sent on pysyncobj's transport (encrypted with the group's password) and caught by
+``RestingTransport`` before pysyncobj sees them. Everything here runs on pysyncobj's tick thread.
+pysyncobj keeps its state in name-mangled attributes; they are read (and the few timing fields
+written) here only, and if a pysyncobj release lacks one of them resting is switched off.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pysyncobj.transport import TCPTransport
+
+log = logging.getLogger(__name__)
+
+REST = "nbos_rest"
+WAKE = "nbos_wake"
+_LEADER, _FOLLOWER = 2, 0  # pysyncobj's _RAFT_STATE values
+_NEEDED = ("raftLog", "raftCommitIndex", "raftLastApplied", "raftState", "raftLeader",
+           "raftCurrentTerm", "raftElectionDeadline", "newAppendEntriesTime", "raftMatchIndex",
+           "otherNodes", "connectedNodes", "conf", "transport")
+
+
+@dataclass(frozen=True)
+class RestTimings:
+    """How a group rests; the defaults keep every rest period under pysyncobj's 10 s
+    connection timeout with room for a loaded machine."""
+
+    follower_quiet: float = 1.0
+    leader_quiet: float = 1.0
+    rest_heartbeat: float = 4.0
+    rest_tick: float = 1.0
+    rest_election_min: float = 12.0
+    rest_election_max: float = 16.0
+    rest_fallback: float = 40.0
+    fallback_grace: float = 1.0  # a woken leader keeps the long fallback this long
+
+
+class RestingTransport(TCPTransport):
+    """pysyncobj's TCP transport, with the rest messages and wake-ups routed to ``rest``."""
+
+    rest: RaftRest | None = None
+
+    def _onMessageReceived(self, node, message) -> None:  # noqa: N802 - pysyncobj's name
+        rest = self.rest
+        if rest is not None and rest.on_message(node, message):
+            return
+        super()._onMessageReceived(node, message)
+
+    def _onNodeConnected(self, node) -> None:  # noqa: N802
+        super()._onNodeConnected(node)
+        if self.rest is not None:
+            self.rest.wake("connected")
+
+    def _onNodeDisconnected(self, node) -> None:  # noqa: N802
+        # a failed attempt to reach a member that is down reports a disconnect too (every
+        # connectionRetryTime): only losing a connected member is news
+        rest = self.rest
+        was_connected = rest is not None and rest.is_connected(node)
+        super()._onNodeDisconnected(node)
+        if was_connected:
+            rest.wake("disconnected")
+
+    def touch_connections(self) -> None:
+        """Count now as a read on every connection: a link that carried nothing because the
+        group rested (follower to follower) is not dead, and pysyncobj would otherwise drop it,
+        and the message sent on it, on its first use after the connection timeout."""
+        now = time.monotonic()
+        for conn in list(self._connections.values()):
+            if hasattr(conn, "_TcpConnection__lastReadTime"):
+                conn._TcpConnection__lastReadTime = now
+
+
+class RaftRest:
+    """The resting state machine of one replica (see the module docstring)."""
+
+    def __init__(self, sync: Any, timings: RestTimings | None = None) -> None:
+        self._sync = sync
+        self.timings = timings or RestTimings()
+        self.enabled = all(hasattr(sync, f"_SyncObj__{name}") for name in _NEEDED)
+        if not self.enabled:
+            log.warning("this pysyncobj lacks the state a resting group needs: never resting")
+            return
+        conf = self._get("conf")
+        self._normal = {
+            "autoTickPeriod": conf.autoTickPeriod,
+            "appendEntriesPeriod": conf.appendEntriesPeriod,
+            "raftMinTimeout": conf.raftMinTimeout,
+            "raftMaxTimeout": conf.raftMaxTimeout,
+            "leaderFallbackTimeout": conf.leaderFallbackTimeout,
+        }
+        self.resting = False
+        self.rests = 0  # times this replica entered rest (status, tests)
+        self._snapshot: tuple = ()
+        self._last_activity = time.monotonic()
+        self._woke_at = 0.0
+        self._announced: dict[Any, tuple[int, int]] = {}  # leader: follower -> (term, index)
+        sync.addOnTickCallback(self.on_tick)
+
+    # ---- pysyncobj's state ---------------------------------------------------------------
+    def _get(self, name: str) -> Any:
+        return getattr(self._sync, f"_SyncObj__{name}")
+
+    def _set(self, name: str, value: Any) -> None:
+        setattr(self._sync, f"_SyncObj__{name}", value)
+
+    def _log_index(self) -> int:
+        return self._get("raftLog")[-1][1]
+
+    def _state(self) -> tuple:
+        return (self._log_index(), self._get("raftCommitIndex"), self._get("raftLastApplied"),
+                self._get("raftState"), self._get("raftLeader"), self._get("raftCurrentTerm"))
+
+    def _caught_up(self) -> bool:
+        index = self._log_index()
+        return self._get("raftCommitIndex") == index and self._get("raftLastApplied") == index
+
+    def is_connected(self, node: Any) -> bool:
+        return self.enabled and node in self._get("connectedNodes")
+
+    # ---- events (tick thread) ---------------------------------------------------------------
+    def on_tick(self) -> None:
+        if not self.enabled:
+            return
+        state = self._state()
+        if state != self._snapshot:
+            self._snapshot = state
+            self.wake("log or role changed")
+        now = time.monotonic()
+        conf = self._get("conf")
+        if (not self.resting and self._woke_at
+                and now - self._woke_at > self.timings.fallback_grace
+                and conf.leaderFallbackTimeout != self._normal["leaderFallbackTimeout"]):
+            conf.leaderFallbackTimeout = self._normal["leaderFallbackTimeout"]
+        if self.resting:
+            return
+        role = self._get("raftState")
+        if role == _FOLLOWER and now - self._last_activity >= self.timings.follower_quiet:
+            self._maybe_rest_follower()
+        elif role == _LEADER and now - self._last_activity >= self.timings.leader_quiet:
+            self._maybe_rest_leader()
+
+    def on_message(self, node: Any, message: Any) -> bool:
+        """True when the message was ours (pysyncobj must not see it)."""
+        if not self.enabled or not isinstance(message, dict):
+            return False
+        kind = message.get("type")
+        if kind == REST:
+            if self._get("raftState") == _LEADER:
+                self._announced[node] = (message.get("term"), message.get("index"))
+            return True
+        if kind == WAKE:
+            self.wake("asked by a peer")
+            return True
+        if self.resting:
+            if self._get("raftState") == _LEADER:
+                quiet = kind == "next_node_idx"  # a follower answering a rest heartbeat
+            else:
+                quiet = (kind == "append_entries" and not message.get("entries")
+                         and not message.get("serialized") and not message.get("transmission")
+                         and message.get("commit_index") == self._get("raftCommitIndex"))
+            if not quiet:
+                self.wake(f"message {kind}")
+        return False
+
+    def wake(self, why: str) -> None:
+        if not self.enabled:
+            return
+        self._last_activity = time.monotonic()
+        if not self.resting:
+            if self._announced:  # followers rest on our word: have them start over
+                transport = self._get("transport")
+                for node in list(self._announced):
+                    transport.send(node, {"type": WAKE})
+                self._announced.clear()
+            return
+        self._announced.clear()
+        self.resting = False
+        self._woke_at = self._last_activity
+        log.debug("raft group wakes: %s", why)
+        conf = self._get("conf")
+        for key in ("autoTickPeriod", "appendEntriesPeriod", "raftMinTimeout", "raftMaxTimeout"):
+            setattr(conf, key, self._normal[key])
+        transport = self._get("transport")
+        if isinstance(transport, RestingTransport):
+            transport.touch_connections()
+        if self._get("raftState") == _LEADER:
+            self._set("newAppendEntriesTime", 0.0)  # a heartbeat on this very tick
+            peers = self._get("otherNodes")
+        else:
+            self._set("raftElectionDeadline", time.monotonic() + random.uniform(
+                self._normal["raftMinTimeout"], self._normal["raftMaxTimeout"]))
+            leader = self._get("raftLeader")
+            peers = [leader] if leader is not None else self._get("otherNodes")
+        for node in list(peers):
+            transport.send(node, {"type": WAKE})
+
+    # ---- entering rest -----------------------------------------------------------------------
+    def _maybe_rest_follower(self) -> None:
+        leader = self._get("raftLeader")
+        if leader is None or leader not in self._get("connectedNodes") or not self._caught_up():
+            return
+        conf = self._get("conf")
+        t = self.timings
+        conf.raftMinTimeout, conf.raftMaxTimeout = t.rest_election_min, t.rest_election_max
+        conf.autoTickPeriod = t.rest_tick
+        self._set("raftElectionDeadline",
+                  time.monotonic() + random.uniform(t.rest_election_min, t.rest_election_max))
+        self.resting = True
+        self.rests += 1
+        self._get("transport").send(leader, {"type": REST, "term": self._get("raftCurrentTerm"),
+                                             "index": self._log_index()})
+
+    def _maybe_rest_leader(self) -> None:
+        index, term = self._log_index(), self._get("raftCurrentTerm")
+        others = self._get("otherNodes")
+        connected = self._get("connectedNodes")
+        match = self._get("raftMatchIndex")
+        if not others or not self._caught_up():
+            return
+        for node in others:
+            if (node not in connected or match.get(node) != index
+                    or self._announced.get(node) != (term, index)):
+                return
+        conf = self._get("conf")
+        t = self.timings
+        conf.appendEntriesPeriod = t.rest_heartbeat
+        conf.autoTickPeriod = t.rest_tick
+        conf.leaderFallbackTimeout = t.rest_fallback
+        self._set("newAppendEntriesTime", time.monotonic() + t.rest_heartbeat)
+        self.resting = True
+        self.rests += 1
