@@ -14,6 +14,8 @@ Figures are per kernel (a NotebookOS kernel = its three replicas together):
   (the first kernel of the run, measured before the others start);
 - ``plain_cell_after_idle_ms`` / ``nbos_cell_after_idle_ms``: a trivial cell sent after the idle
   window (the group has rested: does waking it cost?), median over the kernels;
+- ``nbos_awake_idle_cpu_ms_per_s`` (``--awake``): N more groups with Raft resting switched off
+  (``NOTEBOOKOS_RAFT_REST=0``), idle in the same window: the cost before resting, same run;
 - ``failover_after_idle_s``: SIGKILL the executor of an idle group, then the next cell on a
   survivor: kill -> that cell's ``execute_input``.
 
@@ -121,10 +123,23 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+def awake_group(workdir: Path) -> ReplicaGroup:
+    """A group with resting switched off (NOTEBOOKOS_RAFT_REST=0): the before, in the same run."""
+    group = ReplicaGroup(workdir, store_url=f"file://{workdir}/store")
+    os.environ["NOTEBOOKOS_RAFT_REST"] = "0"
+    try:
+        group.start()
+    finally:
+        del os.environ["NOTEBOOKOS_RAFT_REST"]
+    group.execute("x = 1", target=1)
+    return group
+
+
 def measure(workdir: Path, count: int, window: float, settle: float,
-            failover_too: bool) -> dict[str, Any]:
+            failover_too: bool, awake: bool) -> dict[str, Any]:
     plains: list[PlainKernel] = []
     groups: list[ReplicaGroup] = []
+    awakes: list[ReplicaGroup] = []
     out: dict[str, Any] = {}
     try:
         for i in range(count):
@@ -142,11 +157,15 @@ def measure(workdir: Path, count: int, window: float, settle: float,
             group.execute("x = 1", target=1)
             if i == 0:
                 out["nbos_start_s"] = time.perf_counter() - t0
+            if awake:
+                awakes.append(awake_group(workdir / f"awake-{count}-{i}"))
         group_pid_lists = [group_pids(g) for g in groups]
+        awake_pid_lists = [group_pids(g) for g in awakes]
         plain_pid_lists = [p.pids() for p in plains]
         time.sleep(settle)
         plain_cpu0 = [cpu_seconds(p) for p in plain_pid_lists]
         nbos_cpu0 = [cpu_seconds(p) for p in group_pid_lists]
+        awake_cpu0 = [cpu_seconds(p) for p in awake_pid_lists]
         t0 = time.monotonic()
         time.sleep(window)
         elapsed = time.monotonic() - t0
@@ -154,6 +173,10 @@ def measure(workdir: Path, count: int, window: float, settle: float,
                      for p, c in zip(plain_pid_lists, plain_cpu0, strict=True)]
         nbos_cpu = [(cpu_seconds(p) - c) / elapsed * 1e3
                     for p, c in zip(group_pid_lists, nbos_cpu0, strict=True)]
+        awake_cpu = [(cpu_seconds(p) - c) / elapsed * 1e3
+                     for p, c in zip(awake_pid_lists, awake_cpu0, strict=True)]
+        if awake:
+            out["nbos_awake_idle_cpu_ms_per_s"] = sum(awake_cpu) / count
         plain_rss = [rss_bytes(p) / 1e6 for p in plain_pid_lists]
         nbos_rss = [rss_bytes(p) / 1e6 for p in group_pid_lists]
         plain_after, nbos_after = [], []
@@ -185,7 +208,7 @@ def measure(workdir: Path, count: int, window: float, settle: float,
     finally:
         for plain in plains:
             plain.stop()
-        for group in groups:
+        for group in groups + awakes:
             group.stop()
     return out
 
@@ -196,12 +219,15 @@ def main() -> int:
     parser.add_argument("--kernels", default="1", help="comma-separated kernel counts")
     parser.add_argument("--window", type=float, default=20.0, help="seconds of idle measured")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before")
+    parser.add_argument("--awake", action="store_true",
+                        help="also N groups with resting switched off, measured alongside")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     results: dict[str, Any] = {"cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="nbos-idle-") as tmp:
         for count in (int(c) for c in args.kernels.split(",")):
-            row = measure(Path(tmp), count, args.window, args.settle, failover_too=True)
+            row = measure(Path(tmp), count, args.window, args.settle, failover_too=True,
+                          awake=args.awake)
             results[str(count)] = {k: round(v, 4) if isinstance(v, float) else v
                                    for k, v in row.items()}
     if args.json:

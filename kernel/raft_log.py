@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -127,6 +128,8 @@ class RaftLog:
             onReady=on_ready,
             logCompactionMinEntries=compaction_entries,  # then a joiner gets a snapshot
         )
+        if os.environ.get("NOTEBOOKOS_RAFT_REST", "1") == "0":  # benchmarks/idle.py --awake
+            rest = None
         transport = RestingTransport if rest is not None else None
         self._sync = SyncObj(self_address, peer_addresses, conf, consumers=[self._consumer],
                              **({"transportClass": transport} if transport else {}))
