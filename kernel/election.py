@@ -112,6 +112,7 @@ class ElectionBook:
         # set when this group was rebuilt from a store checkpoint (all replicas had been lost)
         self.restored_from: int | None = None
         self.restore_notes: tuple[str, ...] = ()
+        self.restore_failed: frozenset[str] = frozenset()  # names the rebuild agreed are lost
 
     # ---- queries -------------------------------------------------------------------------
     def get(self, election_id: str) -> Election | None:
@@ -149,6 +150,7 @@ class ElectionBook:
                 self.checkpoint_count = record.execution_count
                 self.restored_from = record.execution_count
                 self.restore_notes = tuple(record.notes)
+                self.restore_failed = frozenset(record.failed)
             return Applied()
         raise TypeError(f"not a log record: {type(record).__name__}")
 

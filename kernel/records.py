@@ -78,6 +78,10 @@ class Restored:
     execution_count: int
     replica_id: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # names the proposing replica could not restore: the group's committed state lacks them (the
+    # user is told), so a replica that restored them drops them and one that also failed them
+    # is not behind for that reason
+    failed: tuple[str, ...] = field(default_factory=tuple)
 
 
 Record = (

@@ -49,6 +49,9 @@ from .records import (
 )
 from .state_sync import StateSync
 
+# Exit status of a replica that could not load the committed state: the scheduler replaces it.
+DIVERGED_EXIT_CODE = 75
+
 
 @contextlib.contextmanager
 def ignore_sigint() -> Iterator[None]:
@@ -129,6 +132,15 @@ class ReplicaKernel(IPythonKernel):
     sync_threshold_bytes = Int(1 << 20, help="Values larger than this go to the store.").tag(
         config=True
     )
+    diverged_exit_after = Float(
+        30.0, help="Seconds a replica whose namespace is not the committed state (an update, "
+        "large object or checkpoint it could not load) keeps trying to re-sync from the store "
+        "before it exits so that the scheduler replaces it. It never executes meanwhile.",
+    ).tag(config=True)
+    catch_up_timeout = Float(
+        120.0, help="Seconds an elected executor waits to have applied every earlier cell's "
+        "state before it aborts the cell (with a reason) instead of running it without them.",
+    ).tag(config=True)
 
     msg_types = [*IPythonKernel.msg_types, "yield_request"]
     control_msg_types = [
@@ -165,6 +177,15 @@ class ReplicaKernel(IPythonKernel):
         self._apply_lock = threading.Lock()
         self._restore_needed = False
         self._rebuilding = False
+        # What this replica's namespace lacks of the committed state ({name: why}): an update it
+        # could not apply, a large object it could not fetch, a checkpoint restored in part.
+        # While non-empty it never proposes LEAD and never runs a cell; it re-syncs from the
+        # store, or exits after ``diverged_exit_after`` so that a replacement joins.
+        self._diverged: dict[str, str] = {}
+        self._diverged_since: float | None = None
+        self._resync_due = 0.0
+        self._resync_failures = 0  # failed re-syncs in all (never reset: see ``_wait_turn``)
+        self._resync_streak = 0  # failed re-syncs since the last success (the backoff)
         self.restore_notes: list[str] = []
         self._restoring = bool(self.restore_from_checkpoint)
         # whether the namespace holds the store checkpoint a rebuilt group starts from: founders
@@ -297,6 +318,14 @@ class ReplicaKernel(IPythonKernel):
     # ---- applying others' state updates, in log order -----------------------------------------
     async def _drain_applies(self) -> None:
         while True:
+            if self._diverged and not self._restoring and time.monotonic() >= self._resync_due:
+                self._rebuilding = True
+                try:
+                    await self._resync()
+                finally:
+                    self._rebuilding = False
+                    self._notify()
+                continue
             if self._needs_base_checkpoint():
                 self._rebuilding = True
                 try:
@@ -317,16 +346,23 @@ class ReplicaKernel(IPythonKernel):
             with self._apply_lock:
                 item = self._applies.popleft() if self._applies else None
             if item is None:
-                await self._wait_change(0.5)
+                wait = 0.5
+                if self._diverged:
+                    wait = max(0.01, min(wait, self._resync_due - time.monotonic()))
+                await self._wait_change(wait)
                 continue
             election_id, update = item
             try:
                 if self.sync.is_light(update):  # no thread hop for the common small update
-                    self.sync.apply(self.shell.user_ns, update)
+                    failures = self.sync.apply_checked(self.shell.user_ns, update)
                 else:
-                    await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
-            except Exception as exc:  # noqa: BLE001 - one bad update must not stop the others
-                self.log.error("could not apply state update of %s: %s", election_id, exc)
+                    failures = await asyncio.to_thread(
+                        self.sync.apply_checked, self.shell.user_ns, update
+                    )
+                # a later update that sets a name again repairs it
+                self._repaired(self.sync.entry_names(update) - set(failures))
+                if failures:
+                    self._mark_diverged(failures, f"the state update of {election_id}")
             finally:
                 with self._apply_lock:
                     self._applies_pending -= 1
@@ -348,36 +384,150 @@ class ReplicaKernel(IPythonKernel):
             count, failed = await asyncio.to_thread(
                 self.sync.restore_checkpoint, self.shell.user_ns
             )
-        except Exception as exc:  # noqa: BLE001 - reported; the log's updates still apply
-            self.log.error("could not load the checkpoint this group was rebuilt from: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - behind until a re-sync succeeds
+            self._mark_diverged(
+                {"<checkpoint>": f"{type(exc).__name__}: {exc}"},
+                "the checkpoint this group was rebuilt from",
+            )
             return
-        for name in failed:
-            self.log.error("%r could not be restored from the checkpoint", name)
+        self._mark_diverged(self._unagreed({name: "not restored from the checkpoint"
+                                            for name in failed}),
+                            "the checkpoint this group was rebuilt from")
         self.log.info("joined a group rebuilt from a checkpoint: loaded the checkpoint of "
                       "cell %d before the log's updates", count)
 
     async def _rebuild_after_snapshot(self) -> None:
         """A Raft snapshot replaced the book: rebuild the namespace from the store's checkpoint
         plus the updates the book keeps after it; later records arrive through the queue."""
+        failures = await self._rebuild_from_store("a Raft snapshot")
+        self._mark_diverged(failures, "the rebuild after a Raft snapshot")
+
+    async def _rebuild_from_store(self, why: str) -> dict[str, str]:
+        """Load the committed state again: the store's checkpoint, then every update the book
+        keeps after the checkpoint it records (updates queued meanwhile are among them). Returns
+        ``{name: why}`` for what is still missing (names the group agreed were lost excepted)."""
         with self.raft.lock, self._apply_lock:  # atomic against the commit handler
-            checkpoint_count = self.raft.book.checkpoint_count
-            updates = [u for _c, _e, u in self.raft.book.updates]
+            book = self.raft.book
+            checkpoint_count = book.checkpoint_count
+            has_checkpoint = bool(checkpoint_count) or book.restored_from is not None
+            updates = [u for _c, _e, u in book.updates]
             self._applies.clear()
             self._applies_pending = 0
-        self._base_loaded = True  # the snapshot's checkpoint covers the rebuilt group's base
-        self.log.info("rebuilding from a Raft snapshot: checkpoint of cell %d + %d updates",
-                      checkpoint_count, len(updates))
-        if checkpoint_count:
-            _count, failed = await asyncio.to_thread(
-                self.sync.restore_checkpoint, self.shell.user_ns
-            )
-            for name in failed:
-                self.log.error("%r could not be restored from the checkpoint", name)
-        for update in updates:
+        self._base_loaded = True  # the store's checkpoint covers a rebuilt group's base
+        self.log.info("loading the committed state (%s): checkpoint of cell %d + %d updates",
+                      why, checkpoint_count, len(updates))
+        failures: dict[str, str] = {}
+        if has_checkpoint:
             try:
-                await asyncio.to_thread(self.sync.apply, self.shell.user_ns, update)
-            except Exception as exc:  # noqa: BLE001 - one bad update must not stop the others
-                self.log.error("could not apply a state update after the snapshot: %s", exc)
+                _count, failed = await asyncio.to_thread(
+                    self.sync.restore_checkpoint, self.shell.user_ns
+                )
+            except Exception as exc:  # noqa: BLE001 - the caller reports and retries
+                return {"<checkpoint>": f"{type(exc).__name__}: {exc}"}
+            failures.update({name: "not restored from the checkpoint" for name in failed})
+        for update in updates:
+            failed_now = await asyncio.to_thread(
+                self.sync.apply_checked, self.shell.user_ns, update
+            )
+            for name in self.sync.entry_names(update) - set(failed_now):
+                failures.pop(name, None)
+            failures.update(failed_now)
+        return self._unagreed(failures)
+
+    def _unagreed(self, failures: dict[str, str]) -> dict[str, str]:
+        """``failures`` less the names a rebuilt group agreed were lost (its users were told)."""
+        with self.raft.lock:
+            agreed = self.raft.book.restore_failed
+        return {name: why for name, why in failures.items() if name not in agreed}
+
+    # ---- behind or diverged: never the executor --------------------------------------------
+    def _mark_diverged(self, failures: dict[str, str], source: str) -> None:
+        if not failures:
+            return
+        for name, why in failures.items():
+            self.log.error("replica %s lacks the committed state of %r (%s: %s); it will not "
+                           "execute cells until it has re-synced", self.replica_id, name,
+                           source, why)
+        if not self._diverged:
+            self._diverged_since = time.monotonic()
+            self._resync_due = time.monotonic()
+        self._diverged.update(failures)
+        self._notify()
+
+    def _repaired(self, names: set[str]) -> None:
+        for name in names & self._diverged.keys():
+            del self._diverged[name]
+        if not self._diverged:
+            self._diverged_since = None
+
+    async def _resync(self) -> None:
+        """Re-sync a diverged namespace from the store; exit (to be replaced) if that keeps
+        failing for ``diverged_exit_after`` seconds."""
+        failures = await self._rebuild_from_store(
+            "re-sync of " + ", ".join(sorted(self._diverged)[:5])
+        )
+        if not failures:
+            self.log.info("replica %s re-synced: its namespace is the committed state again",
+                          self.replica_id)
+            self._diverged.clear()
+            self._diverged_since = None
+            self._resync_streak = 0
+            return
+        if "<checkpoint>" in failures:  # nothing was reloaded: what was missing still is
+            self._diverged.update(failures)
+        else:
+            self._diverged = dict(failures)
+        self._resync_failures += 1
+        self._resync_streak += 1
+        delay = min(5.0, 0.25 * 2 ** self._resync_streak)
+        self._resync_due = time.monotonic() + delay
+        since = self._diverged_since or time.monotonic()
+        self.log.error("replica %s: re-sync attempt %d failed for %s; next in %.1f s",
+                       self.replica_id, self._resync_streak, sorted(failures), delay)
+        if time.monotonic() - since >= self.diverged_exit_after:
+            self.log.error(
+                "replica %s could not load the committed state for %.0f s (%s); exiting so "
+                "that the scheduler replaces it", self.replica_id, time.monotonic() - since,
+                "; ".join(f"{k}: {v}" for k, v in sorted(failures.items())[:5]),
+            )
+            sys.stderr.flush()
+            os._exit(DIVERGED_EXIT_CODE)
+
+    def _behind(self) -> bool:
+        """Whether state this replica must hold is still being loaded or applied."""
+        with self._apply_lock:
+            pending = self._applies_pending
+        return bool(pending or self._restore_needed or self._rebuilding or self._restoring
+                    or self._needs_base_checkpoint())
+
+    async def _wait_turn(self, election: Election) -> str | None:
+        """The elected executor runs the cell only once its namespace is the committed state:
+        every earlier election settled and its update applied here, no load in progress, no
+        divergence. Returns None when it may run, else why it must not."""
+        deadline = time.monotonic() + self.catch_up_timeout
+        failures_at_start = self._resync_failures
+        while True:
+            change = self._change
+            with self.raft.lock:
+                earlier = [e.election_id for e in self.raft.book.open_elections()
+                           if e.term < election.term]
+            if earlier:  # an earlier cell still runs (or is being decided): cells run in order,
+                # however long it takes; the timeout is for loading state only
+                deadline = time.monotonic() + self.catch_up_timeout
+            elif not self._behind():
+                if not self._diverged:
+                    return None
+                if self._resync_failures > failures_at_start:
+                    return ("it could not load the kernel's state (" + "; ".join(
+                        f"{k}: {v}" for k, v in sorted(self._diverged.items())[:3]) + ")")
+            if time.monotonic() >= deadline:
+                return (f"it had not caught up with the kernel's state after "
+                        f"{self.catch_up_timeout:g} s")
+            self._tend_open_elections()
+            try:
+                await asyncio.wait_for(change.wait(), 0.02)
+            except TimeoutError:
+                pass
 
     async def _restore_from_store(self) -> None:
         try:
@@ -397,12 +547,19 @@ class ReplicaKernel(IPythonKernel):
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self.raft.propose(
-            Restored(count, self.replica_id, tuple(self.restore_notes)),
+            Restored(count, self.replica_id, tuple(self.restore_notes), tuple(failed)),
             on_done=lambda ok, why: loop.call_soon_threadsafe(
                 lambda: done.done() or done.set_result(ok)
             ),
         )
         await done  # cells wait until every replica agrees where counting resumes
+        # The first committed Restored is the group's state: names it lost are lost here too;
+        # names only this replica failed to restore leave it behind until it re-syncs.
+        with self.raft.lock:
+            agreed = self.raft.book.restore_failed
+        self.sync.forget_names(self.shell.user_ns, set(agreed) - set(failed))
+        self._mark_diverged(self._unagreed({name: "not restored from the checkpoint"
+                                            for name in failed}), "the rebuild from checkpoint")
 
     async def _wait_raft_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -572,6 +729,10 @@ class ReplicaKernel(IPythonKernel):
                 election.phase is Phase.PROPOSING and self.replica_id not in election.proposals
             ):
                 kind = LEAD if lead and self.gpu.can_lead(metadata) else YIELD
+                if kind == LEAD and self._diverged:
+                    self.log.warning("replica %s yields %s: its namespace lacks %s", self.replica_id,
+                                     election_id, sorted(self._diverged)[:5])
+                    kind = YIELD
                 self.raft.propose(Proposal(election_id, self.replica_id, kind, silent))
             election = await self._wait_decided(election_id)
 
@@ -585,8 +746,20 @@ class ReplicaKernel(IPythonKernel):
             and election_id not in self._executed_here
         ):
             self._executed_here.add(election_id)
-            await self._execute_as_leader(stream, ident, parent, election, code, silent, metadata)
-            return
+            with ignore_sigint():
+                why_not = await self._wait_turn(election)
+            if why_not is None:
+                await self._execute_as_leader(
+                    stream, ident, parent, election, code, silent, metadata
+                )
+                return
+            self.log.error("replica %s elected for %s but cannot run it: %s", self.replica_id,
+                           election_id, why_not)
+            self.raft.propose(Abort(
+                election_id, self.replica_id,
+                f"the replica elected to run this cell (replica {self.replica_id}) did not run "
+                f"it: {why_not}",
+            ))
         with ignore_sigint():
             election = await self._wait_settled(election_id)
         self.shell.execution_count = self._book_execution_count() + 1
@@ -807,6 +980,10 @@ class ReplicaKernel(IPythonKernel):
                 # containers; a silent cell leaves the counts equal)
                 "checkpoint_pending": self.sync.checkpoint_pending(),
                 "raft_ready": self._raft_ready.is_set(),
+                # what this replica's namespace lacks of the committed state (it never executes
+                # while this is non-empty), and whether it is still applying earlier cells
+                "diverged": dict(self._diverged),
+                "caught_up": not self._behind() and not self._diverged,
                 "has_quorum": self.raft.has_quorum(),
                 "raft_resting": self.raft.is_resting(),
             }

@@ -107,6 +107,46 @@ class StateSync:
 
         self._applier.apply(namespace, SyncUpdate.from_bytes(update))
 
+    def apply_checked(self, namespace: MutableMapping[str, Any], update: bytes) -> dict[str, str]:
+        """Apply ``update`` as far as possible; return ``{name: reason}`` for what could not be
+        applied (an undecodable update is reported under ``"<update>"``). Never raises: a
+        replica records what it lacks instead of carrying on as if it had it."""
+        if self._applier is None:
+            return {"<state sync>": f"cannot apply a state update: {self.disabled_reason}"}
+        from .sync_codec import SyncApplyError, SyncUpdate
+
+        try:
+            parsed = SyncUpdate.from_bytes(update)
+        except ValueError as exc:
+            return {"<update>": str(exc)}
+        try:
+            self._applier.apply(namespace, parsed)
+        except SyncApplyError as exc:
+            return dict(exc.failures)
+        except Exception as exc:  # noqa: BLE001 - reported, never silent
+            return {"<update>": f"{type(exc).__name__}: {exc}"}
+        return {}
+
+    @staticmethod
+    def entry_names(update: bytes) -> set[str]:
+        """The names an update sets or deletes (empty when it cannot be decoded)."""
+        from .sync_codec import SyncUpdate
+
+        try:
+            return {entry.name for entry in SyncUpdate.from_bytes(update).entries}
+        except ValueError:
+            return set()
+
+    def forget_names(self, namespace: MutableMapping[str, Any], names: set[str]) -> None:
+        """Drop ``names`` from the namespace and from what this replica believes is synced."""
+        if self._applier is None:
+            return
+        with self._state.lock:
+            for name in names:
+                namespace.pop(name, None)
+                self._state.entries.pop(name, None)
+                self._state.entry_tokens.pop(name, None)
+
     def is_light(self, update: bytes, limit: int = 64 * 1024) -> bool:
         """Small and with nothing to fetch from the store: cheap enough to apply inline."""
         if len(update) > limit or self._applier is None:

@@ -107,8 +107,10 @@ class ReplicaGroup:
         kernel_id: str | None = None,
         key: str | None = None,
         extra_args: Iterable[str] = (),
+        store_urls: dict[int, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        self.store_urls = dict(store_urls or {})  # replica id -> its own store URL
         workdir.mkdir(parents=True, exist_ok=True)
         self.store_url = store_url
         self.kernel_id = kernel_id or f"k-{uuid.uuid4().hex[:8]}"
@@ -136,7 +138,8 @@ class ReplicaGroup:
             sys.executable, "-m", "notebookos.kernel", "-f", str(replica.connection_file),
             f"--replica-id={replica.replica_id}", f"--raft-address={replica.raft_address}",
             f"--peers={peer_arg}", f"--kernel-id={self.kernel_id}",
-            f"--store-url={self.store_url}", *REPLICA_ARGS, *self.extra_args, *flags,
+            f"--store-url={self.store_urls.get(replica.replica_id, self.store_url)}",
+            *REPLICA_ARGS, *self.extra_args, *flags,
         ]
 
     def _launch(self, replica: Replica, peers: dict[int, str], *flags: str) -> None:
