@@ -18,8 +18,9 @@ from notebookos.kernel.gpu_binding import (
     move_namespace_to_host,
     set_assigned_gpus,
 )
+from notebookos.testing.optional import require_torch
 
-torch = pytest.importorskip("torch")
+torch = require_torch()
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -16,6 +16,7 @@ from harness import ReplicaGroup
 from jupyter_client.session import Session
 
 from notebookos.kernel.replies import ALL_YIELDED
+from notebookos.testing.optional import require_torch
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +192,7 @@ def test_gpu_device_ids_are_exposed_to_the_cell_and_released_after(group: Replic
 def test_torch_state_is_on_the_assigned_gpu_during_the_cell_and_on_host_after(
     group: ReplicaGroup,
 ):
-    torch = pytest.importorskip("torch")
+    torch = require_torch()
     pytest.importorskip("notebookos.kernel.gpu_binding")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from harness import ReplicaGroup
 
-torch = pytest.importorskip("torch")
+from notebookos.testing.optional import require_torch
+
+torch = require_torch()
 
 pytestmark = pytest.mark.services
 

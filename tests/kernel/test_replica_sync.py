@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from harness import ReplicaGroup
 
+from notebookos.testing.optional import require_torch
+
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory):
@@ -68,7 +70,7 @@ def test_binding_form_syncs(group: ReplicaGroup, name, cell, check, expected):
 
 
 def test_torch_model_trained_in_place_syncs(group: ReplicaGroup):
-    pytest.importorskip("torch")
+    require_torch()
     setup = (
         "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 2)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"

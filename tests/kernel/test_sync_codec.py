@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,9 +30,21 @@ from notebookos.kernel.sync_codec import (
     write_checkpoint,
 )
 from notebookos.store import KeyNotFound, LargeObjectStore, open_store
+from notebookos.testing.optional import require_torch
 
-torch = pytest.importorskip("torch")
-numpy = pytest.importorskip("numpy")
+try:
+    import torch
+except ImportError:  # torch is optional at run time: only the tests marked needs_torch need it
+    torch = None
+
+
+@pytest.fixture
+def torch_installed() -> None:
+    """Skip where torch is missing; fail instead under NOTEBOOKOS_REQUIRE_SERVICES=1."""
+    require_torch()
+
+
+needs_torch = pytest.mark.usefixtures("torch_installed")
 
 HMAC_KEY = b"test-kernel-key-0123456789abcdef"
 
@@ -248,6 +261,7 @@ def test_corrupted_inline_payload_is_refused_naming_the_variable(pair: Pair) -> 
     assert pair.standby["x"] == 1 and pair.standby["y"] == 3
 
 
+@needs_torch
 def test_tampered_store_object_is_refused(pair: Pair, file_store: LargeObjectStore,
                                           tmp_path: Path) -> None:
     pair.executor["torch"] = torch
@@ -268,6 +282,7 @@ def test_tampered_store_object_is_refused(pair: Pair, file_store: LargeObjectSto
 # -------------------------------------------------------------------------------- torch state
 
 
+@needs_torch
 def test_model_and_optimizer_share_parameters_on_the_standby(pair: Pair) -> None:
     pair.run("""
         import torch
@@ -301,6 +316,7 @@ def test_model_and_optimizer_share_parameters_on_the_standby(pair: Pair) -> None
     assert not torch.equal(before, model[0].weight)
 
 
+@needs_torch
 def test_tensors_arrays_modules_always_go_to_the_store(pair: Pair) -> None:
     update = pair.run("""
         import torch, numpy
@@ -316,6 +332,7 @@ def test_tensors_arrays_modules_always_go_to_the_store(pair: Pair) -> None:
     assert torch.equal(pair.standby["mixed"]["w"], torch.zeros(2))
 
 
+@needs_torch
 def test_large_tensor_alias_and_inplace_change(pair: Pair) -> None:
     pair.run("import torch\nbig = torch.randn(512, 512)\nalias = big")
     assert pair.standby["alias"] is pair.standby["big"]
@@ -327,6 +344,7 @@ def test_large_tensor_alias_and_inplace_change(pair: Pair) -> None:
     assert torch.equal(held, pair.executor["big"])
 
 
+@needs_torch
 def test_failover_encoder_continues_from_applied_state(pair: Pair,
                                                        file_store: LargeObjectStore) -> None:
     """The standby becomes executor: unchanged names are not resent; identity survives."""
@@ -349,6 +367,7 @@ def test_failover_encoder_continues_from_applied_state(pair: Pair,
 # -------------------------------------------------------------------------------- checkpoints
 
 
+@needs_torch
 def test_checkpoint_write_read_restore(pair: Pair, file_store: LargeObjectStore) -> None:
     with pytest.raises(KeyNotFound):
         read_checkpoint(file_store, pair.kernel_id)
@@ -376,6 +395,7 @@ def test_checkpoint_write_read_restore(pair: Pair, file_store: LargeObjectStore)
     assert torch.equal(rebuilt["model"].weight, pair.executor["model"].weight)
 
 
+@needs_torch
 def test_restore_reports_what_it_could_not_restore(pair: Pair,
                                                    file_store: LargeObjectStore) -> None:
     pair.run("import torch\nkeep = 1\nlost = torch.randn(200, 200)")
@@ -415,6 +435,7 @@ def _remote_round_trip(store: LargeObjectStore) -> None:
         p.close()
 
 
+@needs_torch
 @pytest.mark.services
 def test_round_trip_through_redis(redis_url: str) -> None:
     store = open_store(f"{redis_url}?prefix=nbos-test-{uuid.uuid4().hex[:8]}", HMAC_KEY)
@@ -424,6 +445,7 @@ def test_round_trip_through_redis(redis_url: str) -> None:
         store.close()
 
 
+@needs_torch
 @pytest.mark.services
 def test_round_trip_through_s3(s3_store_url: str) -> None:
     store = open_store(s3_store_url, HMAC_KEY)
@@ -501,6 +523,7 @@ def test_structurally_wrong_records_are_rejected_cleanly(plain: dict) -> None:
         entry.validate()
 
 
+@needs_torch
 def test_prefetch_never_waits_for_an_apply_in_progress(pair: Pair) -> None:
     import threading
     import time
@@ -560,6 +583,7 @@ def test_with_a_real_ipython_shell(file_store: LargeObjectStore) -> None:
             shell.user_ns.pop(name, None)
 
 
+@needs_torch
 def test_failed_upload_is_retried_by_the_next_encode(tmp_path: Path) -> None:
     from notebookos.store import StoreError
     from notebookos.store.file_store import FileStore
@@ -589,6 +613,7 @@ def test_failed_upload_is_retried_by_the_next_encode(tmp_path: Path) -> None:
         p.close()
 
 
+@needs_torch
 def test_nothing_is_resent_when_nothing_changed(pair: Pair) -> None:
     """Serialisation is stable: re-checking unchanged values of every common sort sends nothing."""
     cell = """
@@ -688,6 +713,7 @@ def test_codec_never_imports_torch_or_numpy_itself(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@needs_torch
 def test_checkpoint_restores_the_same_state_whatever_the_entry_order(
         pair: Pair, file_store: LargeObjectStore) -> None:
     pair.run("""
@@ -707,6 +733,7 @@ def test_checkpoint_restores_the_same_state_whatever_the_entry_order(
         assert rebuilt["model"].weight is rebuilt["opt"].param_groups[0]["params"][0]
 
 
+@needs_torch
 def test_prefetch_of_an_update_the_replica_made_fetches_nothing(pair: Pair) -> None:
     exec("import torch\nbig = torch.randn(300, 300)", pair.executor)
     update = pair.encoder.encode(pair.executor, analyze_cell("import torch\nbig = 1"))
@@ -723,6 +750,7 @@ def test_prefetch_of_an_update_the_replica_made_fetches_nothing(pair: Pair) -> N
     assert pair.applier._fetches == {}
 
 
+@needs_torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "bool", "complex64"])
 def test_large_tensors_of_every_dtype_round_trip(pair: Pair, dtype: str) -> None:
     pair.run(f"""
@@ -736,6 +764,7 @@ def test_large_tensors_of_every_dtype_round_trip(pair: Pair, dtype: str) -> None
     assert isinstance(pair.standby["p"], torch.nn.Parameter) and pair.standby["p"].requires_grad
 
 
+@needs_torch
 def test_malformed_raw_tensor_is_refused() -> None:
     from notebookos.kernel import sync_codec
 

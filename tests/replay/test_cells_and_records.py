@@ -16,6 +16,7 @@ from notebookos.replay.cells import cell_code, parse_marker
 from notebookos.replay.compare import comparison_table, live_policy_params
 from notebookos.replay.records import COMPLETED, FAILED, RunResult, SessionResult, TaskResult
 from notebookos.replay.records import summarize as summarize_run
+from notebookos.testing.optional import require_torch
 
 
 def _run(code: str, namespace: dict) -> dict:
@@ -43,7 +44,7 @@ def test_sleep_cells_check_the_previous_cells_state() -> None:
 
 
 def test_torch_cells_train_and_carry_model_and_optimizer_state() -> None:
-    pytest.importorskip("torch")
+    require_torch()
     ns: dict = {}
     first = _run(cell_code("torch", "s", 0, 0.05, None), ns)
     assert first["state_ok"] and first["steps"] >= 1 and first["device"] == "cpu"

@@ -24,6 +24,7 @@ from notebookos.replay.jupyter import JupyterServer
 from notebookos.replay.plan import as_played, kernelspec_request, scale_time
 from notebookos.replay.records import COMPLETED, FAILED
 from notebookos.supervisor import marked_processes
+from notebookos.testing.optional import require_torch
 from notebookos.workload.readers import read_template
 
 pytestmark = pytest.mark.slow
@@ -178,7 +179,7 @@ def test_executor_killed_mid_cell_is_reported_and_the_run_completes(tmp_path: Pa
 def test_torch_cells_carry_model_and_optimizer_state_across_cells(tmp_path: Path) -> None:
     """--work torch: a real training loop per cell; the model and Adam's state built by the
     first cell are there (replicated, on the cell's device) for the next ones."""
-    pytest.importorskip("torch")
+    require_torch()
     template = _template(tmp_path / "torch.json", [
         {"id": "t", "start_tick": 0, "stop_tick": 8,
          "trainings": [_training(2, 1, 1), _training(4, 1, 1), _training(6, 1, 1)]},

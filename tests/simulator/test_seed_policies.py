@@ -13,6 +13,7 @@ from notebookos.policies.ces import CESPolicy, NodeForecast
 from notebookos.policies.themis import knapsack, knapsack_milp
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.runner import job_engine_for, simulate
+from notebookos.testing.optional import require_torch
 from notebookos.workload.interference import slowdown
 from notebookos.workload.model import jobs_workload
 
@@ -179,7 +180,7 @@ def test_tensorshare_pairs_a_queued_job_within_both_slas():
 
 
 def test_tensorshare_mlp_predictor_is_trained_and_accurate():
-    pytest.importorskip("torch")
+    require_torch()
     policy = get_policy("tensorshare")
     assert 100_000 < policy.predictor.parameters < 130_000  # the paper's ~110K (Table 4)
     assert policy.predictor.test_smape < 10.0  # the paper: 4.8%
