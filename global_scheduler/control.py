@@ -8,7 +8,7 @@ from typing import Any
 import zmq
 from jupyter_client.session import Session
 
-from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.front import GS_USERNAME, ReplicaEndpoint
 
 
 class ControlError(Exception):
@@ -19,7 +19,7 @@ def control_request(endpoint: ReplicaEndpoint, key: str, signature_scheme: str, 
                     content: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
     """Send ``msg_type`` on the replica's control socket; the reply content when status is ok."""
     session = Session(key=key.encode(), signature_scheme=signature_scheme,
-                      username="notebookos-gs")
+                      username=GS_USERNAME)
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -43,6 +44,7 @@ import zmq
 from jupyter_client.session import Session
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
+from notebookos.global_scheduler.kernel_info import starting_kernel_info
 from notebookos.unrouted import UnroutedReplies
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ log = logging.getLogger(__name__)
 FRONT_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 BROADCAST_CONTROL = ("interrupt_request", "shutdown_request")
 ALL_YIELDED = "NotebookOSAllReplicasYielded"  # docs/kernel-protocol.md
+START_FAILED = "NotebookOSStartFailed"  # the replicas of a kernel that was bound never came
 MAX_RESUBMISSIONS = 3
 # How long a sticky executor's cell runs before the standbys get their yield_request: longer than
 # a trivial cell, far shorter than the replicas' own election timeouts (docs/kernel-protocol.md).
@@ -57,6 +60,9 @@ YIELD_HOLD_S = 0.2
 # How long a shell reply for a client that is not connected is kept (a client reconnecting after
 # a Global Scheduler restart is back within a second; one that left for good never is).
 UNROUTED_KEEP_S = 60.0
+# The username of the requests the Global Scheduler itself sends replicas (readiness.py,
+# control.py); the front forwards clients' requests with their own headers.
+GS_USERNAME = "notebookos-gs"
 POLL_S = 0.05  # the front's loop wakes at least this often (held yields, kept replies)
 
 
@@ -127,12 +133,14 @@ class KernelFront:
         *,
         ip: str = "127.0.0.1",
         ports: dict[str, int] | None = None,
+        starting: bool = False,
+        kernel_info: dict | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         self.hooks = hooks
         self.ip = ip
         self.session = Session(key=key.encode(), signature_scheme=signature_scheme,
-                               username="notebookos-gs")
+                               username=GS_USERNAME)
         self.context = zmq.Context.instance()
         # The same identity across Global Scheduler restarts: a replica's reply to a request
         # routed by the previous instance is routed by its ROUTER to this one.
@@ -150,6 +158,17 @@ class KernelFront:
         # check costs nothing on the hot path, unlike Queue.get_nowait's exception)
         self._commands: deque[Callable[[], None]] = deque()
         self._stop = threading.Event()
+        # Another thread queues a command and writes a byte here: the loop wakes at once.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        # A kernel bound before its replicas are ready (``starting``): kernel_info is answered
+        # here (``kernel_info``: a replica's reply content, else one made up), every other
+        # request is held, in order, until ``replicas_ready`` or ``start_failed``.
+        self.kernel_info = kernel_info
+        self._starting = starting
+        self._start_failure: str | None = None
+        self._held_requests: deque[tuple[str, list[bytes], dict, list[bytes]]] = deque()
         # Shell requests wait (briefly) until a client has subscribed to IOPub: after a restart
         # the front's XPUB is new, and what it publishes before the client's SUB reconnects is
         # lost (ZMQ's slow joiner), so the client would wait forever for the cell's idle.
@@ -202,6 +221,7 @@ class KernelFront:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join(timeout=5)
         for sock in self._sockets.values():
@@ -209,6 +229,54 @@ class KernelFront:
         for r in self._replicas.values():
             r.close()
         self._replicas.clear()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):  # full (it wakes anyway) or closed
+            pass
+
+    def _run_on_loop(self, command: Callable[[], None]) -> None:
+        """Run ``command`` on the front's thread (in order with the messages it routes), or
+        here when the loop does not run."""
+        if self._thread is None or not self._thread.is_alive():
+            command()
+            return
+        self._commands.append(command)
+        self._wake()
+
+    def replicas_ready(self) -> None:
+        """The replicas of a kernel bound while ``starting`` are connected (``set_replicas``):
+        send them the requests held meanwhile, in the order they came."""
+        def apply() -> None:
+            self._starting = False
+            if self._stop.is_set():
+                return
+            held, self._held_requests = self._held_requests, deque()
+            for channel, idents, msg, msg_list in held:
+                self._route_safely(channel, idents, msg, msg_list)
+
+        self._run_on_loop(apply)
+
+    def start_failed(self, reason: str) -> None:
+        """The replicas of a kernel bound while ``starting`` never came: every held request
+        (and any later one) gets an error reply that says why."""
+        def apply() -> None:
+            self._starting = False
+            self._start_failure = reason
+            if self._stop.is_set():
+                return
+            held, self._held_requests = self._held_requests, deque()
+            for channel, idents, msg, _ in held:
+                self._without_replicas(channel, idents, msg)
+
+        self._run_on_loop(apply)
 
     def set_replicas(self, endpoints: list[ReplicaEndpoint], wait: bool = False) -> None:
         """Connect to these replicas (and drop any other); runs on the front's thread, in order
@@ -237,6 +305,7 @@ class KernelFront:
             apply()
         else:
             self._commands.append(apply)
+            self._wake()
             if wait:
                 done.wait(timeout=5)
 
@@ -270,6 +339,8 @@ class KernelFront:
                 for name in ("shell", "control", "stdin", "hb", "iopub"):
                     poller.register(self._sockets[name], zmq.POLLIN)
                     poller_sockets[self._sockets[name]] = (name, None)
+                poller.register(self._wake_r, zmq.POLLIN)
+                poller_sockets[self._wake_r] = ("wake", None)
                 for rid, r in polled.items():
                     for name in ("shell", "control", "stdin", "iopub"):
                         sock = getattr(r, name)
@@ -286,6 +357,10 @@ class KernelFront:
                 self._unrouted.retry()
             for sock, _ in events:
                 name, rid = poller_sockets[sock]
+                if name == "wake":
+                    self._drain_wake()
+                    self._apply_commands()
+                    continue
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
@@ -316,6 +391,13 @@ class KernelFront:
                 self.malformed += 1
                 log.exception("kernel %s: dropping a deferred message on %s", self.kernel_id,
                               name)
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def _apply_commands(self) -> None:
         while self._commands:
@@ -404,14 +486,30 @@ class KernelFront:
         msg = self._verify(msg_list)
         if msg is None:
             return
-        msg_id = msg["header"].get("msg_id", "")
-        msg_type = msg["header"].get("msg_type", "")
         if channel == "stdin":
             rid = self._input_source.get(msg["parent_header"].get("msg_id", ""))
             target = self._replicas.get(rid) if rid is not None else None
             if target is not None:
                 target.stdin.send_multipart([b"<IDS|MSG>", *msg_list])
             return
+        if self._starting:
+            self._while_starting(channel, idents, msg, msg_list)
+            return
+        self._route_client(channel, idents, msg, msg_list)
+
+    def _route_safely(self, channel: str, idents: list[bytes], msg: dict,
+                      msg_list: list[bytes]) -> None:
+        try:
+            self._route_client(channel, idents, msg, msg_list)
+        except Exception:  # noqa: BLE001 - one bad message must not stop the others
+            self.malformed += 1
+            log.exception("kernel %s: dropping a held message on %s", self.kernel_id, channel)
+
+    def _route_client(self, channel: str, idents: list[bytes], msg: dict,
+                      msg_list: list[bytes]) -> None:
+        """A verified client request on shell or control: to the replicas."""
+        msg_id = msg["header"].get("msg_id", "")
+        msg_type = msg["header"].get("msg_type", "")
         live = sorted(self._replicas)
         if not live:
             self._without_replicas(channel, idents, msg)
@@ -433,8 +531,35 @@ class KernelFront:
         for rid in targets:
             getattr(self._replicas[rid], channel).send_multipart([b"<IDS|MSG>", *msg_list])
 
+    def _while_starting(self, channel: str, idents: list[bytes], msg: dict,
+                        msg_list: list[bytes]) -> None:
+        """The replicas are not ready yet: kernel_info is answered here (so the client sees a
+        live kernel at once), everything else waits for them."""
+        if msg["header"].get("msg_type") == "kernel_info_request":
+            self._answer_here(channel, idents, msg, "kernel_info_reply",
+                              dict(self.kernel_info or starting_kernel_info()),
+                              {"notebookos": {"starting": True}})
+            return
+        self._held_requests.append((channel, idents, msg, msg_list))
+
+    def _answer_here(self, channel: str, idents: list[bytes], parent: dict, reply_type: str,
+                     content: dict, metadata: dict | None = None) -> None:
+        """Reply to the client without a replica: busy, the reply, idle."""
+        msg = self.session.msg
+        self._send_iopub(msg("status", {"execution_state": "busy"}, parent=parent),
+                         b"kernel.notebookos.status")
+        self._reply(channel, self.session.serialize(
+            msg(reply_type, content, parent=parent, metadata=metadata or {}), ident=idents))
+        self._send_iopub(msg("status", {"execution_state": "idle"}, parent=parent),
+                         b"kernel.notebookos.status")
+
     def _without_replicas(self, channel: str, idents: list[bytes], msg: dict) -> None:
         """A client request while the kernel has no replica connected."""
+        if self._start_failure is not None:
+            self._reply_error(channel, idents, msg, START_FAILED,
+                              f"the kernel's replicas could not be started: "
+                              f"{self._start_failure}")
+            return
         self._reply_error(channel, idents, msg, "NoReplicas",
                           "the kernel has no live replica right now; retry shortly")
 
@@ -673,7 +798,8 @@ class KernelFront:
         idents, msg_list = self.session.feed_identities(frames, copy=True)
         if len(msg_list) < 5:
             raise ValueError(f"IOPub message with {len(msg_list)} frames")
-        parent_id = str(self.session.unpack(msg_list[2]).get("msg_id", ""))
+        parent = self.session.unpack(msg_list[2])
+        parent_id = str(parent.get("msg_id", ""))
         source = self._iopub_source.get(parent_id)
         header: dict | None = None
         if source is None:
@@ -682,6 +808,11 @@ class KernelFront:
             if pending is not None and source is None:  # broadcast: the first replica speaks
                 source = rid
                 self._remember(self._iopub_source, parent_id, rid)
+            elif pending is None and parent.get("username") == GS_USERNAME:
+                # The Global Scheduler's own request (the readiness check's kernel_info, a
+                # membership change): its busy and idle, held by the replica until this front
+                # subscribed, are for no client.
+                return
             elif pending is None and parent_id:
                 # A request routed before a restart (replayed from the replicas' IOPub backlogs,
                 # or still running): standbys publish nothing for a yield_request, so the

@@ -45,7 +45,8 @@ class KernelLifecycleMixin:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             entry = self.start_kernel(request.kernel_id, spec, request.key, scheme,
-                                      request.kernel_name, dict(request.env))
+                                      request.kernel_name, dict(request.env),
+                                      return_when_bound=request.return_when_bound)
         except StartError as exc:
             context.abort(exc.code, str(exc))
         with self.lock:
@@ -54,7 +55,11 @@ class KernelLifecycleMixin:
         return global_scheduler_pb2.StartKernelResponse(connection=connection, status=status)
 
     def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
-                     kernel_name: str = "", env: dict[str, str] | None = None) -> KernelEntry:
+                     kernel_name: str = "", env: dict[str, str] | None = None, *,
+                     return_when_bound: bool = False) -> KernelEntry:
+        """Start a kernel; with ``return_when_bound`` (replica-per-host policies), return once
+        its replicas' hosts are chosen and its front is bound: the replicas start behind it
+        (``_finish_start``) while it holds the client's requests."""
         with self.lock:
             if kernel_id in self.kernels:
                 raise StartError(grpc.StatusCode.ALREADY_EXISTS,
@@ -63,6 +68,8 @@ class KernelLifecycleMixin:
             entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {})
             self.kernels[kernel_id] = entry
         started = time.monotonic()
+        if return_when_bound and not self.per_cell:
+            return self._start_behind_front(entry, spec, started)
         try:
             if self.per_cell:
                 self._start_retrying(kernel_id, "start",
@@ -92,10 +99,73 @@ class KernelLifecycleMixin:
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
 
-    def _new_front(self, entry: KernelEntry, ports: dict[str, int] | None = None) -> KernelFront:
+    def _start_behind_front(self, entry: KernelEntry, spec: ResourceSpec,
+                            started: float) -> KernelEntry:
+        """Admit the kernel (choose its replicas' hosts: a refusal is answered now), bind its
+        front in the starting state, and start the replicas on another thread."""
+        kernel_id = entry.kernel_id
+        try:
+            plan = self._plan_replicas(kernel_id, self.replicas_per_kernel, join=False)
+            with self.lock:
+                entry.front = self._new_front(entry, starting=True)
+                entry.front.start()
+                self._save_kernel(entry)
+        except StartError:
+            self._discard_kernel(kernel_id)
+            raise
+        except Exception as exc:
+            self._discard_kernel(kernel_id)
+            log.exception("kernel %s failed to start", kernel_id)
+            raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
+                             f"{exc}") from exc
+        threading.Thread(target=self._finish_start, args=(entry, spec, plan, started),
+                         daemon=True, name=f"start-{kernel_id}").start()
+        return entry
+
+    def _finish_start(self, entry: KernelEntry, spec: ResourceSpec, plan: object,
+                      started: float) -> None:
+        """The replicas of a kernel whose front is bound: start them (the planned ones first;
+        a retry places anew), then let the front send what it held, or fail it with why."""
+        kernel_id = entry.kernel_id
+        plans = [plan]
+        try:
+            self._start_retrying(kernel_id, "start", lambda: self._add_replicas(
+                kernel_id, self.replicas_per_kernel, join=False,
+                planned=plans.pop() if plans else None))
+            if self.policy.gpu_binding is GpuBinding.SESSION:
+                self._bind_for_session(entry, spec)
+            with self.lock:
+                if self.kernels.get(kernel_id) is not entry:
+                    return  # stopped meanwhile (StopKernel stopped the replicas)
+                entry.state = "idle"
+                self._save_kernel(entry)
+            entry.front.replicas_ready()
+            self.metrics.placement.labels(operation="kernel_start").observe(
+                time.monotonic() - started)
+        except Exception as exc:  # noqa: BLE001 - the front must hear of any failure
+            reason = str(exc) if isinstance(exc, StartError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, StartError):
+                log.exception("kernel %s failed to start", kernel_id)
+            else:
+                log.warning("kernel %s: its replicas did not start: %s", kernel_id, reason)
+            with self.lock:
+                current = self.kernels.get(kernel_id) is entry
+                if current:
+                    entry.state, entry.message = "failed", f"start failed: {reason}"
+                    self._save_kernel(entry)
+                replicas = list(entry.replicas.values())
+            if current:
+                for r in replicas:  # e.g. the session GPUs could not be bound
+                    self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
+            if entry.front is not None:
+                entry.front.start_failed(reason)
+
+    def _new_front(self, entry: KernelEntry, ports: dict[str, int] | None = None,
+                   starting: bool = False) -> KernelFront:
         if not self.per_cell:
             return KernelFront(entry.kernel_id, entry.key, entry.signature_scheme, self,
-                               ip=self.ip, ports=ports)
+                               ip=self.ip, ports=ports, starting=starting,
+                               kernel_info=entry.kernel_info or self.kernel_info_seen)
         kernel_id = entry.kernel_id
         return CellFront(kernel_id, entry.key, entry.signature_scheme, self, ip=self.ip,
                          ports=ports, kernel_info=entry.kernel_info,

@@ -7,7 +7,7 @@ import time
 import zmq
 from jupyter_client.session import Session
 
-from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.front import GS_USERNAME, ReplicaEndpoint
 
 
 def wait_until_ready(endpoints: list[ReplicaEndpoint], key: str, signature_scheme: str,
@@ -19,7 +19,7 @@ def wait_until_ready(endpoints: list[ReplicaEndpoint], key: str, signature_schem
     ``replies`` (when given) receives each replica's kernel_info_reply content.
     """
     session = Session(key=key.encode(), signature_scheme=signature_scheme,
-                      username="notebookos-gs")
+                      username=GS_USERNAME)
     context = zmq.Context.instance()
     sockets: dict[zmq.Socket, int] = {}
     ready: set[int] = set()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -24,6 +24,9 @@ from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# (the group's ready members, [(replica id, host link, Raft address)], the Raft peers, the
+# request as protobuf): what ``_plan_replicas`` chose, for ``_add_replicas`` to start.
+ReplicaPlan = tuple[list, list, list, Any]
 
 
 class ReplicaStarterMixin:
@@ -34,19 +37,17 @@ class ReplicaStarterMixin:
             try:
                 return start()
             except StartError as exc:
-                if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED or attempt == 2:
+                if exc.code in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                grpc.StatusCode.ABORTED) or attempt == 2:
                     raise
                 log.warning("kernel %s: %s attempt %d failed: %s", kernel_id, what,
                             attempt + 1, exc)
         raise AssertionError("unreachable")
 
-    def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
-                      on_host: str | None = None, restore: bool = False,
-                      prewarmed: bool = True,
-                      extra_env: dict[str, str] | None = None) -> list[int]:
-        """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says),
-        start them (from the host's prewarm pool when ``prewarmed`` and it has one), wait until
-        they answer; returns their ids. Raises StartError."""
+    def _plan_replicas(self, kernel_id: str, count: int, *, join: bool,
+                       on_host: str | None = None) -> ReplicaPlan:
+        """Choose the hosts of ``count`` new replicas and take their ids (in the cluster model
+        and the stored registry); raises StartError (RESOURCE_EXHAUSTED: no hosts)."""
         with self.lock:
             entry = self.kernels[kernel_id]
             members = [r.endpoint for r in entry.replicas.values() if r.ready]
@@ -91,6 +92,25 @@ class ReplicaStarterMixin:
                       for rid, _, raft in plan]
             request_spec = resource_spec_to_proto(kernel.request)
             self._save_kernel(entry)  # the ids are taken, even if this instance dies now
+        return members, plan, peers, request_spec
+
+    def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
+                      on_host: str | None = None, restore: bool = False,
+                      prewarmed: bool = True,
+                      extra_env: dict[str, str] | None = None,
+                      planned: ReplicaPlan | None = None) -> list[int]:
+        """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says;
+        or as ``planned`` by ``_plan_replicas``), start them (from the host's prewarm pool when
+        ``prewarmed`` and it has one), wait until they answer; returns their ids. Raises
+        StartError."""
+        if planned is None:
+            planned = self._plan_replicas(kernel_id, count, join=join, on_host=on_host)
+        members, plan, peers, request_spec = planned
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+        if entry is None:
+            raise StartError(grpc.StatusCode.ABORTED,
+                             f"kernel {kernel_id} was stopped before its replicas started")
         calls = {}
         for rid, link, raft in plan:
             req = local_scheduler_pb2.StartReplicaRequest(
@@ -141,12 +161,20 @@ class ReplicaStarterMixin:
                       for rid, r in started.items() if rid not in ready]
             log.info("kernel %s: replicas %s membership %.2fs, ready %.2fs", kernel_id,
                      sorted(started), t_added - t_started, time.monotonic() - t_added)
+        with self.lock:
+            stopped = self.kernels.get(kernel_id) is not entry  # StopKernel while they started
+        if stopped:
+            for rid, r in started.items():
+                self._stop_replica_quietly(r.host_id, kernel_id, rid)
+            raise StartError(grpc.StatusCode.ABORTED,
+                             f"kernel {kernel_id} was stopped while its replicas started")
         if errors:
             for rid, r in started.items():
                 self._stop_replica_quietly(r.host_id, kernel_id, rid)
             with self.lock:
+                kernel = self.cluster.kernels.get(kernel_id)
                 for rid, _, _ in plan:
-                    if rid in self.cluster.kernels[kernel_id].replicas:
+                    if kernel is not None and rid in kernel.replicas:
                         self.cluster.remove_replica(kernel_id, rid)
             code = grpc.StatusCode.DEADLINE_EXCEEDED if any("did not answer" in e
                                                             for e in errors) \
@@ -154,6 +182,8 @@ class ReplicaStarterMixin:
             raise StartError(code, f"kernel {kernel_id}: could not start replicas: "
                              + "; ".join(errors))
         with self.lock:
+            if infos:
+                self.kernel_info_seen = next(iter(infos.values()))
             if infos and entry.kernel_info is None:
                 entry.kernel_info = next(iter(infos.values()))
                 if isinstance(entry.front, CellFront) and entry.front.kernel_info is None:

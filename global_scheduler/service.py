@@ -77,6 +77,8 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self.lock = threading.RLock()
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
+        # A replica's kernel_info reply content: what a front answers while its replicas start.
+        self.kernel_info_seen: dict | None = None
         self._recovery_guards: dict[str, threading.Lock] = {}  # one recovery per kernel at once
         self._orphan_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._stranger_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)

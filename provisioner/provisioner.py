@@ -110,6 +110,9 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             key=key,
             signature_scheme=scheme,
             kernel_name=getattr(self.kernel_spec, "display_name", "") or "notebookos",
+            # The kernel exists once its front is bound: JupyterLab drops a cell run before
+            # that, and the replicas take a second or more (the front holds requests for them).
+            return_when_bound=True,
         )
         env = kwargs.get("env") or {}
         for name in ("JPY_SESSION_NAME",):

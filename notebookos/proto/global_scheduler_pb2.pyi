@@ -140,7 +140,7 @@ class ReplicaEventAck(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class StartKernelRequest(_message.Message):
-    __slots__ = ("kernel_id", "resources", "hints", "key", "signature_scheme", "env", "kernel_name")
+    __slots__ = ("kernel_id", "resources", "hints", "key", "signature_scheme", "env", "kernel_name", "return_when_bound")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class StartKernelRequest(_message.Message):
     SIGNATURE_SCHEME_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     KERNEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    RETURN_WHEN_BOUND_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     resources: _common_pb2.ResourceSpec
     hints: _common_pb2.PolicyHints
@@ -162,7 +163,8 @@ class StartKernelRequest(_message.Message):
     signature_scheme: str
     env: _containers.ScalarMap[str, str]
     kernel_name: str
-    def __init__(self, kernel_id: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.ResourceSpec, _Mapping]] = ..., hints: _Optional[_Union[_common_pb2.PolicyHints, _Mapping]] = ..., key: _Optional[str] = ..., signature_scheme: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., kernel_name: _Optional[str] = ...) -> None: ...
+    return_when_bound: bool
+    def __init__(self, kernel_id: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.ResourceSpec, _Mapping]] = ..., hints: _Optional[_Union[_common_pb2.PolicyHints, _Mapping]] = ..., key: _Optional[str] = ..., signature_scheme: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., kernel_name: _Optional[str] = ..., return_when_bound: _Optional[bool] = ...) -> None: ...
 
 class StartKernelResponse(_message.Message):
     __slots__ = ("connection", "status")
