@@ -4,6 +4,7 @@ host links and kernel entries); the kernel fronts call these hooks on their own 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -20,18 +21,52 @@ from notebookos.resources import ResourceSpec
 log = logging.getLogger(__name__)
 
 
+WITHDRAWN = "the cell was withdrawn while it waited (the kernel was interrupted)"
+
+
 class ExecutionMixin:
-    def _wait_for_replicas(self, kernel_id: str) -> None:
+    def _wait_for_replicas(self, kernel_id: str, msg_id: str) -> None:
         """A cell that arrives while the kernel has no replica because it is being rebuilt or
         its replacements are starting waits for them (up to the replica start timeout) instead
         of failing at once."""
         deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline and not self._stop.is_set():
+        while time.monotonic() < deadline:
             with self.lock:
                 entry = self.kernels.get(kernel_id)
                 if entry is None or entry.replicas or entry.state in ("stopping", "failed"):
                     return
-            self._stop.wait(0.1)
+            self._placement_pause(kernel_id, msg_id, 0.1)
+
+    # -- waiting for GPUs: a withdrawn cell (interrupt) and a GPU release wake the wait -------
+
+    def cancel_execute(self, kernel_id: str, msg_id: str) -> None:
+        """The front withdrew the cell (an interrupt while it waited): stop placing it."""
+        with self._placement_cv:
+            self._withdrawn_cells.add((kernel_id, msg_id))
+            self._placement_cv.notify_all()
+
+    def _gpus_released(self) -> None:
+        with self._placement_cv:
+            self._gpu_releases += 1
+            self._placement_cv.notify_all()
+
+    def _placement_pause(self, kernel_id: str, msg_id: str, seconds: float,
+                         releases: int | None = None) -> None:
+        """Sleep up to ``seconds``, less when GPUs are released (after ``releases`` were
+        counted); raises PlacementFailed when the cell was withdrawn or the scheduler stops."""
+        deadline = time.monotonic() + seconds
+        with self._placement_cv:
+            while True:
+                if (kernel_id, msg_id) in self._withdrawn_cells:
+                    raise PlacementFailed(WITHDRAWN)
+                if self._stop.is_set():
+                    raise PlacementFailed("the Global Scheduler is stopping")
+                left = deadline - time.monotonic()
+                if left <= 0 or (releases is not None and self._gpu_releases != releases):
+                    return
+                self._placement_cv.wait(min(left, 0.25))
+
+    # -- placing a cell -----------------------------------------------------------------------
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
         started = time.monotonic()
@@ -40,6 +75,9 @@ class ExecutionMixin:
         except PlacementFailed:
             self.metrics.cell_failures.inc()
             raise
+        finally:
+            with self._placement_cv:
+                self._withdrawn_cells.discard((kernel_id, msg_id))
         self.metrics.cell_queue.observe(time.monotonic() - started)
         return placed
 
@@ -53,7 +91,7 @@ class ExecutionMixin:
                 entry.cell_arrived[msg_id] = time.monotonic()
                 request = kernel.request
             return self.place_cell(kernel_id, msg_id, request)
-        self._wait_for_replicas(kernel_id)
+        self._wait_for_replicas(kernel_id, msg_id)
         with self.lock:
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
@@ -68,6 +106,67 @@ class ExecutionMixin:
                 entry.executions[msg_id] = (rid, host_id)
                 entry.last_cell_gpus[rid] = list(ids)
                 return rid, list(ids)
+        return self._wait_for_gpus(kernel_id, msg_id, request)
+
+    def _wait_for_gpus(self, kernel_id: str, msg_id: str,
+                       request: ResourceSpec) -> tuple[int, list[int]]:
+        """Commit the cell's GPUs on a replica's host, or on a host a replica migrates to; while
+        neither can, the cell waits (told why, through its front), trying again whenever GPUs
+        are released and at least every few seconds, and fails only after
+        ``cell_queue_timeout_s`` with the reason."""
+        started = time.monotonic()
+        deadline = started + self.cell_queue_timeout_s
+        told = ""
+        failed_migrations = 0
+        for attempt in itertools.count():
+            with self._placement_cv:
+                releases = self._gpu_releases
+            placed, why, migration_failed = self._try_place(kernel_id, msg_id, request)
+            if placed is not None:
+                if told:
+                    log.info("kernel %s: cell %s placed after waiting %.1fs for GPUs",
+                             kernel_id, msg_id[:8], time.monotonic() - started)
+                return placed
+            waited = time.monotonic() - started
+            failed_migrations += migration_failed
+            if failed_migrations >= max(1, self.migration_retries):
+                raise PlacementFailed(f"{why} ({failed_migrations} migration(s) failed; "
+                                      "global_scheduler.migration_retries)")
+            if time.monotonic() >= deadline:
+                raise PlacementFailed(
+                    f"the cell waited {waited:.0f}s for {request.gpus} GPU(s) "
+                    f"(global_scheduler.cell_queue_timeout_s = {self.cell_queue_timeout_s:g}s) "
+                    f"and none could be bound: {why}")
+            if not told:
+                told = why
+                self._tell_waiting(kernel_id, msg_id, request, why)
+            self._placement_pause(kernel_id, msg_id, min(2.0, 0.25 * 2 ** attempt), releases)
+        raise AssertionError("unreachable")
+
+    def _tell_waiting(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                      why: str) -> None:
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            front = entry.front if entry is not None else None
+        log.info("kernel %s: cell %s waits for %d GPU(s): %s", kernel_id, msg_id[:8],
+                 request.gpus, why)
+        if front is not None:
+            front.cell_waiting(msg_id, (
+                f"waiting for {request.gpus} GPU(s): {why}. The cell runs as soon as GPUs "
+                f"free up (it waits up to {self.cell_queue_timeout_s:g}s); interrupt the "
+                "kernel to withdraw it."))
+
+    def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec
+                   ) -> tuple[tuple[int, list[int]] | None, str, bool]:
+        """One try: commit on a replica's host (the policy's executor first), else migrate a
+        replica to a host that can bind the GPUs now (when the policy migrates and a host can
+        take it) and commit there. Returns ((replica, device ids) or None, why not, whether a
+        migration was tried and failed)."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None or entry.state == "stopping":
+                raise PlacementFailed(f"kernel {kernel_id} was stopped")
             order = self._executor_order(kernel, request)
             links = {rid: (entry.replicas[rid].host_id, self.hosts.get(entry.replicas[rid].host_id))
                      for rid in order if rid in entry.replicas}
@@ -82,45 +181,42 @@ class ExecutionMixin:
                 continue
             with self.lock:
                 self._record_commit(entry, kernel, msg_id, rid, host_id, request, device_ids)
-            return rid, device_ids
-        why = ("; ".join(reasons) if reasons else "the kernel has no replica to run the cell")
-        if not self.policy.supports_migration or not reasons:
-            raise PlacementFailed(f"no replica's host can bind {request.gpus} GPU(s) now: {why}")
-        return self._migrate_and_commit(kernel_id, msg_id, request, why)
-
-    def _migrate_and_commit(self, kernel_id: str, msg_id: str, request: ResourceSpec,
-                            why: str) -> tuple[int, list[int]]:
-        """Every replica's host is busy: move one replica to a host that can bind the GPUs now
-        (a prewarmed process there if it has one), then commit there. Retries with backoff."""
-        attempts = max(1, self.migration_retries)
-        last = why
-        for attempt in range(attempts):
-            try:
-                rid, host_id = self.migrate_replica(kernel_id, None, None, request,
-                                                     reason="contention")
-            except StartError as exc:
-                last = str(exc)
-                if self.on_capacity_wanted is not None:
-                    self.on_capacity_wanted(request.gpus)
-                self._stop.wait(min(4.0, 0.5 * 2 ** attempt))
-                continue
-            link = self.hosts.get(host_id)
-            if link is None:
-                continue
-            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
-            if device_ids is None:
-                last = reason
-                continue
-            with self.lock:
-                entry = self.kernels.get(kernel_id)
-                kernel = self.cluster.kernels.get(kernel_id)
-                if entry is None or kernel is None:
-                    raise PlacementFailed(f"kernel {kernel_id} was stopped during migration")
-                self._record_commit(entry, kernel, msg_id, rid, host_id, request, device_ids)
-            return rid, device_ids
-        raise PlacementFailed(
-            f"every replica's host is busy ({why}) and migrating a replica failed after "
-            f"{attempts} attempt(s): {last}")
+            return (rid, device_ids), "", False
+        if not reasons:
+            return (None, "the kernel has no replica to run the cell (replacements are "
+                    "starting)", False)
+        why = f"every replica's host is busy ({'; '.join(reasons)})"
+        if not self.policy.supports_migration:
+            return None, why, False
+        with self.lock:
+            decision = self.policy.choose_migration(self.cluster, kernel, request)
+        if decision is None or decision.target_host_id is None or decision.replica_id is None:
+            if self.on_capacity_wanted is not None:
+                self.on_capacity_wanted(request.gpus)
+            reason = decision.reason if decision is not None else "no migration target"
+            return (None, f"{why}, and no host can take a replica of the kernel now ({reason})",
+                    False)
+        try:
+            rid, host_id = self.migrate_replica(kernel_id, decision.replica_id,
+                                                decision.target_host_id, request,
+                                                reason="contention")
+        except StartError as exc:
+            if self.on_capacity_wanted is not None:
+                self.on_capacity_wanted(request.gpus)
+            return None, f"{why}, and migrating a replica failed: {exc}", True
+        link = self.hosts.get(host_id)
+        device_ids, reason = (link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
+                              if link is not None else (None, f"host {host_id} is gone"))
+        if device_ids is None:
+            return (None, f"{why}; the replica moved to {host_id}, which cannot bind them: "
+                    f"{reason}", False)
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None:
+                raise PlacementFailed(f"kernel {kernel_id} was stopped during migration")
+            self._record_commit(entry, kernel, msg_id, rid, host_id, request, device_ids)
+        return (rid, device_ids), "", False
 
     def _record_commit(self, entry: KernelEntry, kernel, msg_id: str, rid: int,  # noqa: ANN001
                        host_id: str, request: ResourceSpec, device_ids: list[int]) -> None:
@@ -167,6 +263,7 @@ class ExecutionMixin:
         if link is not None:  # not waited for: the front forwards the idle meanwhile
             link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
                 kernel_id=kernel_id, replica_id=rid, request_id=msg_id))
+        self._gpus_released()  # cells waiting for GPUs try again
         if self.per_cell:
             self._cell_released(kernel_id)
 

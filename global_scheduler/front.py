@@ -5,7 +5,10 @@ the five bound front sockets (shell, control, stdin: ROUTER; iopub: XPUB; hb: RE
 replica, DEALER sockets to its shell/control/stdin and a SUB socket on its iopub.
 
 Routing (DESIGN section 3):
-- ``execute_request``: ``hooks.place_execute`` picks the executor and commits its GPUs; the
+- ``execute_request``: ``hooks.place_execute`` picks the executor and commits its GPUs. It runs on
+  a thread of its own (it may wait for GPUs, for CommitGpus, for a migration), one cell at a
+  time and in order, so the loop keeps routing everything else meanwhile; an interrupt withdraws
+  the cells not sent yet (an ``aborted`` reply each). The
   executor gets ``execute_request`` with ``metadata.gpu_device_ids``, every other replica gets
   ``yield_request``; each copy is re-signed with the kernel key. The client sees the executor's
   reply and IOPub only (one busy, one idle); the GPUs are released on the reply.
@@ -24,6 +27,8 @@ Routing (DESIGN section 3):
   no output: for a request this instance did not route, the first replica publishing for it is
   taken as its executor (standbys publish nothing for a ``yield_request``), so the client sees
   the executor's busy, output and idle once.
+A front bound while its replicas start (``starting``) answers kernel_info itself and holds every
+other request until ``replicas_ready`` (or answers them with the reason, ``start_failed``).
 Messages with a bad signature (either side) are dropped and counted; nothing here raises out of the
 loop.
 """
@@ -82,7 +87,9 @@ class ReplicaEndpoint:
 
 class FrontHooks(Protocol):
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        """(executor replica id, committed GPU device ids); raises PlacementFailed."""
+        """(executor replica id, committed GPU device ids); raises PlacementFailed. Called on
+        a thread of its own: it may wait (for GPUs, a migration). Optionally the hooks also
+        have ``cancel_execute(kernel_id, msg_id)``: the cell was withdrawn, stop waiting."""
 
     def release_execute(self, kernel_id: str, msg_id: str) -> None: ...
 
@@ -121,6 +128,23 @@ class _Pending:
     attempt: int = 0
     held_yields: list[int] = field(default_factory=list)  # standbys not sent yield_request yet
     yields_due: float = 0.0  # monotonic time the held yield_request copies go out
+    placement: _Waiting | None = None  # an execute request's arrival and wait for GPUs
+    started: float = 0.0  # when its executor published execute_input (monotonic)
+
+
+@dataclass
+class _Waiting:
+    """An ``execute_request`` not sent to a replica yet: queued, or being placed (off the
+    front's loop, which keeps routing everything else meanwhile)."""
+
+    idents: list[bytes]
+    msg: dict  # the client's request
+    msg_id: str  # the client's msg_id, or a resubmission's
+    attempt: int
+    arrived: float = field(default_factory=time.monotonic)  # at the front (its first attempt)
+    withdrawn: bool = False  # interrupted while waiting: answered ``aborted``, never sent
+    wait_reason: str = ""  # why it waits for GPUs, once the scheduler said so (cell_waiting)
+    placed_at: float = 0.0
 
 
 class KernelFront:
@@ -169,6 +193,11 @@ class KernelFront:
         self._starting = starting
         self._start_failure: str | None = None
         self._held_requests: deque[tuple[str, list[bytes], dict, list[bytes]]] = deque()
+        # Execute requests are placed one at a time, in the order they came, each on a thread
+        # of its own (placement may wait for GPUs): ``_placing`` is the one being placed.
+        self._waiting: deque[_Waiting] = deque()
+        self._placing: _Waiting | None = None
+        self._arrivals: OrderedDict[str, float] = OrderedDict()  # client msg_id -> monotonic
         # Shell requests wait (briefly) until a client has subscribed to IOPub: after a restart
         # the front's XPUB is new, and what it publishes before the client's SUB reconnects is
         # lost (ZMQ's slow joiner), so the client would wait forever for the cell's idle.
@@ -261,6 +290,27 @@ class KernelFront:
             held, self._held_requests = self._held_requests, deque()
             for channel, idents, msg, msg_list in held:
                 self._route_safely(channel, idents, msg, msg_list)
+
+        self._run_on_loop(apply)
+
+    def withdraw_waiting(self, why: str = "the kernel was interrupted") -> None:
+        """Answer every execute request not sent to a replica yet with ``aborted`` (an
+        interrupt while cells wait for GPUs); thread-safe."""
+        self._run_on_loop(lambda: self._withdraw_waiting(why))
+
+    def cell_waiting(self, msg_id: str, why: str) -> None:
+        """The scheduler cannot place the cell ``msg_id`` now and keeps trying: tell the
+        client (a note on stderr, in the cell's output) why it waits; thread-safe."""
+        def apply() -> None:
+            waiting = self._placing
+            if waiting is None or waiting.msg_id != msg_id or waiting.withdrawn:
+                return
+            first = not waiting.wait_reason
+            waiting.wait_reason = why
+            if first:
+                self._send_iopub(self.session.msg(
+                    "stream", {"name": "stderr", "text": f"NotebookOS: {why}\n"},
+                    parent=waiting.msg), b"kernel.notebookos.stream")
 
         self._run_on_loop(apply)
 
@@ -518,6 +568,8 @@ class KernelFront:
             msg["content_frame"] = msg_list[4]  # re-sent as is to every replica
             self._route_execute(idents, msg, msg_id, attempt=0)
             return
+        if msg_type == "interrupt_request":  # cells still waiting never run; the replicas
+            self._withdraw_waiting("the kernel was interrupted")  # interrupt the running one
         if channel == "control" and msg_type in BROADCAST_CONTROL:
             targets = live
             source = None
@@ -535,11 +587,18 @@ class KernelFront:
                         msg_list: list[bytes]) -> None:
         """The replicas are not ready yet: kernel_info is answered here (so the client sees a
         live kernel at once), everything else waits for them."""
-        if msg["header"].get("msg_type") == "kernel_info_request":
+        msg_type = msg["header"].get("msg_type")
+        if msg_type == "kernel_info_request":
             self._answer_here(channel, idents, msg, "kernel_info_reply",
                               dict(self.kernel_info or starting_kernel_info()),
                               {"notebookos": {"starting": True}})
             return
+        if msg_type == "interrupt_request":  # nothing runs yet: the held cells are withdrawn
+            self._withdraw_waiting("the kernel was interrupted")
+            self._answer_here(channel, idents, msg, "interrupt_reply", {"status": "ok"})
+            return
+        if msg_type == "execute_request":  # its interactivity delay counts from now
+            self._remember(self._arrivals, msg["header"].get("msg_id", ""), time.monotonic())
         self._held_requests.append((channel, idents, msg, msg_list))
 
     def _answer_here(self, channel: str, idents: list[bytes], parent: dict, reply_type: str,
@@ -564,15 +623,109 @@ class KernelFront:
                           "the kernel has no live replica right now; retry shortly")
 
     def _route_execute(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int) -> None:
-        """Send ``msg`` (the client's request) under ``msg_id``: the client's own id first, a fresh
-        one for a resubmission after every replica yielded (a failed election never reruns)."""
-        try:
-            executor, device_ids = self.hooks.place_execute(
-                self.kernel_id, msg_id, dict(msg.get("metadata") or {}))
-        except PlacementFailed as exc:
-            self._reply_error("shell", idents, msg, "NotebookOSNoGPUs", str(exc))
+        """Queue ``msg`` (the client's request) for placement under ``msg_id``: the client's own
+        id first, a fresh one for a resubmission after every replica yielded (a failed election
+        never reruns), which goes before the cells queued behind it."""
+        client_msg_id = msg["header"].get("msg_id", "")
+        arrived = self._arrivals.get(client_msg_id)  # held while the replicas started, a retry
+        if arrived is None:
+            arrived = time.monotonic()
+            self._remember(self._arrivals, client_msg_id, arrived)
+        waiting = _Waiting(idents, msg, msg_id, attempt, arrived)
+        if attempt > 0:
+            self._waiting.appendleft(waiting)
+        else:
+            self._waiting.append(waiting)
+        self._place_next()
+
+    def _place_next(self) -> None:
+        """Place the next queued cell on a thread of its own (placement can wait for GPUs, a
+        CommitGpus call or a migration); the loop sends it when placed, in queue order."""
+        if self._placing is not None or not self._waiting:
             return
-        self._send_execute(idents, msg, msg_id, attempt, executor, device_ids)
+        waiting = self._placing = self._waiting.popleft()
+        metadata = dict(waiting.msg.get("metadata") or {})
+
+        def place() -> None:
+            try:
+                result: Any = self.hooks.place_execute(self.kernel_id, waiting.msg_id, metadata)
+            except PlacementFailed as exc:
+                result = exc
+            except Exception as exc:  # noqa: BLE001 - the client must get an answer
+                log.exception("kernel %s: placing %s failed", self.kernel_id, waiting.msg_id)
+                result = PlacementFailed(f"placing the cell failed: {exc}")
+            self._run_on_loop(lambda: self._placement_done(waiting, result))
+
+        if self._thread is None or not self._thread.is_alive():
+            place()  # no loop to keep free (a front used without start())
+        else:
+            threading.Thread(target=place, daemon=True,
+                             name=f"place-{self.kernel_id}").start()
+
+    def _placement_done(self, waiting: _Waiting, result: Any) -> None:
+        if self._placing is waiting:
+            self._placing = None
+        placed = not isinstance(result, PlacementFailed)
+        if waiting.withdrawn or self._stop.is_set():
+            if placed:  # its GPUs were committed meanwhile: give them back
+                self.hooks.release_execute(self.kernel_id, waiting.msg_id)
+            return
+        if placed:
+            executor, device_ids = result
+            waiting.placed_at = time.monotonic()
+            self._send_execute(waiting.idents, waiting.msg, waiting.msg_id, waiting.attempt,
+                               executor, device_ids)
+            pending = self._pending.get(waiting.msg_id)
+            if pending is not None:
+                pending.placement = waiting
+        else:
+            self._reply_error("shell", waiting.idents, waiting.msg, "NotebookOSNoGPUs",
+                              str(result))
+        self._place_next()
+
+    def _withdraw_waiting(self, why: str) -> int:
+        """Every execute request not sent to a replica yet (held while the replicas start,
+        queued, or being placed) gets an ``aborted`` reply and never runs; returns how many."""
+        withdrawn = list(self._waiting)
+        self._waiting.clear()
+        placing, self._placing = self._placing, None
+        if placing is not None:
+            withdrawn.insert(0, placing)
+            cancel = getattr(self.hooks, "cancel_execute", None)
+            if cancel is not None:  # stop waiting for GPUs for it
+                cancel(self.kernel_id, placing.msg_id)
+        kept: deque[tuple[str, list[bytes], dict, list[bytes]]] = deque()
+        for held in self._held_requests:
+            channel, idents, msg, _ = held
+            if channel == "shell" and msg["header"].get("msg_type") == "execute_request":
+                withdrawn.append(_Waiting(idents, msg, msg["header"].get("msg_id", ""), 0))
+            else:
+                kept.append(held)
+        self._held_requests = kept
+        for waiting in withdrawn:
+            waiting.withdrawn = True
+            self._reply_aborted(waiting, why)
+        if withdrawn:
+            log.info("kernel %s: %s; withdrew %d waiting cell(s)", self.kernel_id, why,
+                     len(withdrawn))
+        return len(withdrawn)
+
+    def _reply_aborted(self, waiting: _Waiting, why: str) -> None:
+        """busy, a note on stderr, ``execute_reply`` with status ``aborted``, idle."""
+        parent, msg = waiting.msg, self.session.msg
+        waited_ms = round((time.monotonic() - waiting.arrived) * 1000)
+        self._send_iopub(msg("status", {"execution_state": "busy"}, parent=parent),
+                         b"kernel.notebookos.status")
+        note = (f"NotebookOS: {why} while this cell waited to run ({waited_ms / 1000:.1f} s); "
+                "it was withdrawn and did not run.\n")
+        self._send_iopub(msg("stream", {"name": "stderr", "text": note}, parent=parent),
+                         b"kernel.notebookos.stream")
+        metadata = {"notebookos": {"withdrawn": True, "reason": why, "waited_ms": waited_ms}}
+        self._reply("shell", self.session.serialize(
+            msg("execute_reply", {"status": "aborted", "execution_count": None},
+                parent=parent, metadata=metadata), ident=waiting.idents))
+        self._send_iopub(msg("status", {"execution_state": "idle"}, parent=parent),
+                         b"kernel.notebookos.status")
 
     def _send_execute(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int,
                       executor: int, device_ids: list[int]) -> None:
@@ -698,12 +851,37 @@ class KernelFront:
                 self._remember(self._iopub_source, parent_id, rid)
             del self._pending[parent_id]
             self._holding.pop(parent_id, None)  # a short cell: its standbys never needed asking
+            if pending.placement is not None:
+                msg_list = self._with_scheduler_metadata(msg, msg_list, pending)
             self._to_client(pending, msg, msg_list)
             self.hooks.release_execute(self.kernel_id, parent_id)
             self.hooks.execute_finished(self.kernel_id, rid, parent_id)
             return
         pending.last_reply = msg_list
         self._settle(parent_id, pending)
+
+    def _with_scheduler_metadata(self, msg: dict, msg_list: list[bytes],
+                                 pending: _Pending) -> list[bytes]:
+        """The executor's execute_reply with what the scheduler knows added under
+        ``metadata.notebookos``: ``interactivity_delay_ms`` (request at the front ->
+        execute_input) and, for a cell that waited for GPUs, ``waited_ms``, ``waited_for``
+        and ``wait_reason``. Re-signed; ``msg`` is updated to match."""
+        placement = pending.placement
+        assert placement is not None
+        extra: dict[str, Any] = {}
+        if pending.started:
+            extra["interactivity_delay_ms"] = round(
+                (pending.started - placement.arrived) * 1000, 1)
+        if placement.wait_reason:
+            extra.update(waited_for="GPUs", wait_reason=placement.wait_reason,
+                         waited_ms=round((placement.placed_at - placement.arrived) * 1000))
+        if not extra:
+            return msg_list
+        metadata = dict(msg.get("metadata") or {})
+        metadata["notebookos"] = {**(metadata.get("notebookos") or {}), **extra}
+        msg["metadata"] = metadata
+        frames = [msg_list[1], msg_list[2], self.session.pack(metadata), msg_list[4]]
+        return [self.session.sign(frames), *frames, *msg_list[5:]]
 
     def _orphan_reply(self, channel: str, rid: int, msg: dict, msg_list: list[bytes]) -> None:
         """A reply to a request this front did not route (sent before a Global Scheduler
@@ -829,6 +1007,9 @@ class KernelFront:
         log.debug("kernel %s: iopub %s from replica %d (parent %s)", self.kernel_id, msg_type,
                   rid, parent_id[-12:])
         if msg_type == "execute_input":
+            pending = self._pending.get(parent_id)
+            if pending is not None and not pending.started:
+                pending.started = time.monotonic()
             self.hooks.execute_started(self.kernel_id, rid, parent_id)
         self._forward_iopub(parent_id, idents, msg_list)
 

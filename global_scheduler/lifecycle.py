@@ -230,7 +230,10 @@ class KernelLifecycleMixin:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"kernel {request.kernel_id} is {entry.state}")
             running = dict(entry.executions)
+            front = entry.front
         queued = self.cancel_waiting_cells(request.kernel_id) if self.per_cell else 0
+        if front is not None and not self.per_cell:  # cells waiting for GPUs are withdrawn
+            front.withdraw_waiting()
         for rid, host_id in running.values():
             link = self.hosts.get(host_id)
             if link is not None:

@@ -101,6 +101,10 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                         policy.name)
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3
+        # Cells waiting for GPUs (execution.py) wake on a release or when withdrawn.
+        self._placement_cv = threading.Condition()
+        self._gpu_releases = 0
+        self._withdrawn_cells: set[tuple[str, str]] = set()
         # Prometheus: the counters and histograms are updated where each event happens; the
         # daemon serves the registry and sets metrics_address (GetClusterStatus, /sd).
         self.metrics = GlobalSchedulerMetrics(self.metrics_snapshot, policy=policy.name,

@@ -137,7 +137,10 @@ class GlobalSchedulerSettings:
         "Redis).", lambda v: None if v else "a non-empty key prefix")
     heartbeat_timeout_s: float = setting(
         10.0, "A Local Scheduler silent this long is declared dead.", _at_least(0.5))
-    migration_retries: int = setting(3, "Attempts to migrate before a cell fails.", _at_least(0))
+    migration_retries: int = setting(
+        3, "Failed migrations (a target host was chosen but moving the replica failed) before a "
+        "waiting cell fails; a cell that merely finds no host free waits (cell_queue_timeout_s).",
+        _at_least(0))
     autoscale: bool = setting(True, "Scale hosts out and in automatically.")
     autoscale_interval_s: float = setting(15.0, "Seconds between autoscaler runs.", _at_least(0.1))
     scaling_factor: float = setting(
@@ -157,8 +160,10 @@ class GlobalSchedulerSettings:
         120.0, "How long a new replica may take to answer before its start fails.",
         _at_least(1.0))
     cell_queue_timeout_s: float = setting(
-        300.0, "batch, lcp: how long a cell may wait for a host that can bind its GPUs before it "
-        "fails with an error reply.", _at_least(0.1))
+        300.0, "How long a cell may wait for GPUs before it fails with an error reply that says "
+        "why. Meanwhile it runs as soon as a replica's host, a migration target or a new host "
+        "can bind them (batch, lcp: a host for its container), and the notebook is told it "
+        "waits and why.", _at_least(0.1))
     cell_checkpoint_timeout_s: float = setting(
         60.0, "batch, lcp: how long a cell's container may take to make the cell's checkpoint "
         "durable before it is stopped anyway (the kernel's message then says so).",

@@ -148,7 +148,8 @@ class GlobalSchedulerServicer:
 
         Places R replicas (policy), starts them through their hosts' Local Schedulers, binds the
         kernel's front (five ZMQ sockets) and returns its connection info. Returns once the front is
-        bound and a Raft majority of replicas is up.
+        bound and a Raft majority of replicas is up; with return_when_bound, once the hosts are
+        chosen and the front is bound (the replicas start behind it).
         INVALID_ARGUMENT: empty kernel_id or key, negative resources, unsupported signature_scheme,
         hints.replicas < 0.
         ALREADY_EXISTS: a kernel with this kernel_id is running (StopKernel it first).

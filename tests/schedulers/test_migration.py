@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(150)
 
 
 def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_cluster):
-    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_MIGRATION_RETRIES": "2"})
+    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_MIGRATION_RETRIES": "2",
+                            "NOTEBOOKOS_GLOBAL_SCHEDULER_CELL_QUEUE_TIMEOUT_S": "2"})
     cluster.start_gs()
     for i in range(3):
         cluster.start_ls(f"host-{i}", gpus=1)
@@ -47,15 +48,19 @@ def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_clu
             kernel_id=f"hog-{host_id}", replica_id=1, request_id="hold", gpus=1), timeout=10)
         assert held.committed
 
-    # Nowhere to go: every host holds a replica of b already. A clear error, nothing runs.
+    # Nowhere to go: every host holds a replica of b already. The cell waits (told why) for
+    # cell_queue_timeout_s, then gets a clear error; nothing runs.
     time.sleep(1.5)  # several heartbeats: the hogs' GPUs stay committed (not b's requests)
     started = time.monotonic()
     refused = run_cell(kc, "v = 'changed'")
     content = refused["reply"]["content"]
     assert content["status"] == "error" and content["ename"] == "NotebookOSNoGPUs"
     assert "busy" in content["evalue"] and "no host can take" in content["evalue"]
+    assert "waited" in content["evalue"] and "cell_queue_timeout_s" in content["evalue"]
     assert refused["statuses"] == ["busy", "idle"]
-    assert time.monotonic() - started < 30
+    assert 2 <= time.monotonic() - started < 30
+    told = [m["content"]["text"] for m in refused["outputs"] if m["msg_type"] == "stream"]
+    assert told and "waiting for 1 GPU(s)" in told[0], refused["outputs"]
 
     # A new host with a prewarmed process joins: the next cell migrates a replica there.
     cluster.start_ls("host-3", gpus=1, prewarm=1)
