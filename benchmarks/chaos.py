@@ -70,7 +70,9 @@ from tornado.websocket import websocket_connect
 from notebookos.ports import free_ports
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+from notebookos.security import child_environment, secure_channel
 from notebookos.supervisor import MARKER_VAR, marked_processes
+from notebookos.testing.credentials import state_dir_config
 
 SINGLE_KINDS = ("kill-executor", "kill-standby", "kill-local-scheduler", "kill-global-scheduler",
                 "hang-host")
@@ -150,14 +152,16 @@ class UpCluster:
         self.lines: list[str] = []
         self.token = ""
         self._log = open(workdir / "up.log", "w")  # noqa: SIM115 - closed in stop()
+        self.security = state_dir_config(workdir / "state")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "notebookos.cli", "up", "--no-browser", "--hosts", str(hosts),
              "--gpus-per-host", str(gpus_per_host), "--port", str(self.port),
              "--scheduler-port", str(self.gs_port), "--state-dir", str(workdir / "state")],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-            cwd=workdir)
+            cwd=workdir, env={**os.environ, **child_environment(self.security)})
         threading.Thread(target=self._read, daemon=True).start()
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.gs_port}")
+        # the credentials `notebookos up` finds in its state directory (made here, first)
+        self.channel = secure_channel(self.security, f"127.0.0.1:{self.gs_port}")
         self.stub = gs_grpc.GlobalSchedulerStub(self.channel)
         self.stopped_pids: list[int] = []
         self._stopped = False

@@ -34,10 +34,13 @@ import zmq
 from jupyter_client import BlockingKernelClient
 from jupyter_client.session import Session
 
+from notebookos.config import load_config
 from notebookos.ports import free_ports
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto.convert import connection_info_to_dict
+from notebookos.security import secure_channel
+from notebookos.testing.credentials import make_credentials
 
 
 def free_port() -> int:
@@ -54,7 +57,10 @@ class Daemons:
         self.workdir = workdir
         self.port = free_port()
         self.procs: list[subprocess.Popen] = []
-        self.env = {**os.environ, "NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S": "0.5"}
+        # the daemons and this client share one CA, certificate and join token (mutual TLS)
+        self.security = make_credentials(workdir / "tls")
+        self.env = {**os.environ, "NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S": "0.5",
+                    **self.security}
 
     def spawn(self, name: str, *args: str) -> None:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
@@ -69,7 +75,8 @@ class Daemons:
             self.spawn(f"ls{i}", "local-scheduler", "--host-id", f"bench-{i}", "--port", "0",
                        "--global-scheduler", f"127.0.0.1:{self.port}", "--virtual-gpus", "2",
                        "--prewarm", "0", "--state-dir", state)
-        stub = gs_grpc.GlobalSchedulerStub(grpc.insecure_channel(f"127.0.0.1:{self.port}"))
+        stub = gs_grpc.GlobalSchedulerStub(secure_channel(
+            load_config(env=self.security), f"127.0.0.1:{self.port}"))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

@@ -27,6 +27,13 @@ from notebookos.metrics import MetricsServer, metrics_url
 from notebookos.policies import get_policy
 from notebookos.policies.live import policy_params
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+from notebookos.security import (
+    JoinTokenInterceptor,
+    add_secure_port,
+    child_environment,
+    connector,
+    ensure_cluster_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,12 @@ class GlobalSchedulerDaemon:
     def __init__(self, config: Config) -> None:
         gs = config.global_scheduler
         self.config = config
+        # The state directory's CA, certificate and join token are made on first start; files a
+        # deployment configured are only checked. Unusable files raise SecurityError (naming the
+        # setting) before anything binds.
+        ensure_cluster_credentials(config)
+        interceptor = JoinTokenInterceptor(config)
+        connect = connector(config)
         self.policy = make_policy(config)
         self.service = GlobalSchedulerService(
             self.policy, make_store(config), ip=gs.host, store_url=config.store_url,
@@ -57,13 +70,18 @@ class GlobalSchedulerDaemon:
             start_timeout_s=gs.replica_start_timeout_s,
             cell_queue_timeout_s=gs.cell_queue_timeout_s,
             cell_checkpoint_timeout_s=gs.cell_checkpoint_timeout_s,
+            connect=connect,
         )
         self.service.migration_retries = gs.migration_retries
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        # mutual TLS; the Local Schedulers' methods also need the cluster join token
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
+                                  interceptors=[interceptor])
         gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, self.server)
-        port = self.server.add_insecure_port(f"{gs.host}:{gs.grpc_port}")
-        if port == 0:
-            raise OSError(f"cannot bind the Global Scheduler's gRPC port {gs.host}:{gs.grpc_port}")
+        try:
+            port = add_secure_port(self.server, config, f"{gs.host}:{gs.grpc_port}")
+        except OSError:
+            raise OSError(f"cannot bind the Global Scheduler's gRPC port {gs.host}:"
+                          f"{gs.grpc_port}") from None
         self.address = f"{gs.host}:{port}"
         try:
             self.metrics_server = MetricsServer(self.service.metrics.registry, gs.host,
@@ -81,7 +99,8 @@ class GlobalSchedulerDaemon:
             if gs.host_provider == "local":
                 provider = LocalProcessProvider(
                     self.address, Path(config.state_path), config.local_scheduler.virtual_gpus,
-                    config.local_scheduler.prewarm_pool_size, ip=gs.host)
+                    config.local_scheduler.prewarm_pool_size, ip=gs.host, connect=connect,
+                    env=child_environment(config))
             else:
                 provider = StaticPoolProvider(self.service)
             self.autoscaler = Autoscaler(

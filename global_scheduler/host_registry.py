@@ -35,7 +35,8 @@ class HostRegistryMixin:
                     oversubscription=self.oversubscription, virtual_gpus=virtual)
         self.cluster.add_host(host)
         self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual,
-                                       prewarm_pool_target=self._pool_target(prewarm))
+                                       prewarm_pool_target=self._pool_target(prewarm),
+                                       connect=self.connect)
 
     def _pool_target(self, offered: int) -> int:
         """A host's prewarm pool target: the pool it offers, or for lcp the policy's warm pool."""
@@ -119,7 +120,7 @@ class HostRegistryMixin:
         """Whether the Local Scheduler instance registered for ``host_id`` still answers at its
         address (a second live daemon claiming the id), as opposed to a daemon restarted in its
         place, whose old instance no longer answers (or answers as the new instance)."""
-        channel = grpc.insecure_channel(address)
+        channel = self.connect(address)
         try:
             status = ls_grpc.LocalSchedulerStub(channel).GetHostStatus(
                 local_scheduler_pb2.GetHostStatusRequest(), timeout=REGISTRATION_PROBE_S)

@@ -14,6 +14,7 @@ import grpc
 
 from notebookos.proto import local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.security import Connect
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ class HostLink:
     last_heartbeat: float = field(default_factory=time.time)
     draining: bool = False
     metrics_address: str = ""  # host:port of the LS's /metrics (empty: it serves none)
+    # opens a channel to the host with the Global Scheduler's credentials (mutual TLS)
+    connect: Connect = field(kw_only=True, repr=False)
     _stub: ls_grpc.LocalSchedulerStub | None = None
     _channel: grpc.Channel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -41,7 +44,7 @@ class HostLink:
     def stub(self) -> ls_grpc.LocalSchedulerStub:
         with self._lock:
             if self._stub is None:
-                self._channel = grpc.insecure_channel(self.address)
+                self._channel = self.connect(self.address)
                 self._stub = ls_grpc.LocalSchedulerStub(self._channel)
             return self._stub
 

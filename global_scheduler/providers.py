@@ -7,6 +7,7 @@ and releases hosts the autoscaler no longer needs (after their replicas were mov
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -14,10 +15,9 @@ import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-import grpc
-
 from notebookos.proto import local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.security import Connect
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,12 @@ class LocalProcessProvider(HostProvider):
     name = "local"
 
     def __init__(self, gs_address: str, state_dir: Path, gpus_per_host: int,
-                 prewarm_pool_size: int, ip: str = "127.0.0.1") -> None:
+                 prewarm_pool_size: int, ip: str = "127.0.0.1", *, connect: Connect,
+                 env: dict[str, str] | None = None) -> None:
         self.gs_address = gs_address
+        self.connect = connect
+        # the Local Schedulers it starts use the Global Scheduler's credentials
+        self.env = {**os.environ, **(env or {})}
         self.state_dir = Path(state_dir)
         self.gpus_per_host = gpus_per_host
         self.prewarm_pool_size = prewarm_pool_size
@@ -66,7 +70,8 @@ class LocalProcessProvider(HostProvider):
                      "--virtual-gpus", str(self.gpus_per_host),
                      "--prewarm", str(self.prewarm_pool_size),
                      "--state-dir", str(self.state_dir)],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=self.env)
             with self._lock:
                 self.procs[host_id] = proc
             log.info("autoscaler: started Local Scheduler %s (pid %d)", host_id, proc.pid)
@@ -74,7 +79,7 @@ class LocalProcessProvider(HostProvider):
         return ids
 
     def release_host(self, host_id: str, address: str) -> None:
-        with grpc.insecure_channel(address) as channel:
+        with self.connect(address) as channel:
             ls_grpc.LocalSchedulerStub(channel).Shutdown(
                 local_scheduler_pb2.ShutdownRequest(force=False, reason="scale-in"), timeout=30)
         with self._lock:

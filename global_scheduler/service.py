@@ -39,6 +39,7 @@ from notebookos.metrics import GlobalSchedulerMetrics
 from notebookos.policies import Policy
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.resources import ResourceSpec
+from notebookos.security import Connect
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         start_timeout_s: float = 120.0,
         cell_queue_timeout_s: float = 300.0,
         cell_checkpoint_timeout_s: float = 60.0,
+        connect: Connect,
     ) -> None:
         self.policy = policy
+        self.connect = connect  # a channel to a Local Scheduler, with this daemon's credentials
         self.store = store
         self.ip = ip
         self.store_url = store_url

@@ -21,6 +21,7 @@ from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmPool
 from notebookos.local_scheduler.service import HostInfo, LocalSchedulerService
 from notebookos.metrics import LocalSchedulerMetrics, MetricsServer
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.security import JoinTokens, add_secure_port, check_credentials, secure_channel
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,15 @@ class LocalSchedulerDaemon:
     def __init__(self, config: Config, host_id: str = "") -> None:
         ls = config.local_scheduler
         self.config = config
+        # TLS files and the join token must be usable before anything binds (SecurityError names
+        # the settings); this daemon never creates them
+        check_credentials(config, join_token=True)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-        port = self.server.add_insecure_port(f"{ls.host}:{ls.grpc_port}")
-        if port == 0:
-            raise OSError(f"cannot bind the Local Scheduler's gRPC port {ls.host}:{ls.grpc_port}")
+        try:
+            port = add_secure_port(self.server, config, f"{ls.host}:{ls.grpc_port}")
+        except OSError:
+            raise OSError(f"cannot bind the Local Scheduler's gRPC port {ls.host}:"
+                          f"{ls.grpc_port}") from None
         self.address = f"{ls.host}:{port}"
         docker = None
         if ls.launcher == "docker":
@@ -87,7 +93,9 @@ class LocalSchedulerDaemon:
             metrics=self.metrics,
         )
         self.link = GlobalSchedulerLink(self.service, ls.global_scheduler,
-                                        ls.heartbeat_interval_s, ls.prewarm_pool_size)
+                                        ls.heartbeat_interval_s, ls.prewarm_pool_size,
+                                        channel=secure_channel(config, ls.global_scheduler),
+                                        tokens=JoinTokens(config))
         ls_grpc.add_LocalSchedulerServicer_to_server(self.service, self.server)
 
     def _start_prewarmed(self) -> Prewarmed:

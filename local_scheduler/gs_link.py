@@ -19,21 +19,27 @@ from notebookos.local_scheduler.service import LocalSchedulerService
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto.convert import resource_spec_to_proto
+from notebookos.security import JoinTokens, SecurityError
 
 log = logging.getLogger(__name__)
 
 
 class GlobalSchedulerLink:
     def __init__(self, service: LocalSchedulerService, gs_address: str,
-                 heartbeat_interval_s: float, prewarm_pool_size: int) -> None:
+                 heartbeat_interval_s: float, prewarm_pool_size: int, *,
+                 channel: grpc.Channel, tokens: JoinTokens) -> None:
+        """``channel``: a mutual TLS channel to ``gs_address``; ``tokens``: the cluster join
+        token every call of this link presents (re-read when its file changes)."""
         self.service = service
         self.gs_address = gs_address
         self.heartbeat_interval_s = heartbeat_interval_s
         self.prewarm_pool_size = prewarm_pool_size
         self.instance_id = uuid.uuid4().hex
         service.instance_id = self.instance_id
-        self.channel = grpc.insecure_channel(gs_address)
+        self.channel = channel
         self.stub = gs_grpc.GlobalSchedulerStub(self.channel)
+        self.tokens = tokens
+        self._refused: str | None = None  # the last refusal logged (logged once, not per retry)
         self._events: queue.Queue[global_scheduler_pb2.ReplicaEvent] = queue.Queue()
         self._event_seq = itertools.count(1)
         self._hb_seq = itertools.count(1)
@@ -43,6 +49,22 @@ class GlobalSchedulerLink:
             threading.Thread(target=self._heartbeat_loop, daemon=True, name="gs-heartbeat"),
             threading.Thread(target=self._event_loop, daemon=True, name="gs-events"),
         ]
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The join token as call metadata (never logged); raises SecurityError when the
+        token file became unusable."""
+        return self.tokens.metadata()
+
+    def _log_refusal(self, what: str, exc: grpc.RpcError | SecurityError) -> None:
+        """A refusal that retrying will not cure (wrong token or credentials): logged at ERROR
+        once, then at DEBUG while it lasts."""
+        details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+        message = f"{what}: {details}"
+        if message != self._refused:
+            self._refused = message
+            log.error("%s", message)
+        else:
+            log.debug("%s", message)
 
     def start(self) -> None:
         for t in self._threads:
@@ -58,9 +80,11 @@ class GlobalSchedulerLink:
             try:
                 self.stub.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(
                     host_id=self.service.host.host_id, instance_id=self.instance_id,
-                    reason=reason), timeout=3)
+                    reason=reason), timeout=3, metadata=self._metadata())
             except grpc.RpcError as exc:
                 log.warning("deregistration failed: %s", exc.details())
+            except SecurityError as exc:
+                log.warning("deregistration failed: %s", exc)
         self.channel.close()
 
     def _set_registered(self, value: bool) -> None:
@@ -83,10 +107,22 @@ class GlobalSchedulerLink:
             metrics_address=host.metrics_address,
         )
         try:
-            response = self.stub.RegisterHost(request, timeout=5)
+            response = self.stub.RegisterHost(request, timeout=5, metadata=self._metadata())
+        except SecurityError as exc:
+            self._log_refusal(f"cannot register host {host.host_id}", exc)
+            self._set_registered(False)
+            return False
         except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                self._log_refusal(f"the Global Scheduler at {self.gs_address} refused host "
+                                  f"{host.host_id}", exc)
+            elif exc.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                grpc.StatusCode.ALREADY_EXISTS):
                 log.error("the Global Scheduler refused host %s: %s", host.host_id, exc.details())
+            elif "handshake" in (exc.details() or "").lower():  # a certificate it does not trust
+                self._log_refusal(f"no TLS connection to the Global Scheduler at "
+                                  f"{self.gs_address} (check security.ca_file, cert_file and "
+                                  "key_file on both)", exc)
             else:
                 log.debug("registration failed: %s", exc.details())
             self._set_registered(False)
@@ -96,6 +132,7 @@ class GlobalSchedulerLink:
         if response.prewarm_pool_target != self.service.pool.target:
             self.service.pool.set_target(response.prewarm_pool_target)
         self.service.forget_stale(list(response.stale_replicas))
+        self._refused = None
         self._set_registered(True)
         log.info("registered host %s with the Global Scheduler at %s", host.host_id,
                  self.gs_address)
@@ -121,10 +158,17 @@ class GlobalSchedulerLink:
             prewarm_pool_size=svc.pool.status()[1],
         )
         try:
-            response = self.stub.Heartbeat(request, timeout=5)
+            response = self.stub.Heartbeat(request, timeout=5, metadata=self._metadata())
+        except SecurityError as exc:
+            self._log_refusal("cannot send a heartbeat", exc)
+            return
         except grpc.RpcError as exc:
             log.debug("heartbeat failed: %s", exc.details())
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:  # the token was rotated away
+                self._log_refusal(f"the Global Scheduler at {self.gs_address} refused a "
+                                  "heartbeat", exc)
+                self._set_registered(False)
+            elif exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self._set_registered(False)
             return
         if response.reregister:
@@ -143,8 +187,11 @@ class GlobalSchedulerLink:
             if not self._registered.wait(timeout=0.5):
                 continue
             try:
-                self.stub.ReportReplicaEvent(pending, timeout=5)
+                self.stub.ReportReplicaEvent(pending, timeout=5, metadata=self._metadata())
                 pending = None
+            except SecurityError as exc:
+                self._log_refusal("cannot report a replica event", exc)
+                self._stop.wait(0.5)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     self._set_registered(False)

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 RS = common_pb2.ReplicaState
 SUPPORTED_SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha1", "hmac-md5")
+# Prewarmed processes a host keeps ready: an order for more is refused, whoever sends it.
+MAX_PREWARM_POOL = 64
 RUNNING_STATES = (RS.REPLICA_STATE_IDLE, RS.REPLICA_STATE_EXECUTING, RS.REPLICA_STATE_STANDBY,
                   RS.REPLICA_STATE_MIGRATING)
 
@@ -385,9 +387,10 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
     # -- pool, status, shutdown -------------------------------------------------------------
 
     def SetPrewarmPool(self, request, context):  # noqa: N802
-        if request.target_size < 0:
+        if not 0 <= request.target_size <= MAX_PREWARM_POOL:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "SetPrewarmPoolRequest.target_size must be >= 0")
+                          f"SetPrewarmPoolRequest.target_size={request.target_size} must be "
+                          f"between 0 and {MAX_PREWARM_POOL}")
         if self.draining and request.target_size > 0:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"host {self.host.host_id} is draining")

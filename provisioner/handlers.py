@@ -22,6 +22,7 @@ from tornado import web
 from notebookos.commands.status_cmd import status_document
 from notebookos.config import load_config
 from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.provisioner.provisioner import secure_global_scheduler_channel
 
 RPC_TIMEOUT_S = 5.0
 
@@ -36,7 +37,11 @@ class NotebookOSHandler(APIHandler):
         self.address = address or global_scheduler_address()
 
     async def cluster_status(self) -> global_scheduler_pb2.ClusterStatus:
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        try:
+            channel = secure_global_scheduler_channel(self.address)
+        except RuntimeError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        async with channel:
             stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
             try:
                 return await stub.GetClusterStatus(

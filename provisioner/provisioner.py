@@ -54,6 +54,20 @@ def default_global_scheduler_address() -> str:
     return f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}"
 
 
+def secure_global_scheduler_channel(address: str) -> grpc.aio.Channel:
+    """A mutual TLS channel with the credentials of the NotebookOS configuration (the
+    ``NOTEBOOKOS_SECURITY_*`` variables ``notebookos up`` gives Jupyter Server). Raises
+    RuntimeError naming the setting to check when they are unusable."""
+    from notebookos.config import load_config
+    from notebookos.security import SecurityError, secure_aio_channel
+
+    try:
+        return secure_aio_channel(load_config(), address)
+    except SecurityError as exc:
+        raise RuntimeError(f"NotebookOS: no credentials for the Global Scheduler at {address}: "
+                           f"{exc}") from None
+
+
 class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     """Starts and stops distributed kernels through the Global Scheduler."""
 
@@ -86,7 +100,7 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     def _stub(self) -> global_scheduler_pb2_grpc.GlobalSchedulerStub:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = secure_global_scheduler_channel(self.address)
         return global_scheduler_pb2_grpc.GlobalSchedulerStub(self._channel)
 
     def resource_request(self) -> ResourceSpec:

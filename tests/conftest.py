@@ -13,6 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from notebookos.testing.credentials import (
+    install_session_credentials,
+    remove_session_credentials,
+)
+
 # The S3 server launcher lives in notebookos.testing so benchmarks can start one too.
 from notebookos.testing.seaweed import S3Server, weed_binary
 
@@ -23,6 +28,10 @@ REQUIRE_SERVICES = os.environ.get("NOTEBOOKOS_REQUIRE_SERVICES") == "1"
 TEST_SESSION_VAR = "NOTEBOOKOS_TEST_SESSION"
 os.environ[TEST_SESSION_VAR] = uuid.uuid4().hex
 REDIS_URL = os.environ.get("NOTEBOOKOS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Every gRPC server and channel is mutual TLS: one CA, certificate and join token for the session,
+# in NOTEBOOKOS_SECURITY_* (inherited by every daemon a test starts; clients in tests use
+# notebookos.testing.credentials.connect).
+SESSION_CREDENTIALS = install_session_credentials()
 
 
 def service_missing(reason: str) -> None:
@@ -98,6 +107,8 @@ def s3_store_url(s3_server: S3Server) -> str:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Kill every process still carrying this session's marker, and say so."""
     from notebookos.supervisor import marked_processes
+
+    remove_session_credentials(SESSION_CREDENTIALS)
 
     leftovers = marked_processes(os.environ[TEST_SESSION_VAR], var=TEST_SESSION_VAR)
     for pid in leftovers:

@@ -32,6 +32,8 @@ from notebookos.proto.convert import (
     resource_spec_to_proto,
 )
 from notebookos.resources import InvalidResourceSpec, ResourceSpec
+from notebookos.security import add_secure_port
+from notebookos.testing.credentials import connect, security_config
 
 PROTO_DIR = Path(generate.__file__).resolve().parent
 
@@ -173,10 +175,10 @@ def channel() -> Iterator[tuple[grpc.Channel, RecordingGlobalScheduler]]:
     local_scheduler_pb2_grpc.add_LocalSchedulerServicer_to_server(
         GpuCommittingLocalScheduler(), server
     )
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = add_secure_port(server, security_config(), "127.0.0.1:0")
     assert port > 0
     server.start()
-    client = grpc.insecure_channel(f"127.0.0.1:{port}")
+    client = connect(f"127.0.0.1:{port}")
     try:
         grpc.channel_ready_future(client).result(timeout=10)
         yield client, gs

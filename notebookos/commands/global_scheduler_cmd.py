@@ -44,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"notebookos: {exc}", file=sys.stderr)
         return 2
     from notebookos.global_scheduler.daemon import run as run_daemon
+    from notebookos.security import SecurityError
 
     try:
         return run_daemon(config)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SecurityError) as exc:
         print(f"notebookos global-scheduler: {exc}", file=sys.stderr)
         return 1

@@ -50,9 +50,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"notebookos: {exc}", file=sys.stderr)
         return 2
     from notebookos.local_scheduler.daemon import run as run_daemon
+    from notebookos.security import SecurityError
 
     try:
         return run_daemon(config)
-    except OSError as exc:
+    except (OSError, SecurityError) as exc:
         print(f"notebookos local-scheduler: {exc}", file=sys.stderr)
         return 1

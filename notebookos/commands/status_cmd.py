@@ -21,6 +21,7 @@ from notebookos.config import ConfigError, load_config
 from notebookos.metrics import metrics_url
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
+from notebookos.security import SecurityError, secure_channel
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--global-scheduler", metavar="HOST:PORT",
                         help="the Global Scheduler's gRPC address (default from the config)")
+    parser.add_argument("--state-dir",
+                        help="the cluster's state directory, where its TLS files are (default "
+                             "from the config; what `notebookos up --state-dir` was given)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
     parser.set_defaults(func=run)
 
@@ -105,13 +109,18 @@ def render_text(doc: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, overrides={"cluster.state_dir": args.state_dir})
     except ConfigError as exc:
         print(f"notebookos: {exc}", file=sys.stderr)
         return 2
     address = args.global_scheduler or f"{config.global_scheduler.host}:" \
         f"{config.global_scheduler.grpc_port}"
-    with grpc.insecure_channel(address) as channel:
+    try:
+        channel = secure_channel(config, address)
+    except SecurityError as exc:
+        print(f"notebookos status: {exc}", file=sys.stderr)
+        return 1
+    with channel:
         try:
             status = gs_grpc.GlobalSchedulerStub(channel).GetClusterStatus(
                 global_scheduler_pb2.GetClusterStatusRequest(), timeout=args.timeout)

@@ -24,6 +24,12 @@ import grpc
 
 from notebookos.config import Config, ConfigError, load_config
 from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.security import (
+    SecurityError,
+    child_environment,
+    ensure_cluster_credentials,
+    secure_channel,
+)
 from notebookos.supervisor import RestartPolicy, Supervisor
 
 # How `notebookos up` restarts a daemon that died (DESIGN section 4: a crashed daemon is
@@ -85,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         if url is None:
             return 130
         print(f"NotebookOS is up: {url}", flush=True)
-        print(f"  status: notebookos status --global-scheduler "
+        state = f" --state-dir {state_dir}" if args.state_dir else ""
+        print(f"  status: notebookos status{state} --global-scheduler "
               f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}", flush=True)
         print(f"  logs:   {supervisor.log_dir}", flush=True)
         print("  Ctrl-C stops everything.", flush=True)
@@ -95,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"notebookos up: {why}", file=sys.stderr, flush=True)
                 return 1
         return 0
-    except RuntimeError as exc:
+    except (RuntimeError, SecurityError) as exc:
         print(f"notebookos up: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -138,8 +145,14 @@ def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
     Returns the environment under which clients (the provisioner in JupyterLab) find this
     cluster, or None when asked to stop meanwhile. ``extra_env`` (``NOTEBOOKOS_*`` settings)
     goes to every daemon and overrides the defaults set here.
+
+    The cluster's CA, certificate and join token are made in the state directory on first start
+    (unless the configuration points at files of its own: then they are only checked) and every
+    process started here gets them through ``NOTEBOOKOS_SECURITY_*`` variables. Raises
+    ``SecurityError`` (naming the setting to check) when they are unusable.
     """
     gs = config.global_scheduler
+    ensure_cluster_credentials(config)
     address = f"{gs.host}:{gs.grpc_port}"
     state_dir = str(config.state_path)
     env = dict(os.environ)
@@ -152,6 +165,7 @@ def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
         # The autoscaler must not release the hosts started here; it may add more.
         "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": str(max(hosts, gs.min_hosts)),
         "NOTEBOOKOS_GLOBAL_SCHEDULER_MAX_HOSTS": str(max(hosts, gs.max_hosts)),
+        **child_environment(config),
     })
     env.update(extra_env or {})
     cli = [sys.executable, "-m", "notebookos.cli"]
@@ -166,16 +180,16 @@ def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
             "--port", "0", "--global-scheduler", address,
             "--virtual-gpus", str(config.local_scheduler.virtual_gpus), "--state-dir", state_dir,
         ], env=env, restart=RESTART)
-    if not wait_for_hosts(address, hosts, timeout=90, stop=stop, supervisor=supervisor):
+    if not wait_for_hosts(config, address, hosts, timeout=90, stop=stop, supervisor=supervisor):
         return None
     return env
 
 
-def wait_for_hosts(address: str, hosts: int, timeout: float, stop: threading.Event,
-                   supervisor: Supervisor) -> bool:
+def wait_for_hosts(config: Config, address: str, hosts: int, timeout: float,
+                   stop: threading.Event, supervisor: Supervisor) -> bool:
     deadline = time.monotonic() + timeout
     seen = 0
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel(config, address) as channel:
         stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
         while time.monotonic() < deadline:
             if stop.is_set():

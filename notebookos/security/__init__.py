@@ -13,8 +13,10 @@ See docs/security.md.
 """
 
 from notebookos.security.channels import (
+    Connect,
     add_secure_port,
     channel_credentials,
+    connector,
     secure_aio_channel,
     secure_channel,
     server_credentials,
@@ -22,6 +24,7 @@ from notebookos.security.channels import (
 from notebookos.security.files import (
     CredentialFiles,
     SecurityError,
+    check_credentials,
     child_environment,
     create_credentials,
     credential_files,
@@ -37,6 +40,7 @@ from notebookos.security.join_token import (
 )
 
 __all__ = [
+    "Connect",
     "HOST_METHODS",
     "METADATA_KEY",
     "AioJoinTokenInterceptor",
@@ -46,6 +50,8 @@ __all__ = [
     "SecurityError",
     "add_secure_port",
     "channel_credentials",
+    "check_credentials",
+    "connector",
     "child_environment",
     "create_credentials",
     "credential_files",

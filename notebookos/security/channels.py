@@ -13,8 +13,9 @@ Every server and channel in NotebookOS is made here:
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -25,6 +26,7 @@ from notebookos.security.files import SecurityError, TlsMaterial, credential_fil
 log = logging.getLogger(__name__)
 
 ChannelOptions = Sequence[tuple[str, Any]]
+Connect = Callable[[str], grpc.Channel]  # target -> a channel with this process's credentials
 
 
 class _Reloader:
@@ -95,3 +97,10 @@ def secure_aio_channel(config: Config, target: str,
                        options: ChannelOptions = ()) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(target, channel_credentials(config),
                                    options=channel_options(config, options))
+
+
+def connector(config: Config) -> Connect:
+    """``connect(target)`` -> a mutual TLS channel with ``config``'s credentials (what a daemon
+    hands to the parts of it that open channels). Checks the files now."""
+    load_tls(config)
+    return functools.partial(secure_channel, config)

@@ -280,3 +280,22 @@ def _issued_by(leaf: x509.Certificate, ca: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def check_credentials(config: Config, join_token: bool = False) -> None:
+    """Raise ``SecurityError`` naming every setting to check when this process cannot use its
+    TLS files (or, with ``join_token``, its join token): a daemon calls it before it binds."""
+    from notebookos.security.join_token import JoinTokens
+
+    problems = []
+    try:
+        load_tls(config)
+    except SecurityError as exc:
+        problems.append(str(exc))
+    if join_token:
+        try:
+            JoinTokens(config).check()
+        except SecurityError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise SecurityError("; ".join(problems))

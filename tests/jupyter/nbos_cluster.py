@@ -17,6 +17,7 @@ import grpc
 from notebookos.config import load_config
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.supervisor import Supervisor
+from notebookos.testing.credentials import connect, security_env
 from notebookos.testing.processes import free_port, pid_alive
 
 
@@ -34,7 +35,7 @@ def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2,
     from notebookos.provisioner.kernelspecs import install_kernelspecs
 
     install_kernelspecs(prefix=sys.prefix)
-    config = load_config(env={}, overrides={
+    config = load_config(env=security_env(), overrides={
         "cluster.state_dir": str(workdir / "cluster"),
         "global_scheduler.grpc_port": free_port(),
         "local_scheduler.virtual_gpus": gpus_per_host,
@@ -69,7 +70,7 @@ def running_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2,
 
 def replica_pids(address: str, kernel_id: str) -> list[int] | None:
     """Pids of the kernel's replicas; None once the scheduler has stopped or forgotten it."""
-    with grpc.insecure_channel(address) as channel:
+    with connect(address) as channel:
         stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
         try:
             status = stub.GetKernelStatus(

@@ -8,13 +8,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import grpc
 import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbos_cluster import Cluster, running_cluster
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.testing.credentials import connect
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,7 +38,7 @@ def cell_cluster(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def kernel_status(address: str, kernel_id: str) -> common_pb2.KernelStatus:
-    with grpc.insecure_channel(address) as channel:
+    with connect(address) as channel:
         return global_scheduler_pb2_grpc.GlobalSchedulerStub(channel).GetKernelStatus(
             global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)
 

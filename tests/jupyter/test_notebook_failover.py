@@ -7,11 +7,11 @@ import os
 import signal
 import time
 
-import grpc
 import nbformat
 from nbclient import NotebookClient
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.testing.credentials import connect
 
 LIVE = (common_pb2.REPLICA_STATE_IDLE, common_pb2.REPLICA_STATE_STANDBY,
         common_pb2.REPLICA_STATE_EXECUTING)
@@ -43,7 +43,7 @@ def executor_pid(address: str, kernel_id: str, timeout: float = 60) -> int:
     """The executor's pid, once the kernel has all three replicas again: this test is about one
     replica dying at a time (losing two at once is a checkpoint rebuild, tested elsewhere)."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    with connect(address) as channel:
         stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
         while True:
             status = stub.GetKernelStatus(

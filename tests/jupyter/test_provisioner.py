@@ -21,6 +21,8 @@ from jupyter_client.manager import AsyncKernelManager
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.provisioner.kernelspecs import kernelspec, kernelspec_name
 from notebookos.provisioner.provisioner import NotebookOSProvisioner
+from notebookos.security import add_secure_port
+from notebookos.testing.credentials import security_config
 
 ALIVE, DEAD = common_pb2.REPLICA_STATE_IDLE, common_pb2.REPLICA_STATE_DEAD
 
@@ -74,7 +76,7 @@ async def run_with_scheduler(body) -> ScriptedGlobalScheduler:
     scheduler = ScriptedGlobalScheduler()
     server = grpc.aio.server()
     global_scheduler_pb2_grpc.add_GlobalSchedulerServicer_to_server(scheduler, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = add_secure_port(server, security_config(), "127.0.0.1:0")  # mutual TLS
     await server.start()
     try:
         await body(scheduler, f"127.0.0.1:{port}")

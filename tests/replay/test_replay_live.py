@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 from notebookos.commands._replay_local import LocalCluster
@@ -24,6 +23,7 @@ from notebookos.replay.jupyter import JupyterServer
 from notebookos.replay.plan import as_played, kernelspec_request, scale_time
 from notebookos.replay.records import COMPLETED, FAILED
 from notebookos.supervisor import marked_processes
+from notebookos.testing.credentials import connect
 from notebookos.testing.optional import require_torch
 from notebookos.workload.readers import read_template
 
@@ -112,7 +112,7 @@ def test_tiny_template_on_a_local_cluster(tmp_path: Path) -> None:
 
 
 def _executor_pid(address: str, kernel_id: str) -> tuple[int, str]:
-    with grpc.insecure_channel(address) as channel:
+    with connect(address) as channel:
         stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
         status = stub.GetKernelStatus(
             global_scheduler_pb2.GetKernelStatusRequest(kernel_id=kernel_id), timeout=10)

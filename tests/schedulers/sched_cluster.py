@@ -21,6 +21,7 @@ from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_p
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 from notebookos.proto.convert import connection_info_to_dict
+from notebookos.testing.credentials import connect
 from notebookos.testing.processes import free_port, kill_group, wait_for_port
 
 NOTEBOOKOS = [sys.executable, "-m", "notebookos.cli"]
@@ -42,7 +43,7 @@ class Cluster:
         self.gs: subprocess.Popen | None = None
         self.ls: dict[str, subprocess.Popen] = {}
         self.procs: list[subprocess.Popen] = []
-        self._channel = grpc.insecure_channel(self.gs_address)
+        self._channel = connect(self.gs_address)
         self.stub = gs_grpc.GlobalSchedulerStub(self._channel)
         self.clients: list[BlockingKernelClient] = []
 
@@ -148,7 +149,7 @@ def result_text(run: dict[str, Any]) -> str:
 def ls_gpus_committed(address: str) -> int:
     """GPUs committed on one host as its Local Scheduler sees it (the Global Scheduler's own
     accounting frees a cell's GPUs at once; the host hears of it within 20 ms)."""
-    with grpc.insecure_channel(address) as channel:
+    with connect(address) as channel:
         status = ls_grpc.LocalSchedulerStub(channel).GetHostStatus(
             local_scheduler_pb2.GetHostStatusRequest(), timeout=10)
     return status.host.gpus_committed

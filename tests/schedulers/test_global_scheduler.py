@@ -18,6 +18,7 @@ from sched_cluster import (  # noqa: F401 - fixture
 )
 
 from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.testing.credentials import join_token_metadata
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,7 +132,8 @@ def test_subscription_limit_and_bad_input_get_clear_errors(make_cluster):
         assert "nope" in err.value.details()
     with pytest.raises(grpc.RpcError) as err:
         stub.RegisterHost(global_scheduler_pb2.RegisterHostRequest(
-            host_id="empty", address="127.0.0.1:1", instance_id="x"), timeout=10)
+            host_id="empty", address="127.0.0.1:1", instance_id="x"), timeout=10,
+            metadata=join_token_metadata())
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "zero GPUs" in err.value.details()
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import signal
 import time
 
-import grpc
 import pytest
 from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
 
 from notebookos.proto import common_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.testing.credentials import connect
 from notebookos.testing.processes import free_port, pid_alive
 
 pytestmark = pytest.mark.timeout(180)
@@ -112,7 +112,7 @@ def test_a_replica_of_a_known_kernel_that_nobody_placed_on_a_host_is_stopped(mak
     kernel_id, kc = _kernel_with_state(cluster)
     used = {r.host_id for r in cluster.kernel(kernel_id).replicas}
     spare = next(h for h in cluster.status().hosts if h.host_id not in used)
-    with grpc.insecure_channel(spare.address) as channel:
+    with connect(spare.address) as channel:
         stub = ls_grpc.LocalSchedulerStub(channel)
         stranger = stub.StartReplica(local_scheduler_pb2.StartReplicaRequest(
             kernel_id=kernel_id, replica_id=99, raft_address="127.0.0.1:0", key="k" * 32,

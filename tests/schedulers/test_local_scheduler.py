@@ -19,6 +19,7 @@ from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.readiness import wait_until_ready
 from notebookos.proto import common_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.testing.credentials import connect
 from notebookos.testing.processes import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,7 +32,7 @@ def host(make_cluster):  # noqa: ANN001, ANN201
     cluster.start_ls("solo", gpus=2)
     cluster.wait_hosts(1)
     address = cluster.status().hosts[0].address
-    channel = grpc.insecure_channel(address)
+    channel = connect(address)
     yield cluster, ls_grpc.LocalSchedulerStub(channel)
     channel.close()
 
@@ -140,7 +141,7 @@ def test_a_held_release_reaches_the_host_on_its_own_or_with_the_next_commit(host
     for a commit to ride on, goes out alone when none comes, and is known as under way until
     the host has it (so a heartbeat showing the GPU still bound is not taken for an orphan)."""
     cluster, stub = host
-    link = HostLink("solo", cluster.status().hosts[0].address, "test", [], True)
+    link = HostLink("solo", cluster.status().hosts[0].address, "test", [], True, connect=connect)
     kernel = f"k-{uuid.uuid4().hex[:6]}"
     assert _ready(_start(stub, kernel))
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import pytest
 from sched_cluster import (  # noqa: F401 - fixture
     ls_gpus_committed,
@@ -17,6 +16,7 @@ from sched_cluster import (  # noqa: F401 - fixture
 
 from notebookos.proto import common_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.testing.credentials import connect
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -38,7 +38,7 @@ def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_clu
                  "the hosts to see the first cell's release")
     channels = []
     for host_id, address in addresses.items():
-        channel = grpc.insecure_channel(address)
+        channel = connect(address)
         channels.append(channel)
         stub = ls_grpc.LocalSchedulerStub(channel)
         stub.StartReplica(local_scheduler_pb2.StartReplicaRequest(
