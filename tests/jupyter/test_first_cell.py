@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Iterator
 
-import grpc
 import pytest
 from browser import Lab
 from nbos_cluster import Cluster, running_cluster
@@ -25,6 +24,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from wsclient import run_cells
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
+from notebookos.testing.credentials import connect
 
 pytestmark = pytest.mark.timeout(300)
 NO_PREWARM = "NOTEBOOKOS_LOCAL_SCHEDULER_PREWARM_POOL_SIZE"
@@ -43,7 +43,7 @@ def nbos_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _kernel_state(address: str, kernel_id: str) -> int:
-    with grpc.insecure_channel(address) as channel:
+    with connect(address) as channel:
         stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
         return stub.GetKernelStatus(global_scheduler_pb2.GetKernelStatusRequest(
             kernel_id=kernel_id), timeout=10).state
