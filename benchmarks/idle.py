@@ -15,7 +15,8 @@ Figures are per kernel (a NotebookOS kernel = its three replicas together):
 - ``plain_cell_after_idle_ms`` / ``nbos_cell_after_idle_ms``: a trivial cell sent after the idle
   window (the group has rested: does waking it cost?), median over the kernels;
 - ``nbos_awake_idle_cpu_ms_per_s`` (``--awake``): N more groups with Raft resting switched off
-  (``NOTEBOOKOS_RAFT_REST=0``), idle in the same window: the cost before resting, same run;
+  (``NOTEBOOKOS_RAFT_REST=0``), idle in the same window: the cost before resting, same run
+  (and ``nbos_awake_cell_after_idle_ms``, their next cell);
 - ``failover_after_idle_s``: SIGKILL the executor of an idle group, then the next cell on a
   survivor: kill -> that cell's ``execute_input``.
 
@@ -190,6 +191,16 @@ def measure(workdir: Path, count: int, window: float, settle: float,
             wait_idle(group.replicas[1].client, msg_id)
             nbos_after.append(time.perf_counter() - t0)
             group.collect(msg_id, [2, 3], target=None)
+        awake_after = []
+        for group in awakes:
+            t0 = time.perf_counter()
+            msg_id = group.send_execute("y = 2", target=1)
+            wait_reply(group.replicas[1].client.get_shell_msg, msg_id)
+            wait_idle(group.replicas[1].client, msg_id)
+            awake_after.append(time.perf_counter() - t0)
+            group.collect(msg_id, [2, 3], target=None)
+        if awakes:
+            out["nbos_awake_cell_after_idle_ms"] = median(awake_after) * 1e3
         out.update({
             "plain_idle_cpu_ms_per_s": sum(plain_cpu) / count,
             "nbos_idle_cpu_ms_per_s": sum(nbos_cpu) / count,
