@@ -141,19 +141,28 @@ class CellFront(KernelFront):
             return
         super()._send_execute(idents, msg, msg_id, attempt, executor, device_ids)
 
+    def _from_replica_iopub(self, rid: int, frames: list[bytes]) -> None:
+        if rid not in self._welcomed and self._is_welcome(frames):
+            # The loop polled the container's IOPub before its cell was sent: note the welcome
+            # here, or _await_welcome would wait for one that has already come.
+            self._welcomed.add(rid)
+            return
+        super()._from_replica_iopub(rid, frames)
+
+    def _is_welcome(self, frames: list[bytes]) -> bool:
+        _, msg_list = self.session.feed_identities(frames, copy=True)
+        msg = self._verify_quiet(msg_list)
+        return msg is not None and msg["header"].get("msg_type") == "iopub_welcome"
+
     def _await_welcome(self, rid: int, sock: zmq.Socket) -> None:
         """Wait until the container's IOPub has our subscription (its welcome message)."""
         deadline = time.monotonic() + WELCOME_WAIT_S
         while time.monotonic() < deadline:
             if not sock.poll(int(max(1, (deadline - time.monotonic()) * 1000))):
                 break
-            frames = sock.recv_multipart()
-            _, msg_list = self.session.feed_identities(frames, copy=True)
-            msg = self._verify_quiet(msg_list)
-            if msg is not None and msg["header"].get("msg_type") == "iopub_welcome":
-                self._welcomed.add(rid)
+            self._dispatch("replica-iopub", rid, sock.recv_multipart())
+            if rid in self._welcomed:
                 return
-            self._dispatch("replica-iopub", rid, frames)
         log.warning("kernel %s: replica %d sent no IOPub welcome within %gs", self.kernel_id, rid,
                     WELCOME_WAIT_S)
 

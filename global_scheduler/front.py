@@ -147,6 +147,15 @@ class _Waiting:
     placed_at: float = 0.0
 
 
+@dataclass
+class _Polled:
+    """The front loop's poll set, rebuilt whenever the replica set changes."""
+
+    replicas: dict[int, Any] | None = None
+    poller: zmq.Poller = field(default_factory=zmq.Poller)
+    sockets: dict[Any, tuple[str, int | None]] = field(default_factory=dict)
+
+
 class KernelFront:
     def __init__(
         self,
@@ -377,53 +386,64 @@ class KernelFront:
     # -- the loop ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        poller_sockets: dict[Any, tuple[str, int | None]] = {}
-        poller = zmq.Poller()
-        polled: dict[int, _ReplicaSockets] | None = None
+        poller = _Polled()
         while not self._stop.is_set():
-            self._apply_commands()
-            if polled != self._replicas:  # the replica set changed: poll the new sockets
-                polled = dict(self._replicas)
-                poller = zmq.Poller()
-                poller_sockets.clear()
-                for name in ("shell", "control", "stdin", "hb", "iopub"):
-                    poller.register(self._sockets[name], zmq.POLLIN)
-                    poller_sockets[self._sockets[name]] = (name, None)
-                poller.register(self._wake_r, zmq.POLLIN)
-                poller_sockets[self._wake_r] = ("wake", None)
-                for rid, r in polled.items():
-                    for name in ("shell", "control", "stdin", "iopub"):
-                        sock = getattr(r, name)
-                        poller.register(sock, zmq.POLLIN)
-                        poller_sockets[sock] = (f"replica-{name}", rid)
             try:
-                events = poller.poll(int(POLL_S * 1000))
-            except zmq.ZMQError:
+                self._loop_pass(poller)
+            except Exception:  # noqa: BLE001 - a dead loop would leave the kernel unanswered
+                log.exception("kernel %s: front loop pass failed; carrying on", self.kernel_id)
+                poller.replicas = None  # rebuild the poll set from scratch
+
+    def _loop_pass(self, polled: _Polled) -> None:
+        self._apply_commands()
+        if polled.replicas != self._replicas:  # the replica set changed: poll the new sockets
+            polled.replicas = dict(self._replicas)
+            polled.poller = zmq.Poller()
+            polled.sockets.clear()
+            for name in ("shell", "control", "stdin", "hb", "iopub"):
+                polled.poller.register(self._sockets[name], zmq.POLLIN)
+                polled.sockets[self._sockets[name]] = (name, None)
+            polled.poller.register(self._wake_r, zmq.POLLIN)
+            polled.sockets[self._wake_r] = ("wake", None)
+            for rid, r in polled.replicas.items():
+                for name in ("shell", "control", "stdin", "iopub"):
+                    sock = getattr(r, name)
+                    polled.poller.register(sock, zmq.POLLIN)
+                    polled.sockets[sock] = (f"replica-{name}", rid)
+        try:
+            events = polled.poller.poll(int(POLL_S * 1000))
+        except zmq.ZMQError:
+            polled.replicas = None
+            return
+        self._release_deferred()
+        if self._holding:
+            self._send_due_yields()
+        if self._unrouted:
+            self._unrouted.retry()
+        for sock, _ in events:
+            name, rid = polled.sockets[sock]
+            if name == "wake":
+                self._drain_wake()
+                self._apply_commands()
                 continue
-            self._release_deferred()
-            if self._holding:
-                self._send_due_yields()
-            if self._unrouted:
-                self._unrouted.retry()
-            for sock, _ in events:
-                name, rid = poller_sockets[sock]
-                if name == "wake":
-                    self._drain_wake()
-                    self._apply_commands()
-                    continue
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    continue
-                try:
-                    self._dispatch(name, rid, frames)
-                except (ValueError, TypeError, KeyError, IndexError) as exc:
-                    self.malformed += 1
-                    log.warning("kernel %s: dropped a malformed message on %s: %s",
-                                self.kernel_id, name, str(exc)[:200])
-                except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
-                    self.malformed += 1
-                    log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
+            if sock.closed:  # a command applied earlier in this pass dropped its replica
+                continue
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            except zmq.ZMQError as exc:  # closed under us: the next pass polls the new set
+                log.debug("kernel %s: %s socket gone: %s", self.kernel_id, name, exc)
+                continue
+            try:
+                self._dispatch(name, rid, frames)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                self.malformed += 1
+                log.warning("kernel %s: dropped a malformed message on %s: %s",
+                            self.kernel_id, name, str(exc)[:200])
+            except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
+                self.malformed += 1
+                log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
 
     def _must_defer(self) -> bool:
         if self._iopub_subscribed:

@@ -216,6 +216,26 @@ class SwarmDeployment(Deployment):
                 return
             time.sleep(1)
 
+    def services(self) -> dict[str, tuple[str, str]]:
+        """service name -> (mode, "running/desired"), as `docker stack services` reports them."""
+        out = run(["docker", "stack", "services", self.project, "--format",
+                   "{{.Name}} {{.Mode}} {{.Replicas}}"]).stdout
+        return {name: (mode, replicas) for name, mode, replicas, *_ in
+                (line.split() for line in out.splitlines() if line.strip())}
+
+    def wait_for_services(self, timeout: float = 180) -> dict[str, tuple[str, str]]:
+        """Wait until every service runs all its tasks. Swarm counts a task with a health check
+        as running only once it is healthy, which comes a health interval after it answers."""
+        deadline = time.monotonic() + timeout
+        services = self.services()
+        while time.monotonic() < deadline:
+            if services and all(r.split("/")[0] == r.split("/")[1].split(" ")[0]
+                                for _, r in services.values()):
+                return services
+            time.sleep(1)
+            services = self.services()
+        raise TimeoutError(f"the stack's services did not all run within {timeout:g}s: {services}")
+
     def container_of(self, service: str) -> str:
         ids = run(["docker", "ps", "-q", "--filter",
                    f"label=com.docker.swarm.service.name={self.project}_{service}"]).stdout.split()

@@ -29,6 +29,7 @@ def swarm(notebookos_image: str):
         dep.deploy()
         dep.wait_for_jupyterlab(timeout=300)
         dep.wait_for_hosts(3)
+        dep.wait_for_services()
         print(f"\nstack deploy to a usable JupyterLab with 3 hosts: {time.monotonic() - start:.1f} s")
         yield dep
     finally:
@@ -43,10 +44,9 @@ def swarm(notebookos_image: str):
 
 
 def test_stack_deploy_runs_a_notebook_in_replica_containers(swarm: SwarmDeployment) -> None:
-    services = run(["docker", "stack", "services", swarm.project, "--format",
-                    "{{.Name}} {{.Mode}} {{.Replicas}}"]).stdout
-    assert f"{swarm.project}_ls global 1/1" in services, services
-    assert f"{swarm.project}_ls-extra replicated 2/2" in services, services
+    services = swarm.services()
+    assert services[f"{swarm.project}_ls"] == ("global", "1/1"), services
+    assert services[f"{swarm.project}_ls-extra"] == ("replicated", "2/2"), services
     network = run(["docker", "network", "inspect", f"{swarm.project}_cluster", "--format",
                    "{{.Driver}} {{.Attachable}}"]).stdout.split()
     assert network == ["overlay", "true"], network
