@@ -17,6 +17,7 @@ the JupyterLab servers the tests start fetch no news and check no updates.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -88,6 +89,15 @@ class Lab:
         editor = self.page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first
         editor.wait_for(state="visible")
         return time.monotonic()
+
+    def wait_kernel_idle(self, timeout_s: float = 90.0) -> None:
+        """Wait until the status bar shows the notebook's kernel as Idle. JupyterLab drops a cell
+        that is run before the session's kernel is connected (a plain ipykernel too: a cell run
+        right after the editor appears is lost in about half the tries), so a test that is not
+        about that race waits, as a user waits for the kernel indicator."""
+        self.page.locator("#jp-main-statusbar").filter(
+            has_text=re.compile(r"\| Idle")).first.wait_for(state="visible",
+                                                            timeout=timeout_s * 1000)
 
     def cell(self, index: int) -> Any:
         return self.page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(index)

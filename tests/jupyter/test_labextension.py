@@ -116,7 +116,9 @@ def wait_item(lab: Lab, text: str, timeout_s: float = 30.0) -> str:
         if text in shown:
             return shown
         time.sleep(0.2)
-    raise AssertionError(f"the status item shows {shown!r}, not {text!r}")
+    bar = lab.page.locator("#jp-main-statusbar")
+    raise AssertionError(f"the status item shows {shown!r} ({item.count()} found), not {text!r}; "
+                         f"the status bar: {bar.inner_html()[:3000] if bar.count() else None}")
 
 
 @pytest.mark.slow
@@ -124,6 +126,7 @@ def wait_item(lab: Lab, text: str, timeout_s: float = 30.0) -> str:
 def test_status_item_names_the_executor_and_follows_it_after_a_sigkill(
         lab_server: LabServer, lab: Lab, tmp_path: Path) -> None:
     lab.new_notebook(DISPLAY_NAME)
+    lab.wait_kernel_idle()
     lab.run_cell(0, "x = 20\nx + 1")
     lab.wait_output(0, "21", timeout_s=90)
     kernel_id, first = executor_of(lab_server)
