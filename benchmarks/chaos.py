@@ -604,6 +604,7 @@ async def run_campaign(args: argparse.Namespace, workdir: Path,
             with open(workdir / "outcomes.jsonl", "a") as out:  # a cut-short run keeps its figures
                 out.write(json.dumps(asdict(outcome)) + "\n")
             progress(outcome)
+            await asyncio.sleep(args.gap)
         campaign.restarts = cluster.restarts()
         campaign.reconnects = notebook.reconnects
         return campaign
@@ -616,10 +617,11 @@ async def run_campaign(args: argparse.Namespace, workdir: Path,
 
 
 def _plan(args: argparse.Namespace, rng: random.Random) -> list[str]:
+    kinds = args.kinds or SINGLE_KINDS
     if args.round_robin:
-        singles = [SINGLE_KINDS[i % len(SINGLE_KINDS)] for i in range(args.faults)]
+        singles = [kinds[i % len(kinds)] for i in range(args.faults)]
     else:
-        singles = [rng.choice(SINGLE_KINDS) for _ in range(args.faults)]
+        singles = [rng.choice(kinds) for _ in range(args.faults)]
     plan = singles + ["double"] * args.double
     if not args.round_robin:
         rng.shuffle(plan)
@@ -719,6 +721,12 @@ def main() -> int:
                         help="leave the torch model out (it is left out when torch is missing)")
     parser.add_argument("--round-robin", action="store_true",
                         help="single faults in turn instead of at random")
+    parser.add_argument("--kinds", type=lambda v: tuple(v.split(",")), default=None,
+                        help="single faults only of these kinds, comma-separated (default all: "
+                             + ", ".join(SINGLE_KINDS) + ")")
+    parser.add_argument("--gap", type=float, default=0.0,
+                        help="seconds between faults (notebookos up calls a daemon that exits "
+                             "5 times within 10 s of starting crash-looping, and gives up)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep the logs there")
     parser.add_argument("--table-of", metavar="DIR",
@@ -731,6 +739,10 @@ def main() -> int:
         return 0
     if args.hosts < 4:
         parser.error("--hosts must be at least 4: a lost host's replicas need a fourth host")
+    unknown = set(args.kinds or ()) - set(SINGLE_KINDS)
+    if unknown:
+        parser.error(f"unknown fault kind(s) {', '.join(sorted(unknown))}; "
+                     f"known: {', '.join(SINGLE_KINDS)}")
     if args.faults < 0 or args.double < 0:
         parser.error("--faults and --double must be >= 0")
     args.torch = args.torch and _torch_available()

@@ -62,6 +62,8 @@ MAX_RESUBMISSIONS = 3
 # How long a sticky executor's cell runs before the standbys get their yield_request: longer than
 # a trivial cell, far shorter than the replicas' own election timeouts (docs/kernel-protocol.md).
 YIELD_HOLD_S = 0.2
+# how long a re-bound front's IOPub waits after the last client (re)subscription
+RESUBSCRIBE_QUIET_S = 0.3
 # How long a shell reply for a client that is not connected is kept (a client reconnecting after
 # a Global Scheduler restart is back within a second; one that left for good never is).
 UNROUTED_KEEP_S = 60.0
@@ -217,6 +219,12 @@ class KernelFront:
         self._iopub_topics: set[bytes] = set()
         self.iopub_held = Backlog(DEFAULT_MAX_MESSAGES, DEFAULT_MAX_BYTES)
         self._bound_at = time.monotonic()
+        # A front re-bound on its old ports (a Global Scheduler restart) has several client
+        # SUBs reconnecting at once (Jupyter Server's websocket and its activity watcher); XPUB
+        # reports only the first, and what is published before a later one has subscribed is
+        # lost to it. So, re-bound, IOPub waits until no subscription came for a short while.
+        self._rebound = bool(ports)
+        self._last_subscription = 0.0
         self._thread: threading.Thread | None = None
         self.preferred_replica: int | None = None
         self.yield_hold_s = YIELD_HOLD_S
@@ -236,6 +244,7 @@ class KernelFront:
                     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
                 if name == "iopub":  # a held backlog goes out in one burst on subscription
                     sock.sndhwm = max(1000, self.iopub_held.max_messages)
+                    sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription
                 port = ports.get(f"{name}_port", 0)
                 if port:
                     sock.bind(f"tcp://{self.ip}:{port}")
@@ -416,6 +425,8 @@ class KernelFront:
             polled.replicas = None
             return
         self._release_deferred()
+        if self.iopub_held and self._iopub_topics:
+            self._flush_iopub()
         if self._holding:
             self._send_due_yields()
         if self._unrouted:
@@ -474,6 +485,9 @@ class KernelFront:
             self._commands.popleft()()
 
     def _dispatch(self, name: str, rid: int | None, frames: list[bytes]) -> None:
+        if name in ("shell", "control"):
+            log.debug("kernel %s: %s message from a client (%d frames)", self.kernel_id, name,
+                      len(frames))
         if name == "hb":
             self._sockets["hb"].send_multipart(frames)
         elif name == "iopub":  # XPUB: (un)subscription frames from clients
@@ -494,15 +508,26 @@ class KernelFront:
             if frame[:1] == b"\x01":
                 self._iopub_topics.add(bytes(frame[1:]))
                 self._iopub_subscribed = True
+                self._last_subscription = time.monotonic()
             elif frame[:1] == b"\x00":
                 self._iopub_topics.discard(bytes(frame[1:]))
         if self._iopub_topics:
             self._flush_iopub()
             self._release_deferred()
 
+    def _iopub_settling(self) -> bool:
+        """Re-bound and within the first seconds: clients may still be re-subscribing."""
+        if not self._rebound:
+            return False
+        now = time.monotonic()
+        if now - self._bound_at > self._subscription_wait_s + RESUBSCRIBE_QUIET_S:
+            self._rebound = False  # settled for good: the hot path skips this from now on
+            return False
+        return now - self._last_subscription < RESUBSCRIBE_QUIET_S
+
     def _publish(self, frames: list[bytes]) -> None:
         """Send on the client IOPub, or hold while no client subscribes."""
-        if self._iopub_topics and not self.iopub_held:
+        if self._iopub_topics and not self.iopub_held and not self._iopub_settling():
             self._sockets["iopub"].send_multipart(frames)
             return
         dropped = self.iopub_held.append(frames)
@@ -512,6 +537,8 @@ class KernelFront:
         self._flush_iopub()
 
     def _flush_iopub(self) -> None:
+        if self._iopub_settling():
+            return  # the loop flushes once the subscriptions have settled
         while self.iopub_held and self._iopub_topics:
             self._sockets["iopub"].send_multipart(self.iopub_held.popleft()[0])
 
@@ -665,6 +692,8 @@ class KernelFront:
             return
         waiting = self._placing = self._waiting.popleft()
         metadata = dict(waiting.msg.get("metadata") or {})
+        log.debug("kernel %s: placing %s (attempt %d, %d queued behind)", self.kernel_id,
+                  waiting.msg_id[:8], waiting.attempt, len(self._waiting))
 
         def place() -> None:
             try:
@@ -699,6 +728,8 @@ class KernelFront:
             if pending is not None:
                 pending.placement = waiting
         else:
+            log.info("kernel %s: cell %s not placed: %s", self.kernel_id, waiting.msg_id[:8],
+                     result)
             self._reply_error("shell", waiting.idents, waiting.msg, "NotebookOSNoGPUs",
                               str(result))
         self._place_next()

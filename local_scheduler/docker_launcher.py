@@ -359,6 +359,8 @@ class DockerLauncher(Launcher):
                resources: ResourceSpec | None = None) -> LaunchedReplica:
         if prewarmed is not None and not isinstance(prewarmed, PrewarmedContainer):
             raise TypeError(f"the docker launcher cannot promote {prewarmed!r}")
+        if self._closed.is_set():
+            raise RuntimeError("the Local Scheduler is stopping: no new replica container")
         name = container_name(spec.kernel_id, spec.replica_id)
         spec = dataclasses.replace(
             spec, raft_address=raft_address(spec.kernel_id, spec.replica_id, spec.raft_address),
@@ -402,6 +404,10 @@ class DockerLauncher(Launcher):
         replica = LaunchedReplica(spec, process.pid, ip, ports, spec.raft_address,
                                   prewarmed is not None, None, process)
         self._track(container, replica, process)
+        if self._closed.is_set():  # stopped while it started: close() may have swept already
+            self.forget(container.id)
+            self.remove(container.id)
+            raise RuntimeError(f"the Local Scheduler stopped while {name} started")
         if process.exit_code is None and self._exited_meanwhile(container):
             self._handle_exit(container.id, self._exit_code_of(container))
         return replica
@@ -565,6 +571,7 @@ class DockerLauncher(Launcher):
         for container_id in waiting:
             self.forget(container_id)
             self.remove(container_id)
+        self._sweep()
         events = self._events
         if events is not None:
             try:
@@ -572,6 +579,22 @@ class DockerLauncher(Launcher):
             except Exception:  # noqa: BLE001 - closing a stream that already broke
                 pass
         self._removals.shutdown(wait=True)
+
+    def _sweep(self) -> None:
+        """Remove every container of this host still there once its replicas were stopped: one
+        whose launch was under way while the Local Scheduler stopped (a kernel started just
+        before `docker compose down`) would otherwise outlive it."""
+        try:
+            left = self.client.containers.list(
+                all=True, filters={"label": f"{LABEL_HOST}={self.host_id}"})
+        except docker.errors.DockerException as exc:
+            log.warning("cannot list this host's containers to remove them: %s", exc)
+            return
+        for container in left:
+            log.info("removing container %s, left after the replicas were stopped",
+                     container.name)
+            self.forget(container.id)
+            self.remove(container.id)
 
     # -- exits ------------------------------------------------------------------------------
 

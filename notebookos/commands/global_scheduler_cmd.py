@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from notebookos.config import ConfigError, load_config
@@ -23,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--registry-redis-url", help="keep the registry in this Redis")
     parser.add_argument("--state-dir", help="directory for the registry file and the store")
     parser.add_argument("--store", help="large-object store URL for the replicas")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--log-level", default=os.environ.get("NOTEBOOKOS_LOG_LEVEL", "INFO"),
+                        help="logging level (default INFO, or NOTEBOOKOS_LOG_LEVEL)")
     parser.set_defaults(func=run)
 
 

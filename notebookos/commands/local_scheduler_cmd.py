@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from notebookos.config import ConfigError, load_config
@@ -27,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prewarm", type=int, help="prewarmed replica processes to keep")
     parser.add_argument("--replica-module", help="Python module a replica runs")
     parser.add_argument("--state-dir", help="directory for logs and connection files")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--log-level", default=os.environ.get("NOTEBOOKOS_LOG_LEVEL", "INFO"),
+                        help="logging level (default INFO, or NOTEBOOKOS_LOG_LEVEL)")
     parser.set_defaults(func=run)
 
 

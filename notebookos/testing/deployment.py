@@ -180,6 +180,23 @@ class ComposeDeployment(Deployment):
         self.compose("down", *(["--volumes"] if volumes else []), "--timeout", "30",
                      check=False)
 
+    def purge(self) -> None:
+        """Whatever `down -v` left (a test's finalizer: a failing run must not leave replica
+        containers, which compose does not know, to the next one): containers of this
+        project's Local Schedulers, then the project's networks and volumes."""
+        self.down(volumes=True)
+        ours = [line.split()[0] for line in run(
+            ["docker", "ps", "-a", "--filter", "label=notebookos.host_id", "--format",
+             '{{.ID}} {{.Label "notebookos.host_id"}}']).stdout.splitlines()
+            if len(line.split()) == 2 and line.split()[1].startswith(self.project)]
+        if ours:
+            run(["docker", "rm", "-f", *ours], check=False)
+        label = f"com.docker.compose.project={self.project}"
+        for kind in ("network", "volume"):
+            names = _names(kind, label)
+            if names:
+                run(["docker", kind, "rm", *names], check=False)
+
     def container_of(self, service: str) -> str:
         ids = self.compose("ps", "-q", service).stdout.split()
         if not ids:
@@ -210,10 +227,15 @@ class SwarmDeployment(Deployment):
         deadline = time.monotonic() + timeout
         label = f"com.docker.stack.namespace={self.project}"
         while time.monotonic() < deadline:
-            if not _names("container", label) and not _names("network", label) \
+            if not _names("container", label) \
                     and not [n for n in run(["docker", "ps", "-a", "--format", "{{.Names}}"]).stdout
                              .split() if n.startswith("nbos-")]:
-                return
+                # `stack rm` gives up on a network that still had the Local Schedulers' replica
+                # containers on it when it tried; with them gone it can go now
+                networks = _names("network", label)
+                if not networks:
+                    return
+                run(["docker", "network", "rm", *networks], check=False)
             time.sleep(1)
 
     def services(self) -> dict[str, tuple[str, str]]:

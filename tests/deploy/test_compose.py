@@ -30,7 +30,7 @@ def compose(notebookos_image: str):
         print(f"\ncompose up to a usable JupyterLab with 3 hosts: {time.monotonic() - start:.1f} s")
         yield dep
     finally:
-        dep.down(volumes=True)
+        dep.purge()
 
 
 def test_compose_runs_a_notebook_in_replica_containers(compose: ComposeDeployment) -> None:

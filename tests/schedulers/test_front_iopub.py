@@ -146,3 +146,36 @@ def test_a_reply_for_a_client_not_back_yet_is_kept_until_it_reconnects(  # noqa:
         assert got["content"]["status"] == "ok"
     finally:
         client.close(linger=0)
+
+
+def test_a_rebound_front_waits_for_every_client_to_resubscribe() -> None:
+    """After a Global Scheduler restart Jupyter Server's SUB sockets (the websocket's and its
+    activity watcher's) reconnect one after the other, and XPUB reports only the first
+    subscription to a topic: what the front published in between was lost to the later one (a
+    cell's output or its idle never reached the notebook; benchmarks/chaos.py found it). A
+    re-bound front waits until the subscriptions have settled."""
+    context = zmq.Context.instance()
+    first = KernelFront("k-rebound", KEY, "hmac-sha256", _Hooks())
+    ports = dict(first.ports)
+    first.close()
+    executor = FakeReplica(context, 1)
+    front = KernelFront("k-rebound", KEY, "hmac-sha256", _Hooks(), ports=ports)
+    front.start()
+    front.set_replicas([executor.endpoint()], wait=True)
+    executor.wait_subscribed()
+    watcher = websocket = None
+    try:
+        watcher = _client(front)
+        time.sleep(0.1)  # its subscription is in: the front has a subscriber
+        parent = _request()
+        sent = executor.publish(parent, "stream", {"name": "stdout", "text": "out\n"})
+        time.sleep(0.1)
+        websocket = _client(front)  # the notebook's socket, a moment later
+        assert [m["header"]["msg_id"] for m in _receive(websocket, 1)] == [sent]
+        assert [m["header"]["msg_id"] for m in _receive(watcher, 1)] == [sent]
+    finally:
+        for sub in (watcher, websocket):
+            if sub is not None:
+                sub.close()
+        front.close()
+        executor.close()
