@@ -267,6 +267,8 @@ class HostRegistryMixin:
             elif kind in (global_scheduler_pb2.REPLICA_EVENT_KIND_DIED,
                           global_scheduler_pb2.REPLICA_EVENT_KIND_EXITED):
                 if entry.state != "stopping":
+                    # a replica still starting: its start stops waiting for its reply at once
+                    self._died_starting.add((request.kernel_id, request.replica_id))
                     why = "died" if kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED \
                         else "exited"
                     self.metrics.replica_failures.labels(cause=why).inc()

@@ -139,5 +139,16 @@ def argv_with_env(argv: list[str], environ: dict[str, str] | None = None) -> lis
 
 def main(argv: list[str] | None = None) -> None:
     import sys
+    import traceback
 
-    ReplicaKernelApp.launch_instance(argv=argv_with_env(sys.argv[1:] if argv is None else argv))
+    try:
+        ReplicaKernelApp.launch_instance(
+            argv=argv_with_env(sys.argv[1:] if argv is None else argv))
+    except Exception:  # noqa: BLE001 - a replica that cannot start must exit, not linger
+        # e.g. a port taken between its draw and the bind: the threads started before the
+        # failure (IOPub, Raft) would keep a plain exit from ending the process, and its Local
+        # Scheduler would see no exit while the Global Scheduler waited for a reply
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)

@@ -166,3 +166,27 @@ def test_a_replica_with_another_kernel_key_cannot_join_the_raft_group(tmp_path: 
         assert result.stdout() == "two of three\n", result.summary()
     finally:
         group.stop()
+
+
+def test_a_replica_that_cannot_bind_its_ports_exits_at_once(tmp_path: Path) -> None:
+    """A port taken between its draw and the bind (another host's replica drew it too): the
+    replica must exit, so that its Local Scheduler reports it and the start is retried, instead
+    of lingering with the threads it started before the failure (the Global Scheduler then
+    waited its whole start timeout, 60 s, for a reply that never came)."""
+    import json
+    import socket
+
+    group = ReplicaGroup(tmp_path, size=1)
+    replica = group.replicas[1]
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", json.loads(replica.connection_file.read_text())["iopub_port"]))
+        taken.listen()
+        group._launch(replica, {1: replica.raft_address})  # noqa: SLF001 - one process
+        assert replica.proc is not None
+        code = replica.proc.wait(timeout=30)
+        assert code == 1, replica.proc
+        assert "Address already in use" in replica.log_path.read_text()
+    finally:
+        taken.close()
+        group.stop()
