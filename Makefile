@@ -50,7 +50,7 @@ labextension: $(VENV)/.installed
 up: $(VENV)/.installed $(LABEXT_SHARE)/package.json
 	$(VENV)/bin/notebookos up $(UP_ARGS)
 
-lint: $(VENV)/.installed-test
+lint: install-test
 	$(VENV)/bin/ruff check .
 
 test: lint
