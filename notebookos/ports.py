@@ -16,8 +16,11 @@ unless a foreign process took them.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import tempfile
+import time
 from collections.abc import Collection
 from pathlib import Path
 
@@ -80,11 +83,37 @@ def bindable(host: str, port: int) -> bool:
     return True
 
 
+CLAIMS = Path(tempfile.gettempdir()) / "notebookos-port-claims"
+CLAIM_S = 30.0  # long enough for a process to start and bind what it was promised
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for CLAIM_S seconds among the processes of this machine: several
+    probers (the Local Schedulers of a local cluster, test fixtures) drawing at the same moment
+    could otherwise both find a port free and hand it to two processes, one of which then dies
+    with "address already in use". A claim older than CLAIM_S is taken over."""
+    try:
+        CLAIMS.mkdir(exist_ok=True)
+        path = CLAIMS / str(port)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            if time.time() - path.stat().st_mtime < CLAIM_S:
+                return False
+            os.utime(path)  # a stale claim: take it over
+            return True
+        os.close(fd)
+        return True
+    except OSError:  # no usable temporary directory: the bind probe alone decides
+        return True
+
+
 def free_ports(
     count: int, host: str = "127.0.0.1", exclude: Collection[int] = ()
 ) -> list[int]:
     """``count`` distinct free ports on ``host``; held open together so none repeats, and none
-    of ``exclude`` (ports already promised to the same process but not bound yet)."""
+    of ``exclude`` (ports already promised to the same process but not bound yet), nor one
+    another process of this machine drew in the last CLAIM_S seconds."""
     low, high = allocation_range()
     sockets: list[socket.socket] = []
     try:
@@ -92,7 +121,7 @@ def free_ports(
         while len(sockets) < count:
             tries += 1
             port = random.randrange(low, high) if high and tries <= 50 * count else 0
-            if port in exclude:
+            if port in exclude or (port and not _claim(port)):
                 continue
             s = socket.socket()
             try:

@@ -60,3 +60,18 @@ def test_raft_ports_have_a_range_of_their_own_below_the_ephemeral_range():
     taken = set(range(raft_low, raft_high)) - {raft_low + 7}
     assert raft_port(taken) == raft_low + 7
     assert all(raft_low <= raft_port() < raft_high for _ in range(100))
+
+
+def test_a_port_drawn_by_one_process_is_not_drawn_by_another_for_a_while() -> None:
+    """Several Local Schedulers of one machine probe at the same moment: without a claim two of
+    them could find the same port free and give it to two replicas (one then died at start
+    with "address already in use", seen in the full suite)."""
+    import subprocess
+    import sys
+
+    code = "from notebookos.ports import free_ports; print(*free_ports(300))"
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, timeout=60) for _ in range(2)]
+    first, second = ({int(p) for p in run.stdout.split()} for run in runs)
+    assert len(first) == len(second) == 300
+    assert not first & second
