@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         # e.g. a port taken between its draw and the bind: the threads started before the
         # failure (IOPub, Raft) would keep a plain exit from ending the process, and its Local
         # Scheduler would see no exit while the Global Scheduler waited for a reply
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # to the process's own stderr: ipykernel has swapped sys.stderr for its IOPub stream
+        traceback.print_exc(file=sys.__stderr__)
+        for stream in (sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
         os._exit(1)
