@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     import sys
     import traceback
 
+    stderr_fd = os.dup(2)  # ipykernel redirects fd 2 (and sys.stderr) to its IOPub streams
     try:
         ReplicaKernelApp.launch_instance(
             argv=argv_with_env(sys.argv[1:] if argv is None else argv))
@@ -148,9 +149,5 @@ def main(argv: list[str] | None = None) -> None:
         # e.g. a port taken between its draw and the bind: the threads started before the
         # failure (IOPub, Raft) would keep a plain exit from ending the process, and its Local
         # Scheduler would see no exit while the Global Scheduler waited for a reply
-        # to the process's own stderr: ipykernel has swapped sys.stderr for its IOPub stream
-        traceback.print_exc(file=sys.__stderr__)
-        for stream in (sys.__stdout__, sys.__stderr__):
-            if stream is not None:
-                stream.flush()
+        os.write(stderr_fd, traceback.format_exc().encode(errors="replace"))
         os._exit(1)
