@@ -14,6 +14,7 @@ from fake_replicas import KEY, FakeReplica
 from jupyter_client.session import Session
 
 from notebookos.global_scheduler.front import KernelFront, PlacementFailed
+from notebookos.ports import free_ports
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,9 +156,10 @@ def test_a_rebound_front_waits_for_every_client_to_resubscribe() -> None:
     cell's output or its idle never reached the notebook; benchmarks/chaos.py found it). A
     re-bound front waits until the subscriptions have settled."""
     context = zmq.Context.instance()
-    first = KernelFront("k-rebound", KEY, "hmac-sha256", _Hooks())
-    ports = dict(first.ports)
-    first.close()
+    # the ports a previous instance had (drawn here: re-binding a just-closed front's ports
+    # races with ZMQ's asynchronous close of its listeners)
+    ports = dict(zip((f"{n}_port" for n in ("shell", "iopub", "stdin", "control", "hb")),
+                     free_ports(5), strict=True))
     executor = FakeReplica(context, 1)
     front = KernelFront("k-rebound", KEY, "hmac-sha256", _Hooks(), ports=ports)
     front.start()
