@@ -90,7 +90,8 @@ def lab(lab_server: LabServer, tmp_path: Path) -> Iterator[Lab]:
             pytest.fail(f"required service missing (NOTEBOOKOS_REQUIRE_SERVICES=1): {missing}")
         pytest.skip(missing)
     with launch_browser() as browser:
-        page = Lab(browser, f"{lab_server.url}/lab?token={lab_server.token}")
+        # ?reset: a fresh workspace (the launcher), not the notebooks an earlier test left open
+        page = Lab(browser, f"{lab_server.url}/lab?reset&token={lab_server.token}")
         try:
             yield page
         finally:
@@ -152,3 +153,16 @@ def test_status_item_names_the_executor_and_follows_it_after_a_sigkill(
     panel.locator(".jp-NotebookOS-Hosts").wait_for(state="visible")
     assert panel.locator(".jp-NotebookOS-Hosts tr").count() == 5  # heading + four hosts
     lab.screenshot(str(tmp_path / "panel.png"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_refused_kernel_shows_its_reason_in_jupyterlabs_dialog(lab: Lab) -> None:
+    # No host of this cluster has 4 GPUs: opening a 4-GPU notebook is refused by the Global
+    # Scheduler, and JupyterLab's "Error Starting Kernel" dialog shows why and what to do,
+    # not "Unhandled error" (issue 19.2).
+    lab.new_notebook("Python 3 (NotebookOS, 4 GPUs)")
+    text = lab.dialog_text(timeout_s=90)
+    assert "Unhandled error" not in text, text
+    assert "no host can hold the request" in text, text
+    assert "What you can do" in text, text
