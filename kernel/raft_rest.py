@@ -57,8 +57,8 @@ class RestTimings:
 
     follower_quiet: float = 1.0
     leader_quiet: float = 1.0
-    rest_heartbeat: float = 4.0
-    rest_tick: float = 1.0
+    rest_heartbeat: float = 3.0
+    rest_tick: float = 2.0
     rest_election_min: float = 12.0
     rest_election_max: float = 16.0
     rest_fallback: float = 40.0

@@ -51,6 +51,7 @@ from .state_sync import StateSync
 
 # Exit status of a replica that could not load the committed state: the scheduler replaces it.
 DIVERGED_EXIT_CODE = 75
+APPLY_SAFETY_WAKE_S = 5.0  # the apply loop looks for work at least this often
 
 
 @contextlib.contextmanager
@@ -346,7 +347,9 @@ class ReplicaKernel(IPythonKernel):
             with self._apply_lock:
                 item = self._applies.popleft() if self._applies else None
             if item is None:
-                wait = 0.5
+                # Every commit, snapshot and restore wakes this loop (_wake); the timeout is only
+                # a safety net, long so that an idle replica's main thread sleeps (issue 18).
+                wait = APPLY_SAFETY_WAKE_S
                 if self._diverged:
                     wait = max(0.01, min(wait, self._resync_due - time.monotonic()))
                 await self._wait_change(wait)
