@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -48,11 +49,16 @@ from jupyter_client import BlockingKernelClient  # noqa: E402
 from jupyter_client.connect import write_connection_file  # noqa: E402
 
 from kernel import failover, wait_idle, wait_reply  # noqa: E402
+from notebookos.ports import free_ports  # noqa: E402
 
 
 class PlainKernel:
     def __init__(self, cf: Path) -> None:
-        write_connection_file(str(cf), ip="127.0.0.1", key=b"plain-key")
+        # ports claimed machine-wide (a port merely free now may be taken before ipykernel binds)
+        shell, iopub, stdin, hb, control = free_ports(5)
+        write_connection_file(str(cf), ip="127.0.0.1", key=b"plain-key", shell_port=shell,
+                              iopub_port=iopub, stdin_port=stdin, hb_port=hb,
+                              control_port=control)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ipykernel_launcher", "-f", str(cf),
              "--HistoryManager.enabled=False"],
@@ -62,11 +68,13 @@ class PlainKernel:
         self.client.load_connection_file()
         self.client.start_channels()
         deadline = time.monotonic() + 60
-        while True:
+        while True:  # ready once a kernel_info is answered and its idle seen on IOPub
             try:
-                wait_reply(self.client.get_shell_msg, self.client.kernel_info(), 1.0)
+                msg_id = self.client.kernel_info()
+                wait_reply(self.client.get_shell_msg, msg_id, 1.0)
+                wait_idle(self.client, msg_id, 1.0)
                 return
-            except TimeoutError:
+            except (TimeoutError, queue.Empty):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the plain ipykernel did not start") from None
 
