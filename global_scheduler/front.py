@@ -50,6 +50,7 @@ from jupyter_client.session import Session
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
 from notebookos.global_scheduler.kernel_info import starting_kernel_info
+from notebookos.ports import free_ports
 from notebookos.unrouted import UnroutedReplies
 
 log = logging.getLogger(__name__)
@@ -234,8 +235,29 @@ class KernelFront:
     # -- setup ------------------------------------------------------------------------------
 
     def _bind(self, ports: dict[str, int]) -> None:
+        """Bind the five client-facing sockets on ``ports`` (a restart re-binds the ports its
+        clients know), else on ports drawn below the kernel's ephemeral range
+        (``notebookos.ports``): a port the OS hands out for port 0 is free again while the
+        Global Scheduler is down, and a restarted daemon binding port 0 (its metrics server)
+        or any outgoing connection could take it, leaving the kernel without its front."""
+        if ports:
+            self._bind_on(ports)
+            return
+        for attempt in range(5):
+            drawn = dict(zip((f"{name}_port" for name in FRONT_CHANNELS),
+                             free_ports(len(FRONT_CHANNELS), self.ip), strict=True))
+            try:
+                self._bind_on(drawn)
+                return
+            except zmq.ZMQError as exc:  # taken between the draw and the bind: draw again
+                if exc.errno != zmq.EADDRINUSE or attempt == 4:
+                    raise
+
+    def _bind_on(self, ports: dict[str, int]) -> None:
         kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER,
                  "iopub": zmq.XPUB, "hb": zmq.REP}
+        self._sockets = {}
+        self.ports = {}
         try:
             for name in FRONT_CHANNELS:
                 sock = self.context.socket(kinds[name])
@@ -245,12 +267,9 @@ class KernelFront:
                 if name == "iopub":  # a held backlog goes out in one burst on subscription
                     sock.sndhwm = max(1000, self.iopub_held.max_messages)
                     sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription
-                port = ports.get(f"{name}_port", 0)
-                if port:
-                    sock.bind(f"tcp://{self.ip}:{port}")
-                else:
-                    port = sock.bind_to_random_port(f"tcp://{self.ip}")
+                port = ports[f"{name}_port"]
                 self._sockets[name] = sock
+                sock.bind(f"tcp://{self.ip}:{port}")
                 self.ports[f"{name}_port"] = port
             # a reply for a client that has not (re)connected yet is kept, not dropped
             # (retried at most every poll interval, not on every message the loop handles)

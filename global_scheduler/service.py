@@ -23,10 +23,13 @@ import uuid
 from collections.abc import Callable
 from concurrent import futures
 
+import zmq
+
 from notebookos import __version__
 from notebookos.cluster import AccountingError, Cluster, ReplicaState
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.execution import ExecutionMixin
+from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.host_registry import HostRegistryMixin
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
@@ -42,6 +45,9 @@ from notebookos.resources import ResourceSpec
 from notebookos.security import Connect
 
 log = logging.getLogger(__name__)
+# How long a restarted Global Scheduler waits for a kernel front's old ports to be free again
+# before it gives the kernel new ones (its clients then have to reconnect).
+FRONT_REBIND_WAIT_S = 10.0
 
 
 class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaStarterMixin,
@@ -144,7 +150,6 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
 
     def _restore_kernel(self, kernel_id: str, doc: dict) -> None:
         request = ResourceSpec.from_dict(doc["request"])
-        self.cluster.add_kernel(kernel_id, request)
         entry = KernelEntry(kernel_id, doc["key"], doc["signature_scheme"], doc["kernel_name"],
                             dict(doc.get("env", {})), next_replica_id=doc["next_replica_id"],
                             created_unix=doc.get("created_unix", time.time()),
@@ -153,6 +158,52 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                                                doc.get("removal_addresses", {}).items()},
                             checkpoint_count=int(doc.get("checkpoint_count", 0)),
                             kernel_info=doc.get("kernel_info"))
+        # The front first: if it cannot be bound, nothing of the kernel is half-restored.
+        ports = doc.get("front_ports") or None
+        entry.front = self._rebind_front(entry, ports)
+        try:
+            self.cluster.add_kernel(kernel_id, request)
+            self._restore_replicas(kernel_id, doc, entry, request)
+        except Exception:
+            entry.front.close()
+            self.cluster.kernels.pop(kernel_id, None)
+            raise
+        if entry.front.ports != ports:
+            self._save_kernel(entry)  # clients must learn the new ports: keep them
+        entry.front.set_replicas(entry.endpoints())
+        entry.front.start()
+        entry.state = "idle" if len(entry.replicas) >= self.replicas_per_kernel else "degraded"
+        self.kernels[kernel_id] = entry
+        if self.per_cell:
+            entry.state = "idle" if entry.replicas else "parked"
+            if entry.replicas:  # a cell's container from before the restart: park it
+                self._pool.submit(self._park, kernel_id)
+        elif entry.state == "degraded":
+            self._pool.submit(self._restore_replica_count, kernel_id)
+
+    def _rebind_front(self, entry: KernelEntry, ports: dict[str, int] | None) -> KernelFront:
+        """The kernel's front on the ports its clients know. A port still held (ZMQ closes a
+        listener asynchronously, a process may hold it for a moment) is waited for up to
+        FRONT_REBIND_WAIT_S; one that stays taken gets the kernel new ports, said loudly: its
+        replicas and state are kept, but its clients must reconnect."""
+        deadline = time.monotonic() + FRONT_REBIND_WAIT_S
+        while True:
+            try:
+                return self._new_front(entry, ports=ports)
+            except zmq.ZMQError as exc:
+                if not ports or exc.errno != zmq.EADDRINUSE:
+                    raise
+                if time.monotonic() >= deadline:
+                    front = self._new_front(entry, ports=None)
+                    log.error("kernel %s: its front's ports %s stay taken by another process "
+                              "(%s); the kernel keeps its replicas and state on new ports %s, "
+                              "and its clients must reconnect", entry.kernel_id,
+                              sorted(ports.values()), exc, sorted(front.ports.values()))
+                    return front
+                time.sleep(0.2)
+
+    def _restore_replicas(self, kernel_id: str, doc: dict, entry: KernelEntry,
+                          request: ResourceSpec) -> None:
         for rdoc in doc["replicas"]:
             link = ReplicaLink.from_doc(rdoc)
             if link.host_id not in self.hosts:
@@ -172,17 +223,6 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                 host.commit(self.cluster.kernels[kernel_id].replicas[rid].owner, request, ids)
             except AccountingError as exc:
                 log.warning("registry: kernel %s session GPUs: %s", kernel_id, exc)
-        entry.front = self._new_front(entry, ports=doc.get("front_ports") or None)
-        entry.front.set_replicas(entry.endpoints())
-        entry.front.start()
-        entry.state = "idle" if len(entry.replicas) >= self.replicas_per_kernel else "degraded"
-        self.kernels[kernel_id] = entry
-        if self.per_cell:
-            entry.state = "idle" if entry.replicas else "parked"
-            if entry.replicas:  # a cell's container from before the restart: park it
-                self._pool.submit(self._park, kernel_id)
-        elif entry.state == "degraded":
-            self._pool.submit(self._restore_replica_count, kernel_id)
 
     # -- shutdown -----------------------------------------------------------------------------
 
