@@ -41,6 +41,10 @@ LIVE_REPLICA_STATES = frozenset({
     common_pb2.REPLICA_STATE_STANDBY,
     common_pb2.REPLICA_STATE_MIGRATING,
 })
+GS_RECOVERS_STATES = frozenset({
+    common_pb2.KERNEL_STATE_DEGRADED,  # a replica lost: replacement or rebuild is scheduled
+    common_pb2.KERNEL_STATE_RECOVERING,
+})
 GONE_KERNEL_STATES = frozenset({
     common_pb2.KERNEL_STATE_STOPPED,
     common_pb2.KERNEL_STATE_FAILED,
@@ -171,8 +175,12 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if status.state in GONE_KERNEL_STATES:
             self._mark_gone(1 if status.state == common_pb2.KERNEL_STATE_FAILED else 0)
             return self._exit_code
-        if status.state == common_pb2.KERNEL_STATE_RECOVERING:
-            return None  # being rebuilt from its checkpoint behind the same front
+        if status.state in GS_RECOVERS_STATES:
+            # The Global Scheduler is replacing lost replicas or rebuilding the kernel from its
+            # checkpoint behind the same front (it says FAILED if it gives up). Reporting the
+            # kernel dead here made Jupyter's restarter start a fresh, empty kernel while the
+            # rebuild was on its way: the notebook's state lost (fault campaign, double fault).
+            return None
         wanted = max(len(status.replicas), 1)
         alive = sum(1 for r in status.replicas if r.state in LIVE_REPLICA_STATES)
         if alive * 2 > wanted or status.state == common_pb2.KERNEL_STATE_STARTING:

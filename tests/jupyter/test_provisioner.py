@@ -107,6 +107,13 @@ def test_lifecycle_and_majority_liveness(kernelspec_dir: Path) -> None:
         gs.kernel_state = common_pb2.KERNEL_STATE_RECOVERING
         gs.replica_states = [DEAD, DEAD, ALIVE]  # being rebuilt from its checkpoint
         assert await km.is_alive()
+        # Degraded: the Global Scheduler has scheduled the replacement or the rebuild; the
+        # kernel is not dead (Jupyter would restart it empty), even with every replica lost.
+        gs.kernel_state = common_pb2.KERNEL_STATE_DEGRADED
+        assert await km.is_alive()
+        gs.replica_states = []
+        assert await km.is_alive()
+        gs.replica_states = [DEAD, DEAD, ALIVE]
         gs.kernel_state = common_pb2.KERNEL_STATE_IDLE
         assert not await km.is_alive()  # a majority is gone and nobody rebuilds it
 
