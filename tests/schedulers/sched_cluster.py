@@ -139,6 +139,19 @@ def run_cell(kc: BlockingKernelClient, code: str, timeout: float = 60) -> dict[s
     return {"reply": reply, "outputs": outputs, "statuses": statuses}
 
 
+def run_seen(kc: BlockingKernelClient, code: str, timeout: float = 90) -> dict[str, Any]:
+    """Execute ``code``; {"reply" (with its metadata), "iopub": every IOPub message for it}."""
+    seen: list[dict] = []
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=seen.append)
+    return {"reply": reply, "iopub": seen}
+
+
+def stream_text(run: dict[str, Any], name: str) -> str:
+    """What the cell of ``run_seen`` printed on ``name`` (stdout or stderr)."""
+    return "".join(m["content"]["text"] for m in run["iopub"]
+                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
 def result_text(run: dict[str, Any]) -> str:
     for msg in run["outputs"]:
         if msg["msg_type"] == "execute_result":

@@ -24,7 +24,11 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sched_cluster import make_cluster_fixture  # noqa: F401 - the fixture
+from sched_cluster import (
+    make_cluster_fixture,  # noqa: F401 - the fixture
+    run_seen,
+    stream_text,
+)
 
 from notebookos.testing.processes import free_port
 
@@ -33,17 +37,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 KERNELS = int(os.environ.get("NOTEBOOKOS_STRESS_KERNELS", "10"))
 ROUNDS = int(os.environ.get("NOTEBOOKOS_STRESS_ROUNDS", "5"))
 GPUS = 6  # three hosts with two each, before any scale-out
-
-
-def _run(kc, code: str, timeout: float = 180) -> dict:  # noqa: ANN001
-    seen: list[dict] = []
-    reply = kc.execute_interactive(code, timeout=timeout, output_hook=seen.append)
-    return {"reply": reply, "iopub": seen}
-
-
-def _text(run: dict, name: str) -> str:
-    return "".join(m["content"]["text"] for m in run["iopub"]
-                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
 
 
 def _counters(url: str) -> dict[str, float]:
@@ -78,7 +71,7 @@ def test_more_notebooks_than_gpus_over_many_rounds(make_cluster) -> None:  # noq
     cluster.wait_hosts(3)
     kernels = [cluster.start_kernel(gpus=1) for _ in range(KERNELS)]
     for i, (_, kc) in enumerate(kernels):
-        setup = _run(kc, f"import time\nkid = {i}\nn = 0")
+        setup = run_seen(kc, f"import time\nkid = {i}\nn = 0")
         assert setup["reply"]["content"]["status"] == "ok", setup
     before = _counters(metrics_url)
 
@@ -99,11 +92,11 @@ def test_more_notebooks_than_gpus_over_many_rounds(make_cluster) -> None:  # noq
                 barrier.wait()
             else:
                 time.sleep(think_s)
-            run = _run(kc, f"time.sleep({cell_s:.2f})\nn += 1\nprint(kid, n)")
+            run = run_seen(kc, f"time.sleep({cell_s:.2f})\nn += 1\nprint(kid, n)", timeout=180)
             content = run["reply"]["content"]
             meta = run["reply"]["metadata"].get("notebookos", {})
             record = {"kernel": i, "round": r, "status": content["status"],
-                      "stdout": _text(run, "stdout"), "stderr": _text(run, "stderr"),
+                      "stdout": stream_text(run, "stdout"), "stderr": stream_text(run, "stderr"),
                       "waited_ms": meta.get("waited_ms", 0),
                       "delay_ms": meta.get("interactivity_delay_ms")}
             with lock:

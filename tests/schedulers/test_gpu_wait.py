@@ -16,22 +16,12 @@ import time
 
 import pytest
 from sched_cluster import make_cluster_fixture  # noqa: F401 - the fixture
+from sched_cluster import run_seen as _run
+from sched_cluster import stream_text as _text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 KERNELS = 9
-
-
-def _run(kc, code: str, timeout: float = 90) -> dict:  # noqa: ANN001
-    """Execute ``code``; the reply (with its metadata) and the IOPub the client saw for it."""
-    seen: list[dict] = []
-    reply = kc.execute_interactive(code, timeout=timeout, output_hook=seen.append)
-    return {"reply": reply, "iopub": seen}
-
-
-def _text(run: dict, name: str) -> str:
-    return "".join(m["content"]["text"] for m in run["iopub"]
-                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
 
 
 def test_cells_wait_for_busy_gpus_and_all_complete(make_cluster) -> None:  # noqa: ANN001, F811
