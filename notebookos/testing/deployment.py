@@ -177,7 +177,7 @@ class ComposeDeployment(Deployment):
         self.compose("up", "-d")
 
     def down(self, volumes: bool = True) -> None:
-        self.compose("down", *(["--volumes"] if volumes else []), "--timeout", "30",
+        self.compose("down", *(["--volumes"] if volumes else []), "--timeout", "60",
                      check=False)
 
     def purge(self) -> None:
