@@ -166,7 +166,8 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
             self._restore_replicas(kernel_id, doc, entry, request)
         except Exception:
             entry.front.close()
-            self.cluster.kernels.pop(kernel_id, None)
+            if kernel_id in self.cluster.kernels:  # its replicas' placements go with it
+                self.cluster.remove_kernel(kernel_id)
             raise
         if entry.front.ports != ports:
             self._save_kernel(entry)  # clients must learn the new ports: keep them
