@@ -230,6 +230,9 @@ class KernelFront:
         self.preferred_replica: int | None = None
         self.yield_hold_s = YIELD_HOLD_S
         self._holding: dict[str, _Pending] = {}  # execute requests whose yields are held back
+        self._epoch = os.urandom(4).hex()  # this instance, in what it sends the replicas
+        self._requests_seen: OrderedDict[str, str] = OrderedDict()  # msg_id -> session|date
+        self._renamed = 0
         self._bind(ports or {})
 
     # -- setup ------------------------------------------------------------------------------
@@ -632,7 +635,7 @@ class KernelFront:
             return
         if channel == "shell" and msg_type == "execute_request":
             msg["content_frame"] = msg_list[4]  # re-sent as is to every replica
-            self._route_execute(idents, msg, msg_id, attempt=0)
+            self._route_execute(idents, msg, self._election_id(msg), attempt=0)
             return
         if msg_type == "interrupt_request":  # cells still waiting never run; the replicas
             self._withdraw_waiting("the kernel was interrupted")  # interrupt the running one
@@ -687,6 +690,26 @@ class KernelFront:
             return
         self._reply_error(channel, idents, msg, "NoReplicas",
                           "the kernel has no live replica right now; retry shortly")
+
+    def _election_id(self, msg: dict) -> str:
+        """The id a client's execute request runs under: its msg_id, unless an earlier request
+        of a different session or time came with the same one. jupyter_client numbers the
+        msg_ids of a session's clones from 0 again, so two clients of one KernelManager send
+        the same ids; the replicas run one election per id, so the second cell would never
+        run. A reused id gets a fresh one (the client sees its own in every reply)."""
+        header = msg["header"]
+        msg_id = str(header.get("msg_id", ""))
+        fingerprint = f"{header.get('session')}|{header.get('date')}"
+        seen = self._requests_seen.get(msg_id)
+        self._remember(self._requests_seen, msg_id, fingerprint)
+        if seen is None or seen == fingerprint:
+            return msg_id
+        self._renamed += 1
+        renamed = f"{msg_id}~{self._epoch}.{self._renamed}"
+        log.info("kernel %s: msg_id %s reused by another request; it runs as %s",
+                 self.kernel_id, msg_id, renamed)
+        self._arrivals.pop(msg_id, None)  # the earlier request's arrival
+        return renamed
 
     def _route_execute(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int) -> None:
         """Queue ``msg`` (the client's request) for placement under ``msg_id``: the client's own
@@ -820,7 +843,7 @@ class KernelFront:
         self._pending[msg_id] = pending
         self._remember(self._iopub_source, msg_id, executor)
         self.session.send(self._replicas[executor].shell,
-                          self._elected_copy(msg, msg_id, executor, device_ids))
+                          self._elected_copy(msg, msg_id, executor, device_ids, self._epoch))
         pending.held_yields = standbys
         if sticky and self.yield_hold_s > 0:
             pending.yields_due = time.monotonic() + self.yield_hold_s
@@ -830,9 +853,12 @@ class KernelFront:
 
     @staticmethod
     def _elected_copy(msg: dict, msg_id: str, executor: int,
-                      device_ids: list[int] | None) -> dict:
+                      device_ids: list[int] | None, epoch: str) -> dict:
         """The client's request as one replica gets it: ``execute_request`` with the committed
-        GPUs for the executor (``device_ids`` given), ``yield_request`` for the others."""
+        GPUs for the executor (``device_ids`` given), ``yield_request`` for the others.
+        ``epoch`` names this front instance: a request that a restarted front sends again
+        (its client resent it) must not look like a replay to the replicas' Session, which
+        drops a repeated signature; they answer it from their record instead."""
         copy = {
             "header": {**msg["header"], "msg_id": msg_id},
             "parent_header": msg["parent_header"],
@@ -842,6 +868,7 @@ class KernelFront:
         }
         notebookos_md = dict(copy["metadata"].get("notebookos") or {})
         notebookos_md["target_replica_id"] = executor
+        notebookos_md["front_epoch"] = epoch
         copy["metadata"]["notebookos"] = notebookos_md
         if device_ids is not None:
             copy["metadata"]["gpu_device_ids"] = list(device_ids)
@@ -860,7 +887,7 @@ class KernelFront:
             if r is not None:
                 pending.asked.add(rid)
                 self.session.send(r.shell, self._elected_copy(pending.client_msg, msg_id,
-                                                              pending.source, None))
+                                                              pending.source, None, self._epoch))
 
     def _send_due_yields(self) -> None:
         now = time.monotonic()
@@ -997,7 +1024,7 @@ class KernelFront:
         yielded = last is None or content.get("ename") == ALL_YIELDED
         client = pending.client_msg
         if yielded and client is not None and pending.attempt < MAX_RESUBMISSIONS:
-            retry_id = f"{pending.client_msg_id}:retry{pending.attempt + 1}"
+            retry_id = f"{msg_id.rsplit(':retry', 1)[0]}:retry{pending.attempt + 1}"
             log.info("kernel %s: no replica ran %s; resubmitting as %s", self.kernel_id,
                      pending.client_msg_id, retry_id)
             self._route_execute(pending.idents, client, retry_id, pending.attempt + 1)

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,6 +52,7 @@ from .state_sync import StateSync
 # Exit status of a replica that could not load the committed state: the scheduler replaces it.
 DIVERGED_EXIT_CODE = 75
 APPLY_SAFETY_WAKE_S = 5.0  # the apply loop looks for work at least this often
+ANSWERS_KEPT = 512  # recent execute_replies kept to answer a request that comes again
 
 
 @contextlib.contextmanager
@@ -78,6 +79,12 @@ class _NoShellChannelThread:
 
     def __bool__(self) -> bool:
         return False
+
+
+def _fingerprint(request: dict) -> str:
+    """What tells a request sent again from another one that reuses its msg_id."""
+    header = request.get("header") or {}
+    return f"{header.get('session')}|{header.get('date')}"
 
 
 def applied_members(raft: RaftLog) -> dict[int, str]:
@@ -172,6 +179,10 @@ class ReplicaKernel(IPythonKernel):
         self._executed_here: set[str] = set()
         self._replied: set[str] = set()
         self._synced: set[str] = set()  # elections whose Completion this replica proposed
+        # The execute_reply this replica sent for each recent request: a request that comes
+        # again (a restarted Global Scheduler's front resending what a client resent) gets the
+        # same reply again and never runs a second election (docs/kernel-protocol.md).
+        self._answers: OrderedDict[str, tuple[str, replies.Reply]] = OrderedDict()
         self.held_replies: HeldReplies | None = None  # set in start(), on the shell socket
         self._applies: deque[tuple[str, bytes]] = deque()
         self._applies_pending = 0
@@ -723,6 +734,15 @@ class ReplicaKernel(IPythonKernel):
         except (KeyError, TypeError):
             self.log.error("dropping a malformed execute/yield request")
             return
+        answered = self._answers.get(election_id)
+        if answered is not None:
+            fingerprint, reply = answered
+            if fingerprint != _fingerprint(parent):
+                reply = replies.id_reused(election_id, self.replica_id)
+            self.log.info("replica %s: %s came again (its first copy was answered): the same "
+                          "reply again, no second run", self.replica_id, election_id)
+            self._send_execute_reply(stream, ident, parent, reply)
+            return
         with ignore_sigint():  # an interrupt targets a running cell, not the group's wait
             await self._wait_until_quiet(election_id)
             if not lead:
@@ -901,6 +921,9 @@ class ReplicaKernel(IPythonKernel):
 
     def _send_execute_reply(self, stream, ident, parent, reply_and_metadata) -> None:
         content, metadata = reply_and_metadata
+        self._answers[parent["header"]["msg_id"]] = (_fingerprint(parent), reply_and_metadata)
+        while len(self._answers) > ANSWERS_KEPT:
+            self._answers.popitem(last=False)
         self.session.send(
             stream, "execute_reply", content, parent, metadata=metadata, ident=ident
         )

@@ -8,6 +8,7 @@ from .election import Election
 
 ALL_YIELDED = "NotebookOSAllReplicasYielded"
 EXECUTOR_FAILED = "NotebookOSExecutorFailed"
+ID_REUSED = "NotebookOSRequestIdReused"
 
 Reply = tuple[dict[str, Any], dict[str, Any]]
 
@@ -70,3 +71,20 @@ def executor_failed(election: Election, replica_id: int) -> Reply:
         "execution_count": election.execution_count,
     }
     return content, role_metadata("standby", replica_id, election)
+
+
+def id_reused(election_id: str, replica_id: int) -> Reply:
+    """A request that reuses the msg_id of a different, earlier request: its cell cannot run
+    under that id (one election per id), and the earlier cell's reply is not its own."""
+    evalue = (
+        f"the request reuses msg_id {election_id} of an earlier request, so it did not run; "
+        "run the cell again (the client should give every request a new msg_id)"
+    )
+    content = {
+        "status": "error",
+        "ename": ID_REUSED,
+        "evalue": evalue,
+        "traceback": [f"{ID_REUSED}: {evalue}"],
+        "execution_count": None,
+    }
+    return content, {"notebookos": {"role": "none", "replica_id": replica_id}}

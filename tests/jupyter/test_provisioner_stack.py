@@ -68,7 +68,12 @@ def test_interrupt_stops_the_running_cell(nbos_cluster: Cluster) -> None:
             await client.wait_for_ready(timeout=60)
             started = time.monotonic()
             msg_id = client.execute("import time\ntime.sleep(60)")
-            await asyncio.sleep(2)
+            while True:  # interrupt it once it runs (one still queued is aborted instead)
+                msg = await client.get_iopub_msg(timeout=30)
+                if msg["parent_header"].get("msg_id") == msg_id \
+                        and msg["msg_type"] == "execute_input":
+                    break
+            await asyncio.sleep(0.5)
             await km.interrupt_kernel()
             reply = await client.get_shell_msg(timeout=30)
             while reply["parent_header"].get("msg_id") != msg_id:
@@ -77,7 +82,28 @@ def test_interrupt_stops_the_running_cell(nbos_cluster: Cluster) -> None:
             assert reply["content"]["ename"] == "KeyboardInterrupt"
             assert time.monotonic() - started < 30
             client.stop_channels()
-            assert (await execute(km, "after = 1"))["status"] == "ok"
+            after = await execute(km, "after = 1")
+            assert after["status"] == "ok", after
+            assert await user_expression(km, "after") == "1"  # it ran (not a stale answer)
+        finally:
+            await km.shutdown_kernel(now=True)
+
+    asyncio.run(body())
+
+
+def test_every_client_of_one_manager_runs_its_cells(nbos_cluster: Cluster) -> None:
+    """jupyter_client numbers each client's msg_ids from 0 (the clients share the manager's
+    session id), so a second client sends the ids the first one sent. Each cell must still run
+    once: before, the second client's cells were answered "ok" from the first one's elections
+    and never ran."""
+    async def body() -> None:
+        km = AsyncKernelManager(kernel_name="notebookos")
+        await km.start_kernel()
+        try:
+            for n in range(1, 4):  # a client each: ids <session>_<pid>_0, _1 every time
+                reply = await execute(km, f"runs = globals().get('runs', 0) + 1\nruns_{n} = {n}")
+                assert reply["status"] == "ok", reply
+            assert await user_expression(km, "(runs, runs_1, runs_2, runs_3)") == "(3, 1, 2, 3)"
         finally:
             await km.shutdown_kernel(now=True)
 
