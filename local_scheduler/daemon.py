@@ -87,6 +87,7 @@ class LocalSchedulerDaemon:
 
         self.pool = PrewarmPool(self._start_prewarmed, ls.prewarm_pool_size)
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
         self.service = LocalSchedulerService(
             host, make_launcher, self.pool, self._report,
             stop_grace_period_s=ls.stop_grace_period_s, on_shutdown=self._shutdown_requested,
@@ -117,16 +118,19 @@ class LocalSchedulerDaemon:
                  self.address, len(gpus), "virtual" if self.service.host.virtual_gpus else "real")
 
     def stop(self, reason: str = "shutdown", deregister: bool = True) -> None:
-        if self._stopped.is_set():
-            return
-        self.service.draining = True
-        self.service.stop_all()
-        self.pool.close()
-        self.service.launcher.close()
-        self.link.close(deregister=deregister, reason=reason)
-        self.server.stop(grace=1)
-        self.metrics_server.close()
-        self._stopped.set()
+        """Stop once: a second caller (SIGTERM while the Global Scheduler asked for it) waits
+        for the first to finish rather than racing it through the launcher's close."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self.service.draining = True
+            self.service.stop_all()
+            self.pool.close()
+            self.service.launcher.close()
+            self.link.close(deregister=deregister, reason=reason)
+            self.server.stop(grace=1)
+            self.metrics_server.close()
+            self._stopped.set()
 
     def wait(self) -> None:
         self._stopped.wait()

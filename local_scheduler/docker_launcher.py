@@ -23,6 +23,7 @@ Python (the socket the Local Scheduler container mounts). A replica container
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -34,7 +35,7 @@ import socket
 import tarfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -64,6 +65,7 @@ RUN_DIR = "/tmp/nbos"
 CONNECTION_FILE = f"{RUN_DIR}/connection.json"
 INFO_FILE = f"{RUN_DIR}/replica.json"
 ORDER_FILE = f"{RUN_DIR}/order.json"
+CLOSE_WAIT_S = 30.0  # close() waits this long for container starts under way
 FIRST_PORT = 9000  # a replica container has a network namespace of its own: any port is free
 
 
@@ -268,7 +270,9 @@ class DockerLauncher(Launcher):
         self._tracked: dict[str, _Tracked] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._prewarm_starts = 0  # under _idle: close() waits for them (no container left behind)
+        # container starts under way (replicas and prewarmed ones), under _idle: close() waits
+        # for them, since a start that ends after close() swept would leave its container behind
+        self._starts = 0
         self._idle = threading.Condition(self._lock)
         self._events: Any = None
         self._removals = ThreadPoolExecutor(max_workers=2, thread_name_prefix="docker-remove")
@@ -359,8 +363,25 @@ class DockerLauncher(Launcher):
                resources: ResourceSpec | None = None) -> LaunchedReplica:
         if prewarmed is not None and not isinstance(prewarmed, PrewarmedContainer):
             raise TypeError(f"the docker launcher cannot promote {prewarmed!r}")
-        if self._closed.is_set():
-            raise RuntimeError("the Local Scheduler is stopping: no new replica container")
+        with self._starting():
+            return self._launch(spec, prewarmed, resources)
+
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        """A container start under way, which close() waits for; none after close()."""
+        with self._lock:
+            if self._closed.is_set():
+                raise RuntimeError("the Local Scheduler is stopping: no new container")
+            self._starts += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._starts -= 1
+                self._idle.notify_all()
+
+    def _launch(self, spec: ReplicaSpec, prewarmed: Any,
+                resources: ResourceSpec | None) -> LaunchedReplica:
         name = container_name(spec.kernel_id, spec.replica_id)
         spec = dataclasses.replace(
             spec, raft_address=raft_address(spec.kernel_id, spec.replica_id, spec.raft_address),
@@ -481,16 +502,8 @@ class DockerLauncher(Launcher):
         return out.decode(errors="replace")[-limit:]
 
     def start_prewarmed(self) -> PrewarmedContainer:
-        with self._lock:
-            if self._closed.is_set():
-                raise RuntimeError("the launcher is closing")
-            self._prewarm_starts += 1
-        try:
+        with self._starting():
             return self._start_prewarmed()
-        finally:
-            with self._lock:
-                self._prewarm_starts -= 1
-                self._idle.notify_all()
 
     def _start_prewarmed(self) -> PrewarmedContainer:
         name = f"nbos-prewarm-{re.sub(r'[^a-z0-9-]', '-', self.host_id.lower())[:30]}-" \
@@ -562,11 +575,14 @@ class DockerLauncher(Launcher):
             return json.loads(data.read())
 
     def close(self) -> None:
-        """Stop watching; remove the prewarmed containers still waiting (and wait for those
-        being started), so that a stopped Local Scheduler leaves no container behind."""
+        """Stop watching; remove the prewarmed containers still waiting (and wait for the
+        starts under way: each removes its own container once it sees the launcher closed), so
+        that a stopped Local Scheduler leaves no container behind."""
         with self._lock:
             self._closed.set()
-            self._idle.wait_for(lambda: self._prewarm_starts == 0, timeout=30)
+            if not self._idle.wait_for(lambda: self._starts == 0, timeout=CLOSE_WAIT_S):
+                log.warning("%d container start(s) still under way after %.0f s; removing "
+                            "what is there", self._starts, CLOSE_WAIT_S)
             waiting = [cid for cid, t in self._tracked.items() if t.replica is None]
         for container_id in waiting:
             self.forget(container_id)

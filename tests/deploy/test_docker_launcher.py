@@ -4,6 +4,9 @@ virtual GPUs and leave no container behind."""
 
 from __future__ import annotations
 
+import threading
+import uuid
+
 import pytest
 
 from notebookos.local_scheduler.docker_launcher import (
@@ -66,3 +69,67 @@ def test_gpu_probe_finds_the_engines_gpus(notebookos_image: str) -> None:
     if virtual:
         pytest.skip("no GPU reachable through this Docker engine")
     assert gpus and all(g.vram_gb > 0 for g in gpus)
+
+
+def test_close_waits_for_container_starts_under_way(notebookos_image: str) -> None:
+    """A Local Scheduler stopped while it was starting a replica container (the Global
+    Scheduler replacing replicas that another stopping host lost, under `docker compose down`)
+    exits right after its launcher's close(): a container whose start ends later is left
+    behind, as CI once saw. So close() must not return while a start is under way, and the
+    start, finding the launcher closed, removes its container. The start is held at its
+    ``docker create`` by a gate (the launcher and the engine are real)."""
+    import docker
+
+    from notebookos.local_scheduler.docker_launcher import LABEL_HOST, DockerLauncher
+    from notebookos.local_scheduler.launcher import ReplicaSpec
+
+    gate = threading.Event()
+    creating = threading.Event()
+
+    class GatedLauncher(DockerLauncher):
+        def _create(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            creating.set()
+            gate.wait(60)
+            return super()._create(*args, **kwargs)
+
+    client = docker.from_env(version="auto")
+    host = f"close-{uuid.uuid4().hex[:8]}"
+    network = client.networks.create(f"nbos-test-{host}")
+    launcher = GatedLauncher(client, lambda *_: None, host_id=host, image=notebookos_image,
+                             network=network.name)
+
+    def ours() -> list:
+        return client.containers.list(all=True, filters={"label": f"{LABEL_HOST}={host}"})
+
+    outcome: list[str] = []
+
+    def launch() -> None:
+        spec = ReplicaSpec(kernel_id=f"k{host}", replica_id=1, raft_address="127.0.0.1:7001",
+                           peers=(), store_url="", key="k", signature_scheme="hmac-sha256")
+        try:
+            launcher.launch(spec)
+            outcome.append("started")
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+
+    starting = threading.Thread(target=launch)
+    closing = threading.Thread(target=launcher.close)
+    try:
+        starting.start()
+        assert creating.wait(60), "the launch never reached docker create"
+        closing.start()
+        closing.join(timeout=1.5)
+        assert closing.is_alive(), "close() returned while a container start was under way"
+        gate.set()
+        starting.join(timeout=60)
+        closing.join(timeout=60)
+        assert not closing.is_alive()
+        assert outcome and "stopped while" in outcome[0], outcome
+        assert not ours(), [c.name for c in ours()]
+    finally:
+        gate.set()
+        starting.join(timeout=60)
+        closing.join(timeout=60)
+        for container in ours():
+            container.remove(force=True)
+        network.remove()
