@@ -160,3 +160,23 @@ def test_a_cell_submitted_after_the_session_stop_still_runs():
     tasks, summary, _ = simulate([session("A", 0, 100, 1, [(150, 10)])], "notebookos", 3, 8)
     assert (tasks["A/0"].start, tasks["A/0"].end) == (150, 160)
     assert summary["completed"] == 1
+
+
+def test_a_kernel_that_finds_no_three_hosts_asks_for_them_and_holds_them():
+    # Issue 21, point 1 (3.4.2's first trigger). Floor of 3 hosts x 8 GPUs, the SR limit fixed at
+    # 1.0 and no subscription term, so only the failed placement can add hosts: each host takes
+    # 3 replicas of an 8-GPU kernel (24 / (8 x 3) = 1). A, B, C fill the three hosts at t=0; D
+    # (t=10) finds no host, waits, and asks for the 3 hosts it lacks. They come at t=100 and are
+    # held for D (not released by the scale-in although empty); D's replicas start after
+    # container_start_s. Before, D waited asking for nothing (0 GPUs, no host), and its cell ran
+    # only after A, B and C's cells at t=3000 made the autoscaler add hosts (t=3105).
+    sessions = [session(k, 0, 5000, 8, [(3000, 10)]) for k in "ABC"]
+    sessions.append(session("D", 10, 5000, 8, [(20, 10)]))
+    config = SimConfig(hosts=3, gpus_per_host=8, autoscale=True, **NO_PATH)
+    policy = get_policy("notebookos", subscription_ratio_limit=1.0,
+                        scale_for_subscriptions=False)
+    record = SessionSimulator(Workload(tuple(sessions)), policy, config).run()
+    d = next(t for t in record.tasks if t.session_id == "D")
+    assert d.start == pytest.approx(10 + config.host_provision_s + config.container_start_s)
+    assert d.host not in {"host-00000", "host-00001", "host-00002"}
+    assert record.scale_outs >= 3
