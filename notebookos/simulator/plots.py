@@ -18,6 +18,7 @@ and seed (``subtitle``):
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,8 @@ def _cdf(ax, values: list[float], label: str) -> None:  # noqa: ANN001
 
 
 def _finish(fig, path: Path, plt, title: str, subtitle: str) -> Path:  # noqa: ANN001
-    fig.suptitle(f"{title}\n{subtitle}", fontsize=10)
+    # Wrapped so that the trace, cluster and seed stay inside the narrowest figure (10 inches).
+    fig.suptitle("\n".join([title, *textwrap.wrap(subtitle, 100)]), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
