@@ -155,3 +155,12 @@ def test_compare_takes_the_seeds_policies_and_reports_their_own_figures(tmp_path
     assert "gsla_violation_fraction" in summaries["tensorshare"]
     assert {"node_hours_asleep", "wakeups_per_day", "added_avg_queue_s"} <= set(summaries["ces"])
     assert "p99.9 queue s" in capsys.readouterr().out
+
+
+def test_the_subscription_plot_is_drawn_only_for_policies_that_replicate(trace, tmp_path):
+    # Issue 21: it drew flat zero SR lines for reservation, batch and lcp, which do not replicate.
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--format", "template", "--cluster", "3x8",
+                 "--compare", "reservation,batch", "--out", str(out), "--quiet"]) == 0
+    assert {p.name for p in out.glob("*.png")} == {
+        "cdf_interactivity_tct.png", "gpu_timeline.png", "cost.png"}
