@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -126,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_plots:
             from notebookos.simulator.plots import plot_runs
 
-            subtitle = (f"trace {Path(args.trace).name}, cluster {args.cluster} "
+            subtitle = (f"trace {trace_label(Path(args.trace))}, cluster {args.cluster} "
                         f"({'autoscaled from there' if not args.no_autoscale else 'fixed'} for "
-                        f"session policies), simulator seed {args.seed}")
+                        f"session policies), simulate --seed {args.seed}")
             plot_runs(args.out, records, config.gpu_usd_per_hour, subtitle,
                       {s["policy"]: s for s in summaries}, config.immediate_within_s)
     if args.json:
@@ -136,6 +137,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(summaries))
     return 0
+
+
+def trace_label(path: Path) -> str:
+    """The trace's file name and, for a generated template, its title and generator seed (the
+    seed that decides the workload; ``simulate --seed`` does not change a session run)."""
+    label = path.name
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return label
+    title = re.search(r'"workloadTitle"\s*:\s*"([^"]*)"', head)
+    seed = re.search(r'"workloadSeed"\s*:\s*(-?\d+)', head)
+    if title and seed:
+        label += f" ({title.group(1)}, generated with --seed {seed.group(1)})"
+    return label
 
 
 def format_table(summaries: list[dict]) -> str:

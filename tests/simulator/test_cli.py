@@ -8,6 +8,7 @@ import json
 import pytest
 
 from notebookos.cli import main
+from notebookos.commands.simulate_cmd import trace_label
 from notebookos.simulator.progress import ProgressBar
 from notebookos.workload.generator import SenseiParams, generate_sensei
 from notebookos.workload.readers import read_trace
@@ -62,6 +63,15 @@ def test_simulate_writes_summary_tasks_timeline_and_plots(trace, tmp_path, capsy
     assert {p.name for p in out.glob("*.png")} == {
         "cdf_interactivity_tct.png", "gpu_timeline.png", "subscription_migrations.png",
         "cost.png"}
+
+
+def test_plots_name_the_trace_and_the_seed_that_generated_it(trace, tmp_path):
+    # The trace's own seed decides the workload; simulate --seed does not change a session run.
+    assert trace_label(trace) == "sensei.json (sensei-synthetic-6h-seed3, generated with --seed 3)"
+    other = tmp_path / "jobs.csv"
+    other.write_text("job_id,submit_time\n")
+    assert trace_label(other) == "jobs.csv"
+    assert trace_label(tmp_path / "missing.json") == "missing.json"
 
 
 def test_compare_is_deterministic_across_runs(trace, tmp_path):
@@ -145,3 +155,12 @@ def test_compare_takes_the_seeds_policies_and_reports_their_own_figures(tmp_path
     assert "gsla_violation_fraction" in summaries["tensorshare"]
     assert {"node_hours_asleep", "wakeups_per_day", "added_avg_queue_s"} <= set(summaries["ces"])
     assert "p99.9 queue s" in capsys.readouterr().out
+
+
+def test_the_subscription_plot_is_drawn_only_for_policies_that_replicate(trace, tmp_path):
+    # Issue 21: it drew flat zero SR lines for reservation, batch and lcp, which do not replicate.
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--format", "template", "--cluster", "3x8",
+                 "--compare", "reservation,batch", "--out", str(out), "--quiet"]) == 0
+    assert {p.name for p in out.glob("*.png")} == {
+        "cdf_interactivity_tct.png", "gpu_timeline.png", "cost.png"}
