@@ -15,7 +15,6 @@ from notebookos.global_scheduler.cell_front import CellFront
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.kernels import KernelEntry
-from notebookos.policies import GpuBinding
 from notebookos.proto import global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto.convert import resource_spec_from_proto
 from notebookos.resources import InvalidResourceSpec, ResourceSpec
@@ -77,7 +76,7 @@ class KernelLifecycleMixin:
             else:
                 self._start_retrying(kernel_id, "start", lambda: self._add_replicas(
                     kernel_id, self.replicas_per_kernel, join=False))
-            if self.policy.gpu_binding is GpuBinding.SESSION:
+            if self.binding.binds_at_placement:
                 self._bind_for_session(entry, spec)
             with self.lock:
                 entry.front = self._new_front(entry)
@@ -132,7 +131,7 @@ class KernelLifecycleMixin:
             self._start_retrying(kernel_id, "start", lambda: self._add_replicas(
                 kernel_id, self.replicas_per_kernel, join=False,
                 planned=plans.pop() if plans else None))
-            if self.policy.gpu_binding is GpuBinding.SESSION:
+            if self.binding.binds_at_placement:
                 self._bind_for_session(entry, spec)
             with self.lock:
                 if self.kernels.get(kernel_id) is not entry:
@@ -281,7 +280,7 @@ class KernelLifecycleMixin:
                     self._start_first_container(request.kernel_id)
                 else:
                     self._add_replicas(request.kernel_id, self.replicas_per_kernel, join=False)
-                if self.policy.gpu_binding is GpuBinding.SESSION:
+                if self.binding.binds_at_placement:
                     self._bind_for_session(entry, kernel.request)
             except StartError as exc:
                 with self.lock:

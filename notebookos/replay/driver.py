@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from notebookos.policies import PolicyKind, policy_class
 from notebookos.replay.cells import cell_code
 from notebookos.replay.jupyter import Execution, JupyterServer, KernelChannel, ServerError
 from notebookos.replay.plan import kernel_gpus, session_stop
@@ -35,10 +36,20 @@ from notebookos.workload.model import Session, Task, Workload
 
 log = logging.getLogger(__name__)
 
-PER_CELL_POLICIES = ("batch", "lcp")  # a fresh container per cell: "migration" means nothing
 # Keys of the scheduler's reply metadata (metadata.notebookos) that say a cell waited for GPUs.
 _WAIT_KEYS = ("waited", "waited_for", "queued", "wait_reason", "migrated")
 _DELAY_KEYS = ("interactivity_delay_s", "interactivity_delay_ms")
+
+
+def containers_per_cell(policy: str) -> bool:
+    """Whether the policy runs a fresh container per cell (its lifetime strategy says so: batch,
+    lcp, or a plug-in of that kind), where a cell on another host than the last is no migration.
+    False for a name that is not an installed session policy."""
+    try:
+        cls = policy_class(policy)
+    except ValueError:
+        return False
+    return cls.kind is PolicyKind.SESSION and cls().lifetime.per_cell
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,7 @@ class Replay:
         self.workload = workload
         self.options = options
         self.on_progress = on_progress
+        self.per_cell = containers_per_cell(options.policy)
         self.kernelspecs: dict[int, str] = {}
         self.tasks: dict[str, TaskResult] = {}
         self.sessions: dict[str, SessionResult] = {}
@@ -382,8 +394,7 @@ class Replay:
             record.gpu_device_ids = "+".join(str(g) for g in last["device_ids"])
         if record.scheduler_delay_s is None and doc.get("last_interactivity_delay_ms"):
             record.scheduler_delay_s = float(doc["last_interactivity_delay_ms"]) / 1000
-        per_cell = self.options.policy in PER_CELL_POLICIES
-        if before and record.executor_host and not per_cell \
+        if before and record.executor_host and not self.per_cell \
                 and record.executor_host not in before.values():
             record.migrated = True
             record.immediate = False

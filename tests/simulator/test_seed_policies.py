@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from notebookos.policies import get_policy
+from notebookos.policies.base import QueuedJob
 from notebookos.policies.ces import CESPolicy, NodeForecast
 from notebookos.policies.themis import knapsack, knapsack_milp
 from notebookos.simulator.config import SimConfig
@@ -177,6 +178,36 @@ def test_tensorshare_pairs_a_queued_job_within_both_slas():
     result, record = run(rows, "tensorshare", gpus=1, predictor="oracle", gsla_low=1.0,
                          gsla_high=1.0)
     assert result["C"] == (200, 300) and record.extra["shared_jobs"] == 0
+
+
+def hand_tensorshare(pairs, sens, selection):
+    """TensorShare whose predictions and sensitivities are set by hand (its caches filled)."""
+    policy = get_policy("tensorshare", predictor="oracle", selection=selection, gsla_low=1.5,
+                        gsla_high=1.5)
+    policy._pairs.update(pairs)
+    policy._sens.update(sens)
+    return policy
+
+
+def test_tensorshare_s2_weighs_slowdowns_by_sensitivity_and_s1_does_not():
+    # J_R = dqn (gSLA 1.5 for all). Partners: a2c predicted (1.2, 1.2), ppo (1.3, 1.3), and
+    # resnet18 (1.1, 1.6: over its gSLA, dropped). Sens: dqn 0.5, a2c 0.1, ppo 1.0.
+    # S1: min dR + dJ: a2c 2.4 < ppo 2.6. S2: min dR/Sens(R) + dJ/Sens(J):
+    # a2c 1.2/0.5 + 1.2/0.1 = 14.4, ppo 1.3/0.5 + 1.3/1.0 = 3.9: ppo, the less sensitive one.
+    pairs = {("dqn", "a2c"): (1.2, 1.2), ("dqn", "ppo"): (1.3, 1.3),
+             ("dqn", "resnet18"): (1.1, 1.6)}
+    sens = {"dqn": 0.5, "a2c": 0.1, "ppo": 1.0}
+    jr = QueuedJob("R", 0.0, 1, 100.0, 100.0, seq=0, name="dqn")
+    queue = [QueuedJob(f"Q{i}", 1.0, 1, 100.0, 100.0, seq=i + 1, name=n)
+             for i, n in enumerate(("a2c", "ppo", "resnet18"))]
+    picks = {}
+    for selection in ("s1", "s2"):
+        policy = hand_tensorshare(pairs, sens, selection)
+        picks[selection] = policy.partner_from_queue(jr, queue, 1.0).name
+        assert policy.rejected_by_sla == 1  # resnet18 would pass its gSLA
+    assert picks == {"s1": "a2c", "s2": "ppo"}
+    # Only the over-SLA candidate: no partner, J_R runs dedicated.
+    assert hand_tensorshare(pairs, sens, "s2").partner_from_queue(jr, queue[2:], 1.0) is None
 
 
 def test_tensorshare_mlp_predictor_is_trained_and_accurate():
