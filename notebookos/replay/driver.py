@@ -345,7 +345,11 @@ class Replay:
                 f" (stderr: {execution.stderr[-200:]})" if execution.stderr else "")
         else:
             record.status = COMPLETED
-            record.state_ok = bool(marker.get("state_ok")) and \
+            # The cell checked its state against the predecessor expected when it was sent;
+            # that one may have failed since (its state discarded), so judge the index seen by
+            # how the earlier cells really ended, and the rest by the cell's own consistency.
+            consistent = marker.get("consistent", marker.get("state_ok"))
+            record.state_ok = bool(consistent) and \
                 record.state_seen == self._last_completed_before(record)
             if not record.state_ok:
                 record.reason = (f"state check: expected the state of cell "

@@ -36,9 +36,10 @@ def test_sleep_cells_check_the_previous_cells_state() -> None:
     second = _run(cell_code("sleep", "s", 1, 0.01, 0), ns)
     assert second["state_ok"] and second["seen"] == 0
     assert second["t_end"] - second["t_start"] >= 0.01
-    # A cell that expects another state (its predecessor's was lost) says so.
+    # A cell that expects another state (its predecessor's was lost) says so, while saying
+    # that what it saw is a consistent state of its own session.
     third = _run(cell_code("sleep", "s", 2, 0.0, 0), ns)
-    assert not third["state_ok"] and third["seen"] == 1
+    assert not third["state_ok"] and third["seen"] == 1 and third["consistent"]
     # The helper is gone from the namespace: only replay_state is left behind.
     assert {k for k in ns if not k.startswith("__")} == {"replay_state"}
 
@@ -55,7 +56,7 @@ def test_torch_cells_train_and_carry_model_and_optimizer_state() -> None:
     # An optimizer that lost its state fails the next check.
     ns["replay_optimizer"].state.clear()
     third = _run(cell_code("torch", "s", 2, 0.0, 1), ns)
-    assert not third["state_ok"]
+    assert not third["state_ok"] and not third["consistent"]
 
 
 def test_unknown_work_is_refused() -> None:
@@ -175,3 +176,35 @@ def test_the_schedulers_reply_metadata_is_used_when_present_and_optional() -> No
     assert (full.executor_replica, full.executor_host, full.gpu_device_ids) == (2, "host-1", "0+1")
     assert full.scheduler_delay_s == pytest.approx(0.015)
     assert full.immediate is False  # the scheduler says the cell waited for its GPUs
+
+
+def test_state_check_follows_how_the_previous_cells_really_ended() -> None:
+    """A cell sent while its predecessor still ran expects that predecessor's state; when the
+    predecessor then fails (its executor died, it timed out), the cell rightly sees the state of
+    the last completed cell, and that is not a state-check failure. Seeing anything else is."""
+    from notebookos.replay.driver import Replay, ReplayOptions
+    from notebookos.replay.jupyter import Execution
+    from notebookos.resources import ResourceSpec
+    from notebookos.workload.model import Session, Task, Workload
+
+    spec = ResourceSpec(1000, 2048, 1, 0.0)
+    workload = Workload((Session("s", 0.0, 30.0, spec, tuple(
+        Task(f"s/{i}", "s", 5.0 * i, 1.0, spec) for i in range(3))),))
+
+    def third_cell(seen: int | None) -> TaskResult:
+        replay = Replay(None, workload, ReplayOptions())  # type: ignore[arg-type]
+        replay.t0 = 100.0
+        replay.tasks["s/0"].status = COMPLETED
+        replay.tasks["s/1"].status = FAILED  # failed after s/2 had been sent expecting it
+        execution = Execution("m", 110.0)
+        execution.execute_input, execution.reply_at, execution.idle = 110.02, 111.05, 111.06
+        execution.reply = {"status": "ok"}
+        execution.marker = {"t_start": 110.03, "t_end": 111.03, "seen": seen, "expected": 1,
+                            "state_ok": seen == 1, "consistent": True, "device": "cpu",
+                            "gpus": None}
+        replay._record_execution(replay.tasks["s/2"], execution)
+        return replay.tasks["s/2"]
+
+    assert third_cell(0).state_ok is True
+    wrong = third_cell(1)  # the failed cell's state: its effects were not discarded
+    assert wrong.state_ok is False and "expected the state of cell 0, saw 1" in wrong.reason
