@@ -150,8 +150,17 @@ class Replay:
                                      doc.get("subscription_ratio_limit")))
                 for kernel in doc.get("kernels") or []:
                     self._note_replicas(kernel)
+                    self._note_ready(kernel)
             self._progress()  # the elapsed time moves on between cells too
             await asyncio.sleep(self.options.sample_interval_s)
+
+    def _note_ready(self, kernel: dict[str, Any]) -> None:
+        """A session's kernel is ready once the cluster reports it past ``starting``."""
+        if kernel.get("state") in (None, "", "starting", "unspecified"):
+            return
+        for session in self.sessions.values():
+            if session.kernel_id == kernel.get("id") and session.ready_s is None:
+                session.ready_s = self.now()
 
     def _note_replicas(self, kernel: dict[str, Any]) -> None:
         """Count replica moves (a replica id seen on another host than before)."""

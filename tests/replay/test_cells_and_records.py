@@ -81,6 +81,7 @@ def test_summary_figures() -> None:
     tasks[3].reason = "NotebookOSExecutorFailed: the executor died"
     session = SessionResult("s", 1, "notebookos", 0.0, 40.0, 4)
     session.start_requested_s, session.started_s, session.stopped_s = 0.0, 1.0, 41.0
+    session.ready_s = 6.5  # POST answers before the replicas are up
     samples = [(0.0, 3, 6, 0, 0, 1, 1.0), (10.0, 3, 6, 2, 0, 1, 1.0), (20.0, 3, 6, 0, 0, 1, 1.0)]
     run = RunResult(tasks, [session], samples=samples, end_s=30.0)
     s = summarize_run(run, reservation=False)
@@ -92,7 +93,7 @@ def test_summary_figures() -> None:
     assert s["gpu_hours_committed_sampled"] == pytest.approx(20.0 / 3600, abs=1e-6)
     assert s["gpu_hours_committed"] == s["gpu_hours_committed_sampled"]
     assert s["gpu_hours_reservation"] == pytest.approx(40.0 / 3600, abs=1e-6)
-    assert s["kernel_start_p50_s"] == 1.0
+    assert s["kernel_start_p50_s"] == 1.0 and s["kernel_ready_p50_s"] == 6.5
     assert summarize_run(run, reservation=True)["gpu_hours_committed_client"] == \
         pytest.approx(40.0 / 3600, abs=1e-6)
 
