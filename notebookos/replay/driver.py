@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,15 +114,22 @@ class Replay:
         runners = [asyncio.create_task(self._run_session(s)) for s in self.workload.sessions]
         interrupted = False
         try:
-            await asyncio.gather(*runners)
+            # asyncio.wait, not gather: cancelling this run must not cancel the runners behind
+            # our back (gather would, then report the first one that finished closing, and a
+            # second cancel would cut the others' closing short, leaving their sessions open).
+            await asyncio.wait(runners)
         except asyncio.CancelledError:
             interrupted = True
             for runner in runners:
-                runner.cancel()
-            # Each runner closes its session in its own finally; give them the time to do it.
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.gather(*runners, return_exceptions=True),
-                                       self.options.stop_timeout_s)
+                runner.cancel()  # once: each closes its session in its own finally
+            deadline = time.monotonic() + self.options.stop_timeout_s + 5.0
+            pending = {r for r in runners if not r.done()}
+            while pending and time.monotonic() < deadline:
+                try:
+                    _, pending = await asyncio.wait(pending,
+                                                    timeout=deadline - time.monotonic())
+                except asyncio.CancelledError:
+                    continue  # another Ctrl-C: the sessions are being closed already
         finally:
             sampler.cancel()
             with contextlib.suppress(BaseException):
@@ -223,7 +230,7 @@ class Replay:
             if channel is not None:
                 await channel.close()
             if result.jupyter_session:
-                await asyncio.shield(self._stop_session(result))
+                await _uncancellable(self._stop_session(result))  # bounded by stop_timeout_s
 
     async def _stop_session(self, result: SessionResult) -> None:
         try:
@@ -403,6 +410,19 @@ class Replay:
         if hosts:
             before.clear()
             before.update(hosts)
+
+
+async def _uncancellable(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile (then re-raise)."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 @dataclass

@@ -201,22 +201,29 @@ def test_torch_cells_carry_model_and_optimizer_state_across_cells(tmp_path: Path
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    # Two sessions, one running a cell at the Ctrl-C: each must be closed (a second session's
+    # close was once cut short when the first one's finished, leaving it open on the server).
     template = _template(tmp_path / "long.json", [
         {"id": "a", "start_tick": 0, "stop_tick": 40,
          "trainings": [_training(1, 1, 1), _training(30, 1, 1)]},
+        {"id": "b", "start_tick": 0, "stop_tick": 40, "trainings": [_training(2, 20, 1)]},
     ])
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "notebookos.cli", "replay", "--template", str(template),
-         "--time-scale", "0.05", "--local", "3x1", "--out", str(out), "--quiet"],
+         "--time-scale", "0.1", "--local", "3x1", "--out", str(out), "--quiet"],
         stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
         for line in proc.stderr:
             if line.startswith("replay: playing") or time.monotonic() > deadline:
                 break
-        time.sleep(8)  # the first cell (at 3 s, 3 s long) is done; the second is due at 90 s
+        # A tick is 6 s: a/0 (at 6 s, 6 s long, after its kernel's start) is done, a/1 is due
+        # at 180 s, b/0 runs (from 12 s, 120 s long).
+        time.sleep(25)
         proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)  # impatient: a second Ctrl-C still closes everything
         rest = proc.communicate(timeout=120)[1]
     finally:
         if proc.poll() is None:
@@ -226,7 +233,8 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
     assert summary["interrupted"] and summary["tasks_completed"] == 1
     rows = {r["task_id"]: r for r in csv.DictReader((out / "tasks.csv").open())}
     assert rows["a/1"]["status"] == "not_submitted" and "stopped" in rows["a/1"]["reason"]
+    assert rows["b/0"]["status"] == "failed" and "stopped while" in rows["b/0"]["reason"]
     sessions = list(csv.DictReader((out / "sessions.csv").open()))
-    assert sessions[0]["stopped_s"]  # the open session was closed
+    assert len(sessions) == 2 and all(s["stopped_s"] for s in sessions), sessions  # closed
     assert not Path(summary["local_state_dir"]).exists()
     assert _left_running(summary["local_state_dir"]) == []
