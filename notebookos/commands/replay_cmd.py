@@ -261,7 +261,8 @@ async def _play(args: argparse.Namespace, workload, url: str, token: str,  # noq
                             policy=policy)
     print(f"replay: playing {len(played.sessions)} sessions against {url} (policy {policy}); "
           "Ctrl-C stops and keeps what was measured", file=sys.stderr, flush=True)
-    progress = ReplayProgress(played.task_count, played.span_s, quiet=args.quiet)
+    progress = ReplayProgress(played.task_count, played.span_s, quiet=args.quiet,
+                              time_scale=args.time_scale)
     replay = Replay(server, played, options, progress)
     replay.use_kernelspecs(specs)
     loop = asyncio.get_running_loop()

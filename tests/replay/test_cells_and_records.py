@@ -209,3 +209,21 @@ def test_state_check_follows_how_the_previous_cells_really_ended() -> None:
     assert third_cell(0).state_ok is True
     wrong = third_cell(1)  # the failed cell's state: its effects were not discarded
     assert wrong.state_ok is False and "expected the state of cell 0, saw 1" in wrong.reason
+
+
+def test_progress_bar_shows_trace_time_and_the_replay_time_it_is_played_in() -> None:
+    """At time scale 0.005, 37 s of a 155 s replay are 2.1 of 8.6 trace hours."""
+    from notebookos.replay.progress import ReplayProgress, trace_span
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    bar = ReplayProgress(53, 154.8, time_scale=0.005, file=out)
+    bar({"done": 7, "open_sessions": 5, "elapsed_s": 37.0})
+    bar.close()
+    text = out.getvalue()
+    assert "7/53" in text and "sessions open 5" in text, text
+    assert "trace 2.1 h of 8.6 h, 6.5 h left (replay 37/155 s)" in text, text
+    assert (trace_span(30), trace_span(750), trace_span(9000)) == ("30 s", "12.5 min", "2.5 h")
