@@ -113,13 +113,14 @@ class Replay:
         sampler = asyncio.create_task(self._sample_cluster())
         runners = [asyncio.create_task(self._run_session(s)) for s in self.workload.sessions]
         interrupted = False
+        stopped_at: float | None = None
         try:
             # asyncio.wait, not gather: cancelling this run must not cancel the runners behind
             # our back (gather would, then report the first one that finished closing, and a
             # second cancel would cut the others' closing short, leaving their sessions open).
             await asyncio.wait(runners)
         except asyncio.CancelledError:
-            interrupted = True
+            interrupted, stopped_at = True, self.now()
             for runner in runners:
                 runner.cancel()  # once: each closes its session in its own finally
             deadline = time.monotonic() + self.options.stop_timeout_s + 5.0
@@ -144,7 +145,8 @@ class Replay:
                     task.reason = "the replay was stopped while this cell ran"
         return RunResult(list(self.tasks.values()), list(self.sessions.values()),
                          samples=self.samples, cluster_migrations=self.cluster_moves,
-                         interrupted=interrupted, wall_s=time.monotonic() - started, end_s=end)
+                         interrupted=interrupted, stopped_at_s=stopped_at,
+                         wall_s=time.monotonic() - started, end_s=end)
 
     async def _sample_cluster(self) -> None:
         while True:

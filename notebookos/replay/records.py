@@ -112,6 +112,7 @@ class RunResult:
     samples: list[tuple] = field(default_factory=list)
     cluster_migrations: int = 0  # replica host changes seen in the cluster samples
     interrupted: bool = False
+    stopped_at_s: float | None = None  # when the run was stopped (Ctrl-C), if it was
     notes: list[str] = field(default_factory=list)  # e.g. a daemon of the local cluster died
     wall_s: float = 0.0
     end_s: float = 0.0
@@ -183,6 +184,7 @@ def summarize(run: RunResult, reservation: bool) -> dict[str, Any]:
         "kernel_ready_p50_s": _pct(ready, 50),
         "kernel_ready_p90_s": _pct(ready, 90),
         "interrupted": run.interrupted,
+        "stopped_at_s": None if run.stopped_at_s is None else round(run.stopped_at_s, 3),
         "cluster_notes": run.notes,
         "wall_s": round(run.wall_s, 3),
     }

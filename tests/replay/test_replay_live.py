@@ -231,6 +231,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
     assert proc.returncode == 130, rest
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] and summary["tasks_completed"] == 1
+    # The simulator played the part the run did (a/0 and b/0 were due), not the whole plan.
+    assert 12.0 < summary["stopped_at_s"] < 180.0
+    assert summary["simulated"]["tasks_submitted"] == summary["tasks_submitted"] == 2
     rows = {r["task_id"]: r for r in csv.DictReader((out / "tasks.csv").open())}
     assert rows["a/1"]["status"] == "not_submitted" and "stopped" in rows["a/1"]["reason"]
     assert rows["b/0"]["status"] == "failed" and "stopped while" in rows["b/0"]["reason"]
