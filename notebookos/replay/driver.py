@@ -164,11 +164,20 @@ class Replay:
             await asyncio.sleep(self.options.sample_interval_s)
 
     def _note_ready(self, kernel: dict[str, Any]) -> None:
-        """A session's kernel is ready once the cluster reports it past ``starting``."""
-        if kernel.get("state") in (None, "", "starting", "unspecified"):
+        """A session's kernel is ready once the cluster reports it past ``starting``; a kernel
+        the cluster reports ``failed`` fails its session, with the cluster's reason, even if no
+        cell of it is due (an idle session whose kernel never started holds nothing)."""
+        state = kernel.get("state")
+        if state in (None, "", "starting", "unspecified"):
             return
         for session in self.sessions.values():
-            if session.kernel_id == kernel.get("id") and session.ready_s is None:
+            if session.kernel_id != kernel.get("id") or session.stopped_s is not None:
+                continue
+            if state == "failed":
+                session.failure = session.failure or (
+                    f"the cluster reports the kernel failed at {self.now():.1f} s: "
+                    f"{kernel.get('message') or 'no reason given'}")
+            elif session.ready_s is None and state not in ("stopping", "stopped"):
                 session.ready_s = self.now()
 
     def _note_replicas(self, kernel: dict[str, Any]) -> None:

@@ -227,3 +227,27 @@ def test_progress_bar_shows_trace_time_and_the_replay_time_it_is_played_in() -> 
     assert "7/53" in text and "sessions open 5" in text, text
     assert "trace 2.1 h of 8.6 h, 6.5 h left (replay 37/155 s)" in text, text
     assert (trace_span(30), trace_span(750), trace_span(9000)) == ("30 s", "12.5 min", "2.5 h")
+
+
+def test_the_clusters_kernel_states_mark_sessions_ready_or_failed() -> None:
+    """From the extension's samples: past ``starting`` is ready; ``failed`` fails the session
+    with the cluster's reason although no cell of it is due (an idle reservation session whose
+    GPUs could not be bound once passed unnoticed)."""
+    from notebookos.replay.driver import Replay, ReplayOptions
+    from notebookos.resources import ResourceSpec
+    from notebookos.workload.model import Session, Workload
+
+    spec = ResourceSpec(1000, 2048, 1, 0.0)
+    replay = Replay(None, Workload((Session("ok", 0.0, 9.0, spec, ()),  # type: ignore[arg-type]
+                                    Session("idle", 0.0, 9.0, spec, ()))), ReplayOptions())
+    for sid in ("ok", "idle"):
+        replay.sessions[sid] = SessionResult(sid, 1, "notebookos", 0.0, 9.0, 0)
+        replay.sessions[sid].kernel_id = f"k-{sid}"
+    replay._note_ready({"id": "k-ok", "state": "starting"})
+    assert replay.sessions["ok"].ready_s is None
+    replay._note_ready({"id": "k-ok", "state": "idle"})
+    replay._note_ready({"id": "k-idle", "state": "failed", "message": "host host-0 cannot bind "
+                        "1 GPU(s) for the session"})
+    assert replay.sessions["ok"].ready_s is not None and not replay.sessions["ok"].failure
+    idle = replay.sessions["idle"]
+    assert idle.ready_s is None and "cannot bind 1 GPU(s)" in idle.failure
