@@ -337,6 +337,7 @@ class Replay:
             record.tct_s = record.reply_s - asked
         if execution.idle is not None:
             record.idle_s = execution.idle - t0
+        record.starts = execution.starts
         marker = execution.marker or {}
         if marker:
             record.work_start_s = float(marker["t_start"]) - t0
@@ -388,6 +389,10 @@ class Replay:
         if record.interactivity_s is not None:
             record.immediate = not waited and \
                 record.interactivity_s <= self.options.immediate_threshold_s
+        if record.starts > 1:
+            record.reason = (f"{record.reason}; " if record.reason else "") + (
+                f"its code started {record.starts} times (execute_input): the cluster ran it "
+                "again")
 
     def _last_completed_before(self, record: TaskResult) -> int | None:
         done = [t.index for t in self.tasks.values() if t.session_id == record.session_id

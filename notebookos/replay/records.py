@@ -49,6 +49,7 @@ class TaskResult:
     migrated: bool = False  # the executor ran on a host where the kernel had no replica before
     immediate: bool | None = None
     scheduler_delay_s: float | None = None  # the scheduler's own measure, when it reports one
+    starts: int = 0  # execute_input messages seen; > 1: the code started more than once
 
     def row(self) -> list[Any]:
         out = []
@@ -160,6 +161,7 @@ def summarize(run: RunResult, reservation: bool) -> dict[str, Any]:
         "tasks_failed": len(failed),
         "failure_reasons": reasons,
         "state_check_failures": sum(1 for t in done if t.state_ok is False),
+        "cells_started_twice": sum(1 for t in submitted if t.starts > 1),
         "cells_sent_late": sum(1 for t in submitted if t.submit_s is not None
                                and t.submit_s - t.planned_submit_s > 0.5),
         "sessions": len(run.sessions),

@@ -251,3 +251,44 @@ def test_the_clusters_kernel_states_mark_sessions_ready_or_failed() -> None:
     assert replay.sessions["ok"].ready_s is not None and not replay.sessions["ok"].failure
     idle = replay.sessions["idle"]
     assert idle.ready_s is None and "cannot bind 1 GPU(s)" in idle.failure
+
+
+def test_a_cell_whose_code_starts_twice_is_reported() -> None:
+    """A cell resubmitted after its kernel was rebuilt although its code had started (seen when
+    every replica of a kernel was SIGKILLed mid-cell): two execute_input messages for one
+    request. The run counts it; at-most-once forbids it."""
+    from notebookos.replay.driver import Replay, ReplayOptions
+    from notebookos.replay.jupyter import Execution, KernelChannel
+    from notebookos.resources import ResourceSpec
+    from notebookos.workload.model import Session, Task, Workload
+
+    channel = KernelChannel.__new__(KernelChannel)  # no websocket: messages are fed by hand
+    channel.pending, channel.statuses, channel.closed_reason = {}, [], ""
+    execution = Execution("m", 100.5)
+    channel.pending["m"] = execution
+
+    def feed(kind: str, at: float, content: dict | None = None) -> None:
+        channel._dispatch({"header": {"msg_type": kind}, "parent_header": {"msg_id": "m"},
+                           "content": content or {}, "channel": "shell" if kind ==
+                           "execute_reply" else "iopub"}, at)
+
+    feed("execute_input", 101.0)
+    feed("execute_input", 104.0)  # the rebuilt kernel runs it again
+    feed("stream", 105.0, {"name": "stdout", "text": '@@notebookos-replay {"t_start": 104.1, '
+                           '"t_end": 105.0, "seen": null, "state_ok": true, "consistent": true}'})
+    feed("execute_reply", 105.1, {"status": "ok"})
+    feed("status", 105.2, {"execution_state": "idle"})
+    assert execution.execute_input == 101.0 and execution.starts == 2
+
+    spec = ResourceSpec(1000, 2048, 1, 0.0)
+    replay = Replay(None, Workload((Session("s", 0.0, 9.0, spec,  # type: ignore[arg-type]
+                                            (Task("s/0", "s", 0.5, 1.0, spec),)),)),
+                    ReplayOptions())
+    replay.t0 = 100.0
+    record = replay.tasks["s/0"]
+    replay._record_execution(record, execution)
+    assert record.status == COMPLETED and record.starts == 2
+    assert "started 2 times" in record.reason
+    record.submit_s = 0.5
+    summary = summarize_run(RunResult([record], []), reservation=False)
+    assert summary["cells_started_twice"] == 1
