@@ -261,7 +261,8 @@ async def _play(args: argparse.Namespace, workload, url: str, token: str,  # noq
                             policy=policy)
     print(f"replay: playing {len(played.sessions)} sessions against {url} (policy {policy}); "
           "Ctrl-C stops and keeps what was measured", file=sys.stderr, flush=True)
-    progress = ReplayProgress(played.task_count, played.span_s, quiet=args.quiet)
+    progress = ReplayProgress(played.task_count, played.span_s, quiet=args.quiet,
+                              time_scale=args.time_scale)
     replay = Replay(server, played, options, progress)
     replay.use_kernelspecs(specs)
     loop = asyncio.get_running_loop()
@@ -310,7 +311,7 @@ def _finish(args: argparse.Namespace, played, run_result, policy: str,  # noqa: 
             shape: tuple[int, int], config, url: str, local: bool,  # noqa: ANN001
             sim_settings: dict[str, Any], out: Path) -> dict[str, Any]:
     from notebookos.replay.compare import live_policy_params
-    from notebookos.replay.plan import played_to_json
+    from notebookos.replay.plan import played_to_json, played_until
     from notebookos.replay.records import COMPLETED, summarize, write_run
 
     summary = summarize(run_result, reservation=policy == "reservation")
@@ -328,7 +329,10 @@ def _finish(args: argparse.Namespace, played, run_result, policy: str,  # noqa: 
     write_run(out, summary, run_result)
     delays = [t.interactivity_s for t in run_result.tasks if t.interactivity_s is not None]
     tcts = [t.tct_s for t in run_result.tasks if t.status == COMPLETED and t.tct_s is not None]
-    _simulate_and_write(args, played, summary, params, sim_settings, out, delays, tcts)
+    # A stopped run is compared with the simulation of the part it played, not the whole plan.
+    stopped = run_result.stopped_at_s
+    simulated = played if stopped is None else played_until(played, stopped)
+    _simulate_and_write(args, simulated, summary, params, sim_settings, out, delays, tcts)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     (out / "plan.json").write_text(json.dumps(played_to_json(played), indent=1) + "\n")
     return summary
@@ -344,7 +348,7 @@ def _simulate_and_write(args: argparse.Namespace, played, summary: dict[str, Any
 
     hosts, gpus = parse_cluster(summary["cluster"])
     record = None
-    if not args.no_simulate and hosts > 0:
+    if not args.no_simulate and hosts > 0 and played is not None:
         figures, record = simulate_played(
             played, summary["policy"], hosts, gpus, params, autoscale=bool(summary["autoscale"]),
             max_hosts=summary.get("max_hosts") or hosts, seed=int(summary["seed"]),
@@ -356,7 +360,9 @@ def _simulate_and_write(args: argparse.Namespace, played, summary: dict[str, Any
         f"# Replay: {summary['input']}\n\npolicy {summary['policy']}, cluster "
         f"{summary['cluster']}, time scale {summary['time_scale']:g}, work {summary['work']}, "
         f"{summary['sessions']} sessions"
-        + (f"; simulator settings {sim_settings}" if sim_settings else "") + f"\n\n{table}\n")
+        + (f"; simulator settings {sim_settings}" if sim_settings else "")
+        + (f"; stopped at {summary['stopped_at_s']:.1f} s: both sides are the cells due by then"
+           if summary.get("stopped_at_s") is not None else "") + f"\n\n{table}\n")
     if not args.no_plots:
         title = (f"{Path(summary['input']).name}: policy {summary['policy']}, cluster "
                  f"{summary['cluster']}, time scale {summary['time_scale']:g}, seed "
@@ -367,7 +373,7 @@ def _simulate_and_write(args: argparse.Namespace, played, summary: dict[str, Any
 def _resimulate(args: argparse.Namespace, sim_settings: dict[str, Any]) -> int:
     import csv
 
-    from notebookos.replay.plan import played_from_json
+    from notebookos.replay.plan import played_from_json, played_until
 
     run_dir = args.resimulate
     try:
@@ -379,6 +385,8 @@ def _resimulate(args: argparse.Namespace, sim_settings: dict[str, Any]) -> int:
         print(f"notebookos replay: --resimulate {run_dir}: not a replay output folder ({exc})",
               file=sys.stderr)
         return 2
+    if summary.get("stopped_at_s") is not None:  # a stopped run: the part it played
+        played = played_until(played, float(summary["stopped_at_s"]))
     out = args.out or run_dir / "resimulated"
     out.mkdir(parents=True, exist_ok=True)
     params = (summary.get("simulated") or {}).get("settings", {}).get("policy_params", {})

@@ -88,19 +88,22 @@ def __notebookos_replay_cell(_prev, _objects):
         _gpus, _device = None, "cpu"
     _expected = {expected!r}
     _seen = None if not isinstance(_prev, dict) else _prev.get("cell")
-    _state_ok = (_prev is None) if _expected is None else (
-        isinstance(_prev, dict) and _prev.get("session") == {session!r} and _seen == _expected)
+    # consistent: no state, or a state this session's cells left (with torch, also the model's
+    # and optimizer's as that cell left them); state_ok: and it is the expected cell's.
+    _consistent = _prev is None or (isinstance(_prev, dict) and _prev.get("session") == {session!r})
 
     def _work(_t0, _device, _objects):
 {body}
     _info = _work(_t0, _device, _objects)
     if {torch!r} and isinstance(_prev, dict) and _prev.get("steps") is not None:
-        _state_ok = _state_ok and _info["steps_before"] == _prev["steps"] and abs(
+        _consistent = _consistent and _info["steps_before"] == _prev["steps"] and abs(
             _info["checksum_before"] - _prev["checksum"]) <= 1e-6 * max(1.0, abs(_prev["checksum"]))
+    _state_ok = _consistent and _seen == _expected
     _t1 = _time.time()
     print({marker!r} + _json.dumps({{
         "session": {session!r}, "cell": {index!r}, "expected": _expected, "seen": _seen,
-        "state_ok": bool(_state_ok), "t_start": _t0, "t_end": _t1, "gpus": _gpus,
+        "state_ok": bool(_state_ok),
+        "consistent": bool(_consistent), "t_start": _t0, "t_end": _t1, "gpus": _gpus,
         "device": _device, "pid": _os.getpid(), "hostname": _socket.gethostname(), **_info}}),
         flush=True)
     _state = {{"session": {session!r}, "cell": {index!r}}}

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,16 +125,24 @@ class Replay:
         sampler = asyncio.create_task(self._sample_cluster())
         runners = [asyncio.create_task(self._run_session(s)) for s in self.workload.sessions]
         interrupted = False
+        stopped_at: float | None = None
         try:
-            await asyncio.gather(*runners)
+            # asyncio.wait, not gather: cancelling this run must not cancel the runners behind
+            # our back (gather would, then report the first one that finished closing, and a
+            # second cancel would cut the others' closing short, leaving their sessions open).
+            await asyncio.wait(runners)
         except asyncio.CancelledError:
-            interrupted = True
+            interrupted, stopped_at = True, self.now()
             for runner in runners:
-                runner.cancel()
-            # Each runner closes its session in its own finally; give them the time to do it.
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.gather(*runners, return_exceptions=True),
-                                       self.options.stop_timeout_s)
+                runner.cancel()  # once: each closes its session in its own finally
+            deadline = time.monotonic() + self.options.stop_timeout_s + 5.0
+            pending = {r for r in runners if not r.done()}
+            while pending and time.monotonic() < deadline:
+                try:
+                    _, pending = await asyncio.wait(pending,
+                                                    timeout=deadline - time.monotonic())
+                except asyncio.CancelledError:
+                    continue  # another Ctrl-C: the sessions are being closed already
         finally:
             sampler.cancel()
             with contextlib.suppress(BaseException):
@@ -149,7 +157,8 @@ class Replay:
                     task.reason = "the replay was stopped while this cell ran"
         return RunResult(list(self.tasks.values()), list(self.sessions.values()),
                          samples=self.samples, cluster_migrations=self.cluster_moves,
-                         interrupted=interrupted, wall_s=time.monotonic() - started, end_s=end)
+                         interrupted=interrupted, stopped_at_s=stopped_at,
+                         wall_s=time.monotonic() - started, end_s=end)
 
     async def _sample_cluster(self) -> None:
         while True:
@@ -162,8 +171,26 @@ class Replay:
                                      doc.get("subscription_ratio_limit")))
                 for kernel in doc.get("kernels") or []:
                     self._note_replicas(kernel)
+                    self._note_ready(kernel)
             self._progress()  # the elapsed time moves on between cells too
             await asyncio.sleep(self.options.sample_interval_s)
+
+    def _note_ready(self, kernel: dict[str, Any]) -> None:
+        """A session's kernel is ready once the cluster reports it past ``starting``; a kernel
+        the cluster reports ``failed`` fails its session, with the cluster's reason, even if no
+        cell of it is due (an idle session whose kernel never started holds nothing)."""
+        state = kernel.get("state")
+        if state in (None, "", "starting", "unspecified"):
+            return
+        for session in self.sessions.values():
+            if session.kernel_id != kernel.get("id") or session.stopped_s is not None:
+                continue
+            if state == "failed":
+                session.failure = session.failure or (
+                    f"the cluster reports the kernel failed at {self.now():.1f} s: "
+                    f"{kernel.get('message') or 'no reason given'}")
+            elif session.ready_s is None and state not in ("stopping", "stopped"):
+                session.ready_s = self.now()
 
     def _note_replicas(self, kernel: dict[str, Any]) -> None:
         """Count replica moves (a replica id seen on another host than before)."""
@@ -226,7 +253,7 @@ class Replay:
             if channel is not None:
                 await channel.close()
             if result.jupyter_session:
-                await asyncio.shield(self._stop_session(result))
+                await _uncancellable(self._stop_session(result))  # bounded by stop_timeout_s
 
     async def _stop_session(self, result: SessionResult) -> None:
         try:
@@ -322,6 +349,7 @@ class Replay:
             record.tct_s = record.reply_s - asked
         if execution.idle is not None:
             record.idle_s = execution.idle - t0
+        record.starts = execution.starts
         marker = execution.marker or {}
         if marker:
             record.work_start_s = float(marker["t_start"]) - t0
@@ -357,7 +385,11 @@ class Replay:
                 f" (stderr: {execution.stderr[-200:]})" if execution.stderr else "")
         else:
             record.status = COMPLETED
-            record.state_ok = bool(marker.get("state_ok")) and \
+            # The cell checked its state against the predecessor expected when it was sent;
+            # that one may have failed since (its state discarded), so judge the index seen by
+            # how the earlier cells really ended, and the rest by the cell's own consistency.
+            consistent = marker.get("consistent", marker.get("state_ok"))
+            record.state_ok = bool(consistent) and \
                 record.state_seen == self._last_completed_before(record)
             if not record.state_ok:
                 record.reason = (f"state check: expected the state of cell "
@@ -369,6 +401,10 @@ class Replay:
         if record.interactivity_s is not None:
             record.immediate = not waited and \
                 record.interactivity_s <= self.options.immediate_threshold_s
+        if record.starts > 1:
+            record.reason = (f"{record.reason}; " if record.reason else "") + (
+                f"its code started {record.starts} times (execute_input): the cluster ran it "
+                "again")
 
     def _last_completed_before(self, record: TaskResult) -> int | None:
         done = [t.index for t in self.tasks.values() if t.session_id == record.session_id
@@ -401,6 +437,19 @@ class Replay:
         if hosts:
             before.clear()
             before.update(hosts)
+
+
+async def _uncancellable(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile (then re-raise)."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 @dataclass

@@ -46,6 +46,9 @@ class Execution:
     errors: list[dict[str, Any]] = field(default_factory=list)
     stderr: str = ""
     lost: str = ""  # set when the channel closed before the reply
+    # execute_input messages seen: more than one means the cell's code started more than once
+    # (e.g. resubmitted after its kernel was rebuilt), which at-most-once forbids.
+    starts: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # reply, idle and marker in
 
@@ -106,6 +109,7 @@ class KernelChannel:
             return
         if kind == "execute_input":
             execution.execute_input = execution.execute_input or now
+            execution.starts += 1
         elif kind == "status":
             state = content.get("execution_state")
             if state == "busy":

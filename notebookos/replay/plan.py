@@ -97,6 +97,17 @@ def window(workload: Workload, start: float, end: float) -> Workload:
     return replace(workload, sessions=tuple(sessions))
 
 
+def played_until(workload: Workload, end: float) -> Workload | None:
+    """The part of a plan a run stopped at ``end`` played: cells due before ``end``, sessions
+    started by then, cut there (a cell running past it keeps its session). None if nothing."""
+    if not end > 0:
+        return None
+    try:
+        return window(workload, 0.0, end)
+    except TraceError:
+        return None
+
+
 def first_sessions(workload: Workload, count: int, training_only: bool = False) -> Workload:
     """The first ``count`` sessions by start time (only sessions that train, if asked)."""
     if count < 1:

@@ -49,6 +49,7 @@ class TaskResult:
     migrated: bool = False  # the executor ran on a host where the kernel had no replica before
     immediate: bool | None = None
     scheduler_delay_s: float | None = None  # the scheduler's own measure, when it reports one
+    starts: int = 0  # execute_input messages seen; > 1: the code started more than once
 
     def row(self) -> list[Any]:
         out = []
@@ -74,6 +75,9 @@ class SessionResult:
     kernel_id: str = ""
     start_requested_s: float | None = None
     started_s: float | None = None  # POST /api/sessions answered
+    # The cluster first reported the kernel past ``starting`` (its replicas up): POST returns
+    # before that, since a kernel takes cells while its replicas start (they wait for them).
+    ready_s: float | None = None
     stopped_s: float | None = None  # DELETE /api/sessions answered
     failure: str = ""
 
@@ -83,13 +87,21 @@ class SessionResult:
             return None
         return self.started_s - self.start_requested_s
 
+    @property
+    def ready_latency_s(self) -> float | None:
+        if self.ready_s is None or self.start_requested_s is None:
+            return None
+        return self.ready_s - self.start_requested_s
+
     def row(self) -> list[Any]:
-        values = [*(getattr(self, f.name) for f in fields(self)), self.start_latency_s]
+        values = [*(getattr(self, f.name) for f in fields(self)), self.start_latency_s,
+                  self.ready_latency_s]
         return ["" if v is None else (f"{v:.4f}" if isinstance(v, float) else v) for v in values]
 
 
 TASK_COLUMNS = [f.name for f in fields(TaskResult)]
-SESSION_COLUMNS = [*(f.name for f in fields(SessionResult)), "start_latency_s"]
+SESSION_COLUMNS = [*(f.name for f in fields(SessionResult)), "start_latency_s",
+                   "ready_latency_s"]
 SAMPLE_COLUMNS = ("time_s", "hosts", "gpus_total", "gpus_committed", "gpus_pending",
                   "kernels", "subscription_ratio_limit")
 
@@ -101,6 +113,7 @@ class RunResult:
     samples: list[tuple] = field(default_factory=list)
     cluster_migrations: int = 0  # replica host changes seen in the cluster samples
     interrupted: bool = False
+    stopped_at_s: float | None = None  # when the run was stopped (Ctrl-C), if it was
     notes: list[str] = field(default_factory=list)  # e.g. a daemon of the local cluster died
     wall_s: float = 0.0
     end_s: float = 0.0
@@ -127,6 +140,7 @@ def summarize(run: RunResult, reservation: bool) -> dict[str, Any]:
     tcts = [t.tct_s for t in done if t.tct_s is not None]
     immediate = [t.immediate for t in submitted if t.immediate is not None]
     starts = [s.start_latency_s for s in run.sessions if s.start_latency_s is not None]
+    ready = [s.ready_latency_s for s in run.sessions if s.ready_latency_s is not None]
     per_task_gpu_s = sum(t.gpus * (t.reply_s - t.execute_input_s) for t in submitted
                          if t.reply_s is not None and t.execute_input_s is not None)
     session_gpu_s = 0.0
@@ -147,6 +161,7 @@ def summarize(run: RunResult, reservation: bool) -> dict[str, Any]:
         "tasks_failed": len(failed),
         "failure_reasons": reasons,
         "state_check_failures": sum(1 for t in done if t.state_ok is False),
+        "cells_started_twice": sum(1 for t in submitted if t.starts > 1),
         "cells_sent_late": sum(1 for t in submitted if t.submit_s is not None
                                and t.submit_s - t.planned_submit_s > 0.5),
         "sessions": len(run.sessions),
@@ -168,7 +183,10 @@ def summarize(run: RunResult, reservation: bool) -> dict[str, Any]:
         "gpu_hours_reservation": round(session_gpu_s / 3600, 6),
         "kernel_start_p50_s": _pct(starts, 50),
         "kernel_start_p90_s": _pct(starts, 90),
+        "kernel_ready_p50_s": _pct(ready, 50),
+        "kernel_ready_p90_s": _pct(ready, 90),
         "interrupted": run.interrupted,
+        "stopped_at_s": None if run.stopped_at_s is None else round(run.stopped_at_s, 3),
         "cluster_notes": run.notes,
         "wall_s": round(run.wall_s, 3),
     }

@@ -139,3 +139,20 @@ def test_a_sensei_slice_is_sessions_of_one_gpu_count() -> None:
     assert len(cut.sessions) == 10
     assert {s.request.gpus for s in cut.sessions} <= {1, 4, 8}
     assert all(t.gpus == s.request.gpus for s in cut.sessions for t in s.tasks)
+
+
+def test_played_until_is_the_part_a_stopped_run_played() -> None:
+    spec = ResourceSpec(1000, 2048, 1, 0.0)
+    workload = Workload((
+        Session("a", 0.0, 200.0, spec, (Task("a/0", "a", 6.0, 6.0, spec),
+                                        Task("a/1", "a", 180.0, 6.0, spec))),
+        Session("b", 0.0, 200.0, spec, (Task("b/0", "b", 12.0, 120.0, spec),)),
+        Session("late", 50.0, 200.0, spec, ()),
+    ), "test")
+    part = plan.played_until(workload, 25.0)
+    assert part is not None
+    assert [t.task_id for s in part.sessions for t in s.tasks] == ["a/0", "b/0"]
+    assert [s.session_id for s in part.sessions] == ["a", "b"]
+    stops = {s.session_id: s.stop for s in part.sessions}
+    assert stops == {"a": 25.0, "b": 132.0}  # b's running cell keeps its session open
+    assert plan.played_until(workload, 0.0) is None
