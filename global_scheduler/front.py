@@ -86,6 +86,7 @@ class ReplicaEndpoint:
     iopub_port: int
     stdin_port: int
     control_port: int
+    host_id: str = ""  # where the replica runs (the executor's reply names it to the client)
 
 
 class FrontHooks(Protocol):
@@ -129,6 +130,7 @@ class _Pending:
     frames: list[bytes] = field(default_factory=list)  # its signed frames (re-routing)
     client_msg_id: str = ""  # the client's msg_id when this is a resubmission under a new id
     attempt: int = 0
+    gpu_device_ids: list[int] = field(default_factory=list)  # committed for the executor
     held_yields: list[int] = field(default_factory=list)  # standbys not sent yield_request yet
     yields_due: float = 0.0  # monotonic time the held yield_request copies go out
     placement: _Waiting | None = None  # an execute request's arrival and wait for GPUs
@@ -816,7 +818,8 @@ class KernelFront:
                   self.kernel_id, msg_id[:8], executor, device_ids, standbys,
                   " (held)" if sticky else "")
         pending = _Pending("shell", idents, "execute_request", executor, asked={executor},
-                           client_msg=msg, client_msg_id=client_msg_id, attempt=attempt)
+                           client_msg=msg, client_msg_id=client_msg_id, attempt=attempt,
+                           gpu_device_ids=list(device_ids))
         self._pending[msg_id] = pending
         self._remember(self._iopub_source, msg_id, executor)
         self.session.send(self._replicas[executor].shell,
@@ -922,7 +925,7 @@ class KernelFront:
             del self._pending[parent_id]
             self._holding.pop(parent_id, None)  # a short cell: its standbys never needed asking
             if pending.placement is not None:
-                msg_list = self._with_scheduler_metadata(msg, msg_list, pending)
+                msg_list = self._with_scheduler_metadata(msg, msg_list, pending, rid)
             self._to_client(pending, msg, msg_list)
             self.hooks.release_execute(self.kernel_id, parent_id)
             self.hooks.execute_finished(self.kernel_id, rid, parent_id)
@@ -931,22 +934,24 @@ class KernelFront:
         self._settle(parent_id, pending)
 
     def _with_scheduler_metadata(self, msg: dict, msg_list: list[bytes],
-                                 pending: _Pending) -> list[bytes]:
+                                 pending: _Pending, rid: int) -> list[bytes]:
         """The executor's execute_reply with what the scheduler knows added under
-        ``metadata.notebookos``: ``interactivity_delay_ms`` (request at the front ->
+        ``metadata.notebookos``: ``host_id`` (the executor's host), ``gpu_device_ids`` (the
+        GPUs committed for the cell), ``interactivity_delay_ms`` (request at the front ->
         execute_input) and, for a cell that waited for GPUs, ``waited_ms``, ``waited_for``
         and ``wait_reason``. Re-signed; ``msg`` is updated to match."""
         placement = pending.placement
         assert placement is not None
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"gpu_device_ids": list(pending.gpu_device_ids)}
+        replica = self._replicas.get(rid)
+        if replica is not None and replica.endpoint.host_id:
+            extra["host_id"] = replica.endpoint.host_id
         if pending.started:
             extra["interactivity_delay_ms"] = round(
                 (pending.started - placement.arrived) * 1000, 1)
         if placement.wait_reason:
             extra.update(waited_for="GPUs", wait_reason=placement.wait_reason,
                          waited_ms=round((placement.placed_at - placement.arrived) * 1000))
-        if not extra:
-            return msg_list
         metadata = dict(msg.get("metadata") or {})
         metadata["notebookos"] = {**(metadata.get("notebookos") or {}), **extra}
         msg["metadata"] = metadata
