@@ -277,6 +277,10 @@ class ExecutionMixin:
                 entry.kernel_interactivity_ms = entry.last_interactivity_ms[replica_id]
                 self.metrics.cell_interactivity_delay.observe(now - arrived)
 
+    def message_dropped(self, kernel_id: str, reason: str) -> None:
+        """A kernel's front dropped a message (``bad_signature`` or ``malformed``)."""
+        self.metrics.dropped_messages.labels(reason=reason).inc()
+
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:
             kernel = self.cluster.kernels.get(kernel_id)

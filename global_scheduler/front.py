@@ -100,7 +100,9 @@ class FrontHooks(Protocol):
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None: ...
 
     def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        """The executor published ``execute_input``: the cell's code starts now."""
+        """The executor published ``execute_input``: the cell's code starts now. Optionally
+        the hooks also have ``message_dropped(kernel_id, reason)``: the front dropped a
+        message (``bad_signature`` or ``malformed``); the Global Scheduler counts it."""
 
 
 @dataclass
@@ -470,12 +472,22 @@ class KernelFront:
             try:
                 self._dispatch(name, rid, frames)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
-                self.malformed += 1
+                self._dropped("malformed")
                 log.warning("kernel %s: dropped a malformed message on %s: %s",
                             self.kernel_id, name, str(exc)[:200])
             except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
-                self.malformed += 1
+                self._dropped("malformed")
                 log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
+
+    def _dropped(self, reason: str) -> None:
+        """Count a dropped message: here (the kernel's status) and in the hooks' metrics."""
+        if reason == "bad_signature":
+            self.bad_signatures += 1
+        else:
+            self.malformed += 1
+        count = getattr(self.hooks, "message_dropped", None)
+        if count is not None:
+            count(self.kernel_id, reason)
 
     def _must_defer(self) -> bool:
         if self._iopub_subscribed:
@@ -490,7 +502,7 @@ class KernelFront:
             try:
                 self._from_client(name, frames)
             except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
-                self.malformed += 1
+                self._dropped("malformed")
                 log.exception("kernel %s: dropping a deferred message on %s", self.kernel_id,
                               name)
 
@@ -592,7 +604,7 @@ class KernelFront:
                 msg["content"] = unpack(msg_list[4])
             return msg
         except (ValueError, TypeError, KeyError) as exc:
-            self.bad_signatures += 1
+            self._dropped("bad_signature")
             log.warning("kernel %s: dropped a message: %s", self.kernel_id, str(exc)[:120])
             return None
 
@@ -620,7 +632,7 @@ class KernelFront:
         try:
             self._route_client(channel, idents, msg, msg_list)
         except Exception:  # noqa: BLE001 - one bad message must not stop the others
-            self.malformed += 1
+            self._dropped("malformed")
             log.exception("kernel %s: dropping a held message on %s", self.kernel_id, channel)
 
     def _route_client(self, channel: str, idents: list[bytes], msg: dict,
@@ -1105,7 +1117,7 @@ class KernelFront:
         expected = self.session.sign(msg_list[1:5])
         if hmac.compare_digest(expected, msg_list[0]):
             return True
-        self.bad_signatures += 1
+        self._dropped("bad_signature")
         log.warning("kernel %s: dropped a message: invalid signature", self.kernel_id)
         return False
 
