@@ -214,6 +214,9 @@ class KernelFront:
         self._waiting: deque[_Waiting] = deque()
         self._placing: _Waiting | None = None
         self._arrivals: OrderedDict[str, float] = OrderedDict()  # client msg_id -> monotonic
+        # What each cell waited for before it was sent to its executor (client msg_id ->
+        # {what: why}, in order): the replicas starting, GPUs, a migration. The reply says so.
+        self._waited_for: OrderedDict[str, dict[str, str]] = OrderedDict()
         # Shell requests wait (briefly) until a client has subscribed to IOPub: after a restart
         # the front's XPUB is new, and what it publishes before the client's SUB reconnects is
         # lost (ZMQ's slow joiner), so the client would wait forever for the cell's idle.
@@ -348,12 +351,31 @@ class KernelFront:
                 return
             first = not waiting.wait_reason
             waiting.wait_reason = why
+            self._note_wait(waiting.msg, "GPUs", why)
             if first:
                 self._send_iopub(self.session.msg(
                     "stream", {"name": "stderr", "text": f"NotebookOS: {why}\n"},
                     parent=waiting.msg), b"kernel.notebookos.stream")
 
         self._run_on_loop(apply)
+
+    def cell_migrating(self, msg_id: str, why: str) -> None:
+        """The scheduler moves a replica to another host to run the cell ``msg_id``: its reply
+        will say it waited for a migration, and why; thread-safe."""
+        def apply() -> None:
+            waiting = self._placing
+            if waiting is not None and waiting.msg_id == msg_id and not waiting.withdrawn:
+                self._note_wait(waiting.msg, "migration", why)
+
+        self._run_on_loop(apply)
+
+    def _note_wait(self, request: dict, what: str, why: str) -> None:
+        key = request["header"].get("msg_id", "")
+        causes = self._waited_for.get(key)
+        if causes is None:
+            causes = {}
+            self._remember(self._waited_for, key, causes)
+        causes.setdefault(what, why)
 
     def start_failed(self, reason: str) -> None:
         """The replicas of a kernel bound while ``starting`` never came: every held request
@@ -679,6 +701,7 @@ class KernelFront:
             return
         if msg_type == "execute_request":  # its interactivity delay counts from now
             self._remember(self._arrivals, msg["header"].get("msg_id", ""), time.monotonic())
+            self._note_wait(msg, "replicas starting", "the kernel's replicas were starting")
         self._held_requests.append((channel, idents, msg, msg_list))
 
     def _answer_here(self, channel: str, idents: list[bytes], parent: dict, reply_type: str,
@@ -950,8 +973,10 @@ class KernelFront:
         """The executor's execute_reply with what the scheduler knows added under
         ``metadata.notebookos``: ``host_id`` (the executor's host), ``gpu_device_ids`` (the
         GPUs committed for the cell), ``interactivity_delay_ms`` (request at the front ->
-        execute_input) and, for a cell that waited for GPUs, ``waited_ms``, ``waited_for``
-        and ``wait_reason``. Re-signed; ``msg`` is updated to match."""
+        execute_input) and, for a cell that waited before it was sent to its executor,
+        ``waited_ms`` (request at the front -> sent), ``waited_for`` (what it waited for:
+        ``replicas starting``, ``GPUs``, ``migration``, comma-separated in order) and
+        ``wait_reason`` (why). Re-signed; ``msg`` is updated to match."""
         placement = pending.placement
         assert placement is not None
         extra: dict[str, Any] = {"gpu_device_ids": list(pending.gpu_device_ids)}
@@ -961,8 +986,9 @@ class KernelFront:
         if pending.started:
             extra["interactivity_delay_ms"] = round(
                 (pending.started - placement.arrived) * 1000, 1)
-        if placement.wait_reason:
-            extra.update(waited_for="GPUs", wait_reason=placement.wait_reason,
+        waited = self._waited_for.pop(pending.client_msg_id, None)
+        if waited:
+            extra.update(waited_for=", ".join(waited), wait_reason="; ".join(waited.values()),
                          waited_ms=round((placement.placed_at - placement.arrived) * 1000))
         metadata = dict(msg.get("metadata") or {})
         metadata["notebookos"] = {**(metadata.get("notebookos") or {}), **extra}

@@ -37,6 +37,7 @@ export interface ICellRun {
   delayMs: number | null;
   waitedMs: number | null;
   waitedFor: string;
+  waitReason: string;
   runMs: number | null;
   notices: string[];
 }
@@ -108,6 +109,9 @@ export function describeRun(run: ICellRun): string {
   }
   if (run.runMs !== null) {
     text += `, ran ${msText(run.runMs)}`;
+  }
+  if (run.waitReason) {
+    text += `. Why it waited: ${run.waitReason}`;
   }
   return text;
 }
@@ -214,6 +218,7 @@ export function runFromReply(
       (num(block.interactivity_delay_s) !== null ? block.interactivity_delay_s * 1000 : null),
     waitedMs: num(block.waited_ms),
     waitedFor: block.waited_for || '',
+    waitReason: block.wait_reason || '',
     runMs: Number.isFinite(started) && Number.isFinite(ended) ? ended - started : null,
     notices: []
   };
