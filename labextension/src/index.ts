@@ -319,8 +319,10 @@ class NotebookOSPanel extends Widget {
       const table = document.createElement('table');
       table.className = 'jp-NotebookOS-History';
       table.innerHTML =
-        '<tr><th>[n]</th><th>replica</th><th>host</th><th>GPUs</th><th>delay</th>' +
-        '<th>waited</th><th>ran</th></tr>';
+        '<tr><th>[n]</th><th title="executor replica">rep.</th><th>host</th>' +
+        '<th>GPUs</th><th title="interactivity delay">delay</th>' +
+        '<th title="waited before it was sent to its executor">wait</th>' +
+        '<th title="run time">ran</th></tr>';
       for (const run of runs) {
         const row = table.insertRow();
         const cells = [
