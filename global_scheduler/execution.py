@@ -156,6 +156,13 @@ class ExecutionMixin:
                 f"free up (it waits up to {self.cell_queue_timeout_s:g}s); interrupt the "
                 "kernel to withdraw it."))
 
+    def _tell_migrating(self, kernel_id: str, msg_id: str, why: str) -> None:
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            front = entry.front if entry is not None else None
+        if front is not None:
+            front.cell_migrating(msg_id, why)
+
     def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec
                    ) -> tuple[tuple[int, list[int]] | None, str, bool]:
         """One try: commit on a replica's host (the policy's executor first), else migrate a
@@ -196,6 +203,8 @@ class ExecutionMixin:
             reason = decision.reason if decision is not None else "no migration target"
             return (None, f"{why}, and no host can take a replica of the kernel now ({reason})",
                     False)
+        self._tell_migrating(kernel_id, msg_id, f"replica {decision.replica_id} moved to "
+                             f"{decision.target_host_id} to run the cell: {why}")
         try:
             rid, host_id = self.migrate_replica(kernel_id, decision.replica_id,
                                                 decision.target_host_id, request,
@@ -276,6 +285,10 @@ class ExecutionMixin:
                 entry.last_interactivity_ms[replica_id] = (now - arrived) * 1000
                 entry.kernel_interactivity_ms = entry.last_interactivity_ms[replica_id]
                 self.metrics.cell_interactivity_delay.observe(now - arrived)
+
+    def message_dropped(self, kernel_id: str, reason: str) -> None:
+        """A kernel's front dropped a message (``bad_signature`` or ``malformed``)."""
+        self.metrics.dropped_messages.labels(reason=reason).inc()
 
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:

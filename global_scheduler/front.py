@@ -86,6 +86,7 @@ class ReplicaEndpoint:
     iopub_port: int
     stdin_port: int
     control_port: int
+    host_id: str = ""  # where the replica runs (the executor's reply names it to the client)
 
 
 class FrontHooks(Protocol):
@@ -99,7 +100,9 @@ class FrontHooks(Protocol):
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None: ...
 
     def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        """The executor published ``execute_input``: the cell's code starts now."""
+        """The executor published ``execute_input``: the cell's code starts now. Optionally
+        the hooks also have ``message_dropped(kernel_id, reason)``: the front dropped a
+        message (``bad_signature`` or ``malformed``); the Global Scheduler counts it."""
 
 
 @dataclass
@@ -129,6 +132,7 @@ class _Pending:
     frames: list[bytes] = field(default_factory=list)  # its signed frames (re-routing)
     client_msg_id: str = ""  # the client's msg_id when this is a resubmission under a new id
     attempt: int = 0
+    gpu_device_ids: list[int] = field(default_factory=list)  # committed for the executor
     held_yields: list[int] = field(default_factory=list)  # standbys not sent yield_request yet
     yields_due: float = 0.0  # monotonic time the held yield_request copies go out
     placement: _Waiting | None = None  # an execute request's arrival and wait for GPUs
@@ -210,6 +214,9 @@ class KernelFront:
         self._waiting: deque[_Waiting] = deque()
         self._placing: _Waiting | None = None
         self._arrivals: OrderedDict[str, float] = OrderedDict()  # client msg_id -> monotonic
+        # What each cell waited for before it was sent to its executor (client msg_id ->
+        # {what: why}, in order): the replicas starting, GPUs, a migration. The reply says so.
+        self._waited_for: OrderedDict[str, dict[str, str]] = OrderedDict()
         # Shell requests wait (briefly) until a client has subscribed to IOPub: after a restart
         # the front's XPUB is new, and what it publishes before the client's SUB reconnects is
         # lost (ZMQ's slow joiner), so the client would wait forever for the cell's idle.
@@ -347,12 +354,31 @@ class KernelFront:
                 return
             first = not waiting.wait_reason
             waiting.wait_reason = why
+            self._note_wait(waiting.msg, "GPUs", why)
             if first:
                 self._send_iopub(self.session.msg(
                     "stream", {"name": "stderr", "text": f"NotebookOS: {why}\n"},
                     parent=waiting.msg), b"kernel.notebookos.stream")
 
         self._run_on_loop(apply)
+
+    def cell_migrating(self, msg_id: str, why: str) -> None:
+        """The scheduler moves a replica to another host to run the cell ``msg_id``: its reply
+        will say it waited for a migration, and why; thread-safe."""
+        def apply() -> None:
+            waiting = self._placing
+            if waiting is not None and waiting.msg_id == msg_id and not waiting.withdrawn:
+                self._note_wait(waiting.msg, "migration", why)
+
+        self._run_on_loop(apply)
+
+    def _note_wait(self, request: dict, what: str, why: str) -> None:
+        key = request["header"].get("msg_id", "")
+        causes = self._waited_for.get(key)
+        if causes is None:
+            causes = {}
+            self._remember(self._waited_for, key, causes)
+        causes.setdefault(what, why)
 
     def start_failed(self, reason: str) -> None:
         """The replicas of a kernel bound while ``starting`` never came: every held request
@@ -471,12 +497,22 @@ class KernelFront:
             try:
                 self._dispatch(name, rid, frames)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
-                self.malformed += 1
+                self._dropped("malformed")
                 log.warning("kernel %s: dropped a malformed message on %s: %s",
                             self.kernel_id, name, str(exc)[:200])
             except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
-                self.malformed += 1
+                self._dropped("malformed")
                 log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
+
+    def _dropped(self, reason: str) -> None:
+        """Count a dropped message: here (the kernel's status) and in the hooks' metrics."""
+        if reason == "bad_signature":
+            self.bad_signatures += 1
+        else:
+            self.malformed += 1
+        count = getattr(self.hooks, "message_dropped", None)
+        if count is not None:
+            count(self.kernel_id, reason)
 
     def _must_defer(self) -> bool:
         if self._iopub_subscribed:
@@ -491,7 +527,7 @@ class KernelFront:
             try:
                 self._from_client(name, frames)
             except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
-                self.malformed += 1
+                self._dropped("malformed")
                 log.exception("kernel %s: dropping a deferred message on %s", self.kernel_id,
                               name)
 
@@ -593,7 +629,7 @@ class KernelFront:
                 msg["content"] = unpack(msg_list[4])
             return msg
         except (ValueError, TypeError, KeyError) as exc:
-            self.bad_signatures += 1
+            self._dropped("bad_signature")
             log.warning("kernel %s: dropped a message: %s", self.kernel_id, str(exc)[:120])
             return None
 
@@ -621,7 +657,7 @@ class KernelFront:
         try:
             self._route_client(channel, idents, msg, msg_list)
         except Exception:  # noqa: BLE001 - one bad message must not stop the others
-            self.malformed += 1
+            self._dropped("malformed")
             log.exception("kernel %s: dropping a held message on %s", self.kernel_id, channel)
 
     def _route_client(self, channel: str, idents: list[bytes], msg: dict,
@@ -668,6 +704,7 @@ class KernelFront:
             return
         if msg_type == "execute_request":  # its interactivity delay counts from now
             self._remember(self._arrivals, msg["header"].get("msg_id", ""), time.monotonic())
+            self._note_wait(msg, "replicas starting", "the kernel's replicas were starting")
         self._held_requests.append((channel, idents, msg, msg_list))
 
     def _answer_here(self, channel: str, idents: list[bytes], parent: dict, reply_type: str,
@@ -839,7 +876,8 @@ class KernelFront:
                   self.kernel_id, msg_id[:8], executor, device_ids, standbys,
                   " (held)" if sticky else "")
         pending = _Pending("shell", idents, "execute_request", executor, asked={executor},
-                           client_msg=msg, client_msg_id=client_msg_id, attempt=attempt)
+                           client_msg=msg, client_msg_id=client_msg_id, attempt=attempt,
+                           gpu_device_ids=list(device_ids))
         self._pending[msg_id] = pending
         self._remember(self._iopub_source, msg_id, executor)
         self.session.send(self._replicas[executor].shell,
@@ -949,7 +987,7 @@ class KernelFront:
             del self._pending[parent_id]
             self._holding.pop(parent_id, None)  # a short cell: its standbys never needed asking
             if pending.placement is not None:
-                msg_list = self._with_scheduler_metadata(msg, msg_list, pending)
+                msg_list = self._with_scheduler_metadata(msg, msg_list, pending, rid)
             self._to_client(pending, msg, msg_list)
             self.hooks.release_execute(self.kernel_id, parent_id)
             self.hooks.execute_finished(self.kernel_id, rid, parent_id)
@@ -958,22 +996,27 @@ class KernelFront:
         self._settle(parent_id, pending)
 
     def _with_scheduler_metadata(self, msg: dict, msg_list: list[bytes],
-                                 pending: _Pending) -> list[bytes]:
+                                 pending: _Pending, rid: int) -> list[bytes]:
         """The executor's execute_reply with what the scheduler knows added under
-        ``metadata.notebookos``: ``interactivity_delay_ms`` (request at the front ->
-        execute_input) and, for a cell that waited for GPUs, ``waited_ms``, ``waited_for``
-        and ``wait_reason``. Re-signed; ``msg`` is updated to match."""
+        ``metadata.notebookos``: ``host_id`` (the executor's host), ``gpu_device_ids`` (the
+        GPUs committed for the cell), ``interactivity_delay_ms`` (request at the front ->
+        execute_input) and, for a cell that waited before it was sent to its executor,
+        ``waited_ms`` (request at the front -> sent), ``waited_for`` (what it waited for:
+        ``replicas starting``, ``GPUs``, ``migration``, comma-separated in order) and
+        ``wait_reason`` (why). Re-signed; ``msg`` is updated to match."""
         placement = pending.placement
         assert placement is not None
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"gpu_device_ids": list(pending.gpu_device_ids)}
+        replica = self._replicas.get(rid)
+        if replica is not None and replica.endpoint.host_id:
+            extra["host_id"] = replica.endpoint.host_id
         if pending.started:
             extra["interactivity_delay_ms"] = round(
                 (pending.started - placement.arrived) * 1000, 1)
-        if placement.wait_reason:
-            extra.update(waited_for="GPUs", wait_reason=placement.wait_reason,
+        waited = self._waited_for.pop(pending.client_msg_id, None)
+        if waited:
+            extra.update(waited_for=", ".join(waited), wait_reason="; ".join(waited.values()),
                          waited_ms=round((placement.placed_at - placement.arrived) * 1000))
-        if not extra:
-            return msg_list
         metadata = dict(msg.get("metadata") or {})
         metadata["notebookos"] = {**(metadata.get("notebookos") or {}), **extra}
         msg["metadata"] = metadata
@@ -1127,7 +1170,7 @@ class KernelFront:
         expected = self.session.sign(msg_list[1:5])
         if hmac.compare_digest(expected, msg_list[0]):
             return True
-        self.bad_signatures += 1
+        self._dropped("bad_signature")
         log.warning("kernel %s: dropped a message: invalid signature", self.kernel_id)
         return False
 

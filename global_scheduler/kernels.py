@@ -29,7 +29,8 @@ class ReplicaLink:
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> ReplicaLink:
         endpoint = ReplicaEndpoint(doc["replica_id"], doc["ip"], doc["shell_port"],
-                                   doc["iopub_port"], doc["stdin_port"], doc["control_port"])
+                                   doc["iopub_port"], doc["stdin_port"], doc["control_port"],
+                                   doc["host_id"])
         return cls(doc["replica_id"], doc["host_id"], endpoint, doc["raft_address"], doc["pid"],
                    ready=True)
 

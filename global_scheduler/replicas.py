@@ -133,7 +133,7 @@ class ReplicaStarterMixin:
             started[rid] = ReplicaLink(
                 rid, link.host_id,
                 ReplicaEndpoint(rid, c.ip, c.shell_port, c.iopub_port, c.stdin_port,
-                                c.control_port),
+                                c.control_port, link.host_id),
                 resp.raft_address or raft, resp.pid, from_prewarm_pool=resp.from_prewarm_pool)
         t_started = time.monotonic()
         if not errors and join:

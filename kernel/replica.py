@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
+from jupyter_client.session import utcnow
 from traitlets import Bool, Float, Int, Unicode
 
 from . import replies
@@ -825,6 +826,7 @@ class ReplicaKernel(IPythonKernel):
     ) -> None:
         content = parent["content"]
         count = election.execution_count
+        started = utcnow()  # ipykernel's metadata.started: clients compute the run time from it
         if not silent:
             self.shell.execution_count = count
             self._publish_execute_input(code, parent, count)
@@ -849,6 +851,7 @@ class ReplicaKernel(IPythonKernel):
         self.shell.execution_count = count + 1 if not silent else self.shell.execution_count
         reply["execution_count"] = count
         reply_metadata = replies.role_metadata("executor", self.replica_id, election)
+        reply_metadata["started"] = started
         self._send_execute_reply(stream, ident, parent, (reply, reply_metadata))
         self._replied.add(election.election_id)
         with ignore_sigint():  # the group waits for this cell's Completion: never abandon it

@@ -5,7 +5,7 @@ base units (``_seconds``, ratios from 0 to 1), ``_total`` only on counters, no p
 per-user labels (a kernel's own figures go to JupyterLab in its ``execute_reply`` metadata), and
 every value of every label created up front, so a series exists (at 0) before its first event
 and dashboards and alerts need no ``absent()``. ``promtool check metrics`` passes on every
-endpoint (tests/test_metrics.py).
+endpoint (tests/schedulers/test_metrics.py).
 
 The components instrument at the source of each event (a counter where the event happens, a
 histogram where the duration ends). Gauges of state (hosts, kernels, GPUs, pools) are read at

@@ -37,6 +37,7 @@ export interface ICellRun {
   delayMs: number | null;
   waitedMs: number | null;
   waitedFor: string;
+  waitReason: string;
   runMs: number | null;
   notices: string[];
 }
@@ -108,6 +109,9 @@ export function describeRun(run: ICellRun): string {
   }
   if (run.runMs !== null) {
     text += `, ran ${msText(run.runMs)}`;
+  }
+  if (run.waitReason) {
+    text += `. Why it waited: ${run.waitReason}`;
   }
   return text;
 }
@@ -214,6 +218,7 @@ export function runFromReply(
       (num(block.interactivity_delay_s) !== null ? block.interactivity_delay_s * 1000 : null),
     waitedMs: num(block.waited_ms),
     waitedFor: block.waited_for || '',
+    waitReason: block.wait_reason || '',
     runMs: Number.isFinite(started) && Number.isFinite(ended) ? ended - started : null,
     notices: []
   };
@@ -314,8 +319,10 @@ class NotebookOSPanel extends Widget {
       const table = document.createElement('table');
       table.className = 'jp-NotebookOS-History';
       table.innerHTML =
-        '<tr><th>[n]</th><th>replica</th><th>host</th><th>GPUs</th><th>delay</th>' +
-        '<th>waited</th><th>ran</th></tr>';
+        '<tr><th>[n]</th><th title="executor replica">rep.</th><th>host</th>' +
+        '<th>GPUs</th><th title="interactivity delay">delay</th>' +
+        '<th title="waited before it was sent to its executor">wait</th>' +
+        '<th title="run time">ran</th></tr>';
       for (const run of runs) {
         const row = table.insertRow();
         const cells = [

@@ -76,6 +76,11 @@ def build_image(root: Path, tag: str, torch: str = "cpu") -> float:
     return time.monotonic() - start
 
 
+def build_prometheus_image(root: Path) -> str:
+    """A Prometheus image from Debian's package (scripts/prometheus-image.sh); returns its tag."""
+    return run([str(root / "scripts" / "prometheus-image.sh")], timeout=1800).stdout.strip()
+
+
 def image_size_bytes(tag: str) -> int:
     return int(run(["docker", "image", "inspect", tag, "--format", "{{.Size}}"]).stdout.strip())
 

@@ -42,3 +42,10 @@ def notebookos_image(image_torch: str) -> str:
     deployment.build_image(ROOT, IMAGE, image_torch)
     print(f"\nimage {IMAGE} (torch: {image_torch}) built in {time.monotonic() - start:.0f} s")
     return IMAGE
+
+
+@pytest.fixture(scope="session")
+def prometheus_image(docker_engine: None) -> str:
+    """Prometheus for the compose file's monitoring profile, built from Debian's package (no
+    image registry is reachable here)."""
+    return deployment.build_prometheus_image(ROOT)

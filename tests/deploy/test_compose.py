@@ -4,9 +4,12 @@ docker launcher, a notebook through JupyterLab, failures, and `docker compose do
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -71,6 +74,51 @@ def test_local_scheduler_crash_keeps_its_replica_containers(compose: ComposeDepl
     kernel = kernel_of(compose.status(), kernel_id)
     assert {r["replica_id"] for r in kernel["replicas"]} == set(before), kernel
     stop_and_check_removed(compose, kernel_id)
+
+
+def test_the_monitoring_profiles_prometheus_scrapes_every_daemon(
+        compose: ComposeDeployment, prometheus_image: str) -> None:
+    """docker-compose.monitoring.yml's Prometheus, with deploy/monitoring/prometheus.yml as
+    shipped, finds the Global Scheduler and every Local Scheduler through the GS's /sd and
+    scrapes them. (Grafana, the profile's other service, cannot be had here: no registry, no
+    Debian package; docs/observability.md.)"""
+    port = free_ports(1)[0]
+    compose.env.update(NOTEBOOKOS_PROMETHEUS_IMAGE=prometheus_image,
+                       NOTEBOOKOS_PROMETHEUS_PORT=str(port))
+    overlay = ("-f", str(ROOT / "docker-compose.monitoring.yml"), "--profile", "monitoring")
+    hosts = sorted(h["id"] for h in compose.status()["hosts"])
+    base = f"http://127.0.0.1:{port}/api/v1"
+    try:
+        compose.compose(*overlay, "up", "-d", "--no-deps", "prometheus")
+        deadline = time.monotonic() + 120
+        active: list = []
+        while time.monotonic() < deadline:
+            try:
+                active = _get_json(f"{base}/targets")["data"]["activeTargets"]
+            except OSError:
+                active = []
+            if sum(t["health"] == "up" for t in active) == 1 + len(hosts):
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"Prometheus did not scrape the GS and {hosts}: {active}\n"
+                                 + compose.compose(*overlay, "logs", "prometheus").stdout[-3000:])
+        roles = sorted((t["labels"]["notebookos_role"], t["labels"].get("host_id", ""))
+                       for t in active)
+        assert roles == [("global_scheduler", ""),
+                         *(("local_scheduler", h) for h in hosts)], roles
+        query = urllib.parse.urlencode({"query": 'sum(notebookos_hosts{state="active"})'})
+        result = _get_json(f"{base}/query?{query}")["data"]["result"]
+        assert result and float(result[0]["value"][1]) == len(hosts), result
+    finally:
+        compose.compose(*overlay, "rm", "--stop", "--force", "--volumes", "prometheus",
+                        check=False)
+        run(["docker", "volume", "rm", f"{compose.project}_prometheus-data"], check=False)
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback
+        return json.loads(resp.read())
 
 
 def test_compose_down_leaves_nothing(compose: ComposeDeployment, tmp_path: Path) -> None:

@@ -133,6 +133,10 @@ def test_status_item_names_the_executor_and_follows_it_after_a_sigkill(
     kernel_id, first = executor_of(lab_server)
     shown = wait_item(lab, f"replica {first['replica_id']} @ {first['host_id']}")
     assert "GPU" in shown and "delay" in shown
+    # Hovering the cell's prompt tells the same: where it ran, on which GPU, the delay.
+    hover = lab.cell(0).locator(".jp-InputPrompt").get_attribute("title") or ""
+    assert f"replica {first['replica_id']} on {first['host_id']}, GPU " in hover, hover
+    assert "delay" in hover and "ran" in hover, hover
 
     os.kill(first["pid"], signal.SIGKILL)
     lab.run_cell(1, "x * 2")

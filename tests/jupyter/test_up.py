@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,11 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         assert len(doc["hosts"]) == 3
         (kernel,) = doc["kernels"]
         assert len({r["host_id"] for r in kernel["replicas"]}) == 3
+        _check_metrics_live(doc)
+        # JupyterLab loads the NotebookOS extension (prebuilt, installed with the package).
+        page = _get(f"http://127.0.0.1:{port}/lab?token={token}")
+        assert '"name": "notebookos-jupyterlab"' in page or \
+            '"name":"notebookos-jupyterlab"' in page, "the lab page lists no NotebookOS extension"
 
         # A Local Scheduler holding a replica, then the Global Scheduler, die: `notebookos up`
         # restarts each, JupyterLab stays up, and the notebook goes on with its state.
@@ -83,6 +89,7 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         assert results[0]["outputs"][0]["data"]["text/plain"] == "43"
         doc = _wait_whole(gs_port, 3)
         assert len(doc["hosts"]) == 3
+        _check_metrics_live(doc)  # the restarted daemons' endpoints, wherever they now are
         assert proc.poll() is None
 
         proc.send_signal(signal.SIGINT)
@@ -97,6 +104,21 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         if marker:
             for pid in _processes_with_marker(marker):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback
+        return resp.read().decode()
+
+
+def _check_metrics_live(doc: dict) -> None:
+    """`notebookos status --json` names a live /metrics for the GS and for every host."""
+    urls = doc["metrics"]
+    assert sorted(urls["local_schedulers"]) == sorted(h["id"] for h in doc["hosts"])
+    assert "notebookos_hosts{" in _get(urls["global_scheduler"])
+    for url in urls["local_schedulers"].values():
+        assert "notebookos_host_gpus{" in _get(url)
+    assert len(json.loads(_get(urls["service_discovery"]))) == 1 + len(doc["hosts"])
 
 
 def _status(gs_port: int) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import zmq
 from harness import ReplicaGroup
+from jupyter_client.jsonutil import parse_date
 from jupyter_client.session import Session
 
 from notebookos.kernel.replies import ALL_YIELDED
@@ -52,6 +53,9 @@ def test_lead_wins_and_standbys_agree_on_term_and_count(group: ReplicaGroup):
     executor_reply = result.reply(1)
     assert executor_reply["content"]["status"] == "ok"
     assert notebookos_meta(executor_reply)["role"] == "executor"
+    # As ipykernel does: when the cell started, so a client shows its run time (issue 16).
+    started = parse_date(executor_reply["metadata"]["started"])
+    assert started <= executor_reply["header"]["date"]
     for rid in (2, 3):
         reply = result.reply(rid)
         assert reply["content"]["status"] == "ok"

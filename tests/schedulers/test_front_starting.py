@@ -122,6 +122,11 @@ def test_kernel_info_is_answered_at_once_and_cells_wait_for_the_replicas(startin
             reply = client.reply()
             assert reply is not None and reply["parent_header"]["msg_id"] == msg_id
             assert reply["content"]["status"] == "ok"
+            # The reply says the cell waited for the replicas to start (issue 16).
+            block = reply["metadata"]["notebookos"]
+            assert block["waited_for"] == "replicas starting", block
+            assert block["waited_ms"] >= 400 and "starting" in block["wait_reason"]
+            assert block["gpu_device_ids"] == [0]
         assert hooks.placed == cells
         parents = {m["parent_header"].get("msg_id") for m in client.iopub_messages()}
         assert probe["header"]["msg_id"] not in parents

@@ -75,6 +75,10 @@ def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_clu
     executor_host = next(r.host_id for r in status.replicas
                          if r.replica_id == status.executor_replica_id)
     assert executor_host == "host-3"
+    # Its reply says where it ran and that it waited for a migration, and why (issue 16).
+    block = ran["reply"]["metadata"]["notebookos"]
+    assert block["host_id"] == "host-3" and block["waited_for"] == "migration", block
+    assert "moved to host-3" in block["wait_reason"] and "busy" in block["wait_reason"], block
     assert len({r.host_id for r in status.replicas}) == 3
     assert "prewarmed=True" in cluster.log("host-3")
     for channel in channels:

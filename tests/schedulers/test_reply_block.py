@@ -1,0 +1,45 @@
+"""The ``notebookos`` block the Global Scheduler adds to each cell's ``execute_reply`` (issue 16;
+docs/kernel-protocol.md): the executor replica, its host, the GPUs committed for the cell and the
+interactivity delay, as the JupyterLab extension reads them. Checked against the scheduler's own
+status on a real cluster, and again after the executor is SIGKILLed: the next cell's block names
+the survivor that ran it."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from sched_cluster import make_cluster_fixture, run_cell  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def block_and_executor(cluster, kernel_id: str, kc, code: str) -> tuple[dict, object]:  # noqa: ANN001
+    reply = run_cell(kc, code)["reply"]
+    assert reply["content"]["status"] == "ok", reply["content"]
+    status = cluster.kernel(kernel_id)
+    executor = next(r for r in status.replicas if r.replica_id == status.executor_replica_id)
+    return reply["metadata"]["notebookos"], executor
+
+
+def test_the_reply_names_executor_host_gpus_and_delay(make_cluster) -> None:  # noqa: ANN001, F811
+    cluster = make_cluster()
+    cluster.start_gs()
+    for i in range(4):
+        cluster.start_ls(f"r-host-{i}", gpus=2)
+    cluster.wait_hosts(4)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+
+    block, executor = block_and_executor(cluster, kernel_id, kc, "x = 1")
+    assert block["role"] == "executor"
+    assert block["replica_id"] == executor.replica_id
+    assert block["host_id"] == executor.host_id
+    assert len(block["gpu_device_ids"]) == 1 and block["gpu_device_ids"][0] in (0, 1)
+    assert 0 <= block["interactivity_delay_ms"] < 30_000
+
+    os.kill(executor.pid, signal.SIGKILL)
+    block, survivor = block_and_executor(cluster, kernel_id, kc, "x + 1")
+    assert survivor.replica_id != executor.replica_id
+    assert (block["replica_id"], block["host_id"]) == (survivor.replica_id, survivor.host_id)
+    assert len(block["gpu_device_ids"]) == 1
