@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 FRONT_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 BROADCAST_CONTROL = ("interrupt_request", "shutdown_request")
 ALL_YIELDED = "NotebookOSAllReplicasYielded"  # docs/kernel-protocol.md
+REPLICAS_LOST = "NotebookOSReplicasLost"  # every replica running a started cell was lost
 START_FAILED = "NotebookOSStartFailed"  # the replicas of a kernel that was bound never came
 MAX_RESUBMISSIONS = 3
 # How long a sticky executor's cell runs before the standbys get their yield_request: longer than
@@ -1066,6 +1067,18 @@ class KernelFront:
         content = (last or {}).get("content", {})
         yielded = last is None or content.get("ename") == ALL_YIELDED
         client = pending.client_msg
+        if last is None and pending.started and client is not None:
+            # Every replica asked was lost after the cell's code had started (a rebuild from
+            # the checkpoint follows): it may have run in part, so it is never run again
+            # unasked (a cell runs at most once); the user decides.
+            log.warning("kernel %s: every replica running %s was lost; not running it again",
+                        self.kernel_id, pending.client_msg_id)
+            self._reply_error("shell", pending.idents, client, REPLICAS_LOST,
+                              "every replica running this cell was lost before it finished; "
+                              "the cell did not complete and is not run again. The kernel "
+                              "is rebuilt from its last checkpoint (its next cell says which "
+                              "cell that is): run the cell again then")
+            return
         if yielded and client is not None and pending.attempt < MAX_RESUBMISSIONS:
             retry_id = f"{msg_id.rsplit(':retry', 1)[0]}:retry{pending.attempt + 1}"
             log.info("kernel %s: no replica ran %s; resubmitting as %s", self.kernel_id,

@@ -91,6 +91,33 @@ def test_killing_the_executor_mid_cell_fails_that_cell_once_and_the_kernel_goes_
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
 
 
+def test_a_cell_whose_replicas_all_die_mid_run_is_not_run_again(make_cluster, tmp_path):  # noqa: ANN001
+    """Every replica SIGKILLed while the cell runs: the kernel is rebuilt from its checkpoint,
+    and the cell, which may have run in part, fails with NotebookOSReplicasLost instead of
+    being resubmitted to the rebuilt group (it ran twice, unannounced: found by the replay)."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    _wait_checkpointed(kc, run_cell(kc, "pass")["reply"]["content"]["execution_count"])
+    runs = tmp_path / "runs"
+    msg_id = kc.execute(f"import time\nopen({str(runs)!r}, 'a').write('x')\ntime.sleep(60)")
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "the cell never started"
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            break
+    before = _replicas(cluster, kernel_id)
+    for _, pid in before.values():
+        os.kill(pid, signal.SIGKILL)
+    reply = kc.get_shell_msg(timeout=120)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["ename"] == "NotebookOSReplicasLost", reply["content"]
+    cluster.wait(lambda: not set(_replicas(cluster, kernel_id)) & set(before)
+                 and _recovered(cluster, kernel_id, before), 120, "a rebuilt group")
+    assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
+    time.sleep(2)
+    assert runs.read_text() == "x", "the cell ran again"
+
+
 def test_a_killed_local_scheduler_means_its_replicas_are_replaced(make_cluster):
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
     before = _replicas(cluster, kernel_id)
