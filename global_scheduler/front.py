@@ -103,7 +103,9 @@ class FrontHooks(Protocol):
     def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         """The executor published ``execute_input``: the cell's code starts now. Optionally
         the hooks also have ``message_dropped(kernel_id, reason)``: the front dropped a
-        message (``bad_signature`` or ``malformed``); the Global Scheduler counts it."""
+        message (``bad_signature`` or ``malformed``); the Global Scheduler counts it. And
+        ``shutdown_requested(kernel_id)``: a client asked the kernel to shut down, so its
+        replicas are about to exit on purpose."""
 
 
 @dataclass
@@ -676,6 +678,10 @@ class KernelFront:
             return
         if msg_type == "interrupt_request":  # cells still waiting never run; the replicas
             self._withdraw_waiting("the kernel was interrupted")  # interrupt the running one
+        if channel == "control" and msg_type == "shutdown_request":
+            stopping = getattr(self.hooks, "shutdown_requested", None)
+            if stopping is not None:  # the replicas' exits that follow are not failures
+                stopping(self.kernel_id)
         if channel == "control" and msg_type in BROADCAST_CONTROL:
             targets = live
             source = None

@@ -266,7 +266,12 @@ class HostRegistryMixin:
                     replica.state = ReplicaState.RUNNING
             elif kind in (global_scheduler_pb2.REPLICA_EVENT_KIND_DIED,
                           global_scheduler_pb2.REPLICA_EVENT_KIND_EXITED):
-                if entry.state != "stopping":
+                if entry.state == "stopping":  # shut down on purpose: it is simply gone
+                    kernel = self.cluster.kernels.get(entry.kernel_id)
+                    replica = kernel.replicas.get(request.replica_id) if kernel else None
+                    if replica is not None:
+                        replica.state = ReplicaState.STOPPED
+                else:
                     # a replica still starting: its start stops waiting for its reply at once
                     self._died_starting.add((request.kernel_id, request.replica_id))
                     why = "died" if kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED \

@@ -207,6 +207,20 @@ class KernelLifecycleMixin:
         if entry is not None and entry.front is not None:
             entry.front.close()
 
+    def shutdown_requested(self, kernel_id: str) -> None:
+        """A client sent the kernel a shutdown_request (Jupyter's shutdown or restart): its
+        replicas exit next, on purpose. The kernel is stopping, so those exits start no
+        replacement and no rebuild from the checkpoint; Jupyter's StopKernel follows (or, for a
+        client that shut the kernel down alone, the provisioner reports it gone)."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None or entry.state in ("stopping", "failed"):
+                return
+            log.info("kernel %s: shutdown requested by its client", kernel_id)
+            entry.state = "stopping"
+            entry.message = "shutting down at its client's request"
+            self._save_kernel(entry)
+
     def StopKernel(self, request, context):  # noqa: N802
         with self.lock:
             entry = self.kernels.get(request.kernel_id)

@@ -118,6 +118,28 @@ def test_a_cell_whose_replicas_all_die_mid_run_is_not_run_again(make_cluster, tm
     assert runs.read_text() == "x", "the cell ran again"
 
 
+def test_replicas_exiting_on_a_shutdown_request_are_not_failures(make_cluster):  # noqa: ANN001
+    """A client's shutdown_request (Jupyter's shutdown, before its StopKernel) makes the
+    replicas exit: the kernel is stopping, so no replacement starts and no rebuild from the
+    checkpoint (every notebook closed paid for one, found by the replay), and its replicas
+    show as stopped at once, so Jupyter's shutdown does not wait out its timeout."""
+    from notebookos.proto import common_pb2
+
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    before = _replicas(cluster, kernel_id)
+    kc.shutdown()  # what jupyter_client's shutdown_kernel sends first
+    cluster.wait(lambda: not any(pid_alive(pid) for _, pid in before.values()), 60,
+                 "the replicas exit")
+    cluster.wait(lambda: all(r.state == common_pb2.REPLICA_STATE_STOPPED
+                             for r in cluster.kernel(kernel_id).replicas), 10,
+                 "the replicas reported stopped")
+    time.sleep(3)  # a replacement or a rebuild would have started by now
+    status = cluster.kernel(kernel_id)
+    assert status.state == common_pb2.KERNEL_STATE_STOPPING, status
+    assert {r.replica_id for r in status.replicas} == set(before), status
+    assert "checkpoint" not in status.message, status.message
+
+
 def test_a_killed_local_scheduler_means_its_replicas_are_replaced(make_cluster):
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
     before = _replicas(cluster, kernel_id)
