@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from notebookos.cluster import ReplicaState
+from notebookos.cluster import AccountingError, Kernel, ReplicaState
 from notebookos.global_scheduler.cell_front import CellFront
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
-from notebookos.global_scheduler.kernels import ReplicaLink
+from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.readiness import wait_until_ready
 from notebookos.ports import raft_port
 from notebookos.proto import local_scheduler_pb2
@@ -85,6 +85,7 @@ class ReplicaStarterMixin:
                 if port:
                     taken[ip].add(port)
                 plan.append((rid, self.hosts[host.host_id], f"{ip}:{port}"))
+            self._reserve_session_gpus(entry, kernel, plan)
             peers = [local_scheduler_pb2.RaftPeer(replica_id=r.replica_id,
                                                   address=r.raft_address)
                      for r in entry.replicas.values()]
@@ -93,6 +94,22 @@ class ReplicaStarterMixin:
             request_spec = resource_spec_to_proto(kernel.request)
             self._save_kernel(entry)  # the ids are taken, even if this instance dies now
         return members, plan, peers, request_spec
+
+    def _reserve_session_gpus(self, entry: KernelEntry, kernel: Kernel, plan: list) -> None:
+        """A policy that binds GPUs for the kernel's life (reservation): set them aside in
+        the model as soon as the host is chosen, under the lock. They are committed once the
+        replica runs (_bind_for_session converts the reservation); until then kernels
+        started at the same moment saw the same idle GPUs, chose the same host, and all but
+        one failed to bind (found by the replay: 9 of 10 on a Sensei slice)."""
+        if (not self.binding.binds_at_placement or self.per_cell or entry.session_gpus
+                or entry.replicas or not plan or kernel.request.gpus <= 0):
+            return
+        rid, link, _ = min(plan, key=lambda p: p[0])  # the replica _bind_for_session binds
+        try:
+            self.cluster.hosts[link.host_id].reserve(kernel.replicas[rid].owner, kernel.request)
+        except (AccountingError, KeyError) as exc:
+            log.info("kernel %s: GPUs not set aside on %s: %s", kernel.kernel_id,
+                     link.host_id, exc)
 
     def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
                       on_host: str | None = None, restore: bool = False,
