@@ -331,6 +331,12 @@ class ReplicaKernel(IPythonKernel):
     # ---- applying others' state updates, in log order -----------------------------------------
     async def _drain_applies(self) -> None:
         while True:
+            if self._restoring:
+                # A founder of a rebuilt group applies the log only on top of the checkpoint:
+                # an update applied before its restore assigns the checkpoint's names would be
+                # overwritten by them, silently (updates wait in order; _after_start wakes us).
+                await self._wait_change(APPLY_SAFETY_WAKE_S)
+                continue
             if self._diverged and not self._restoring and time.monotonic() >= self._resync_due:
                 self._rebuilding = True
                 try:
