@@ -14,9 +14,11 @@ for every candidate, the ``1 - fairness_knob`` fraction with the largest rho (at
 the worst-off 20%) bid, and the auction picks the proportionally fair allocation: the subset of
 bidders whose gangs fit the offer maximising the product of 1/rho (the sum of log 1/rho), solved
 exactly (a 0/1 knapsack over whole GPUs: dynamic programming by default, or
-``solver="milp"``: ``scipy.optimize.milp``, the same optimum, checked by the tests). Each winner i
-pays a hidden payment: c_i = prod_{j != i} 1/rho_j(with i) / prod_{j != i} 1/rho_j(without i)
-<= 1 of its allocation (Pseudocode 1). A rigid gang cannot run on a fraction, so a winner keeps
+``solver="milp"``: ``scipy.optimize.milp``, the same optimum, checked by the tests), over the
+bidders that can win (``themis_auction``: rho for every candidate at once, and per gang size only
+the best ``offer // size + 1`` bidders). Each winner i pays a hidden payment:
+c_i = prod_{j != i} 1/rho_j(with i) / prod_{j != i} 1/rho_j(without i) <= 1 of its allocation
+(Pseudocode 1). A rigid gang cannot run on a fraction, so a winner keeps
 its gang when c_i x g rounds to g (c_i >= 1 - 0.5 / g) and otherwise returns it to the leftovers;
 the leftover GPUs go at random (seeded) to the candidates that did not bid, first fit. Leases last
 ``lease_s`` (10 min).
@@ -41,45 +43,17 @@ from typing import ClassVar
 import numpy as np
 
 from notebookos.policies.base import Policy, PolicyKind, QueuedJob
+from notebookos.policies.themis_auction import (
+    LeaseCandidates,
+    bidders_that_matter,
+    knapsack,
+    knapsack_milp,
+    worst_off,
+)
+
+__all__ = ["SOLVERS", "LeaseCandidates", "ThemisPolicy", "knapsack", "knapsack_milp"]
 
 SOLVERS = ("dp", "milp")
-
-
-def knapsack(values: list[float], weights: list[int], capacity: int) -> tuple[float, list[int]]:
-    """Exact 0/1 knapsack over integer weights: (best value, chosen indices)."""
-    n = len(values)
-    if n == 0 or capacity <= 0:
-        return 0.0, []
-    best = np.zeros((n + 1, capacity + 1))
-    for i in range(n):
-        w, v = weights[i], values[i]
-        row = best[i].copy()
-        if w <= capacity:
-            row[w:] = np.maximum(best[i][w:], best[i][: capacity + 1 - w] + v)
-        best[i + 1] = row
-    chosen, c = [], capacity
-    for i in range(n, 0, -1):
-        if best[i][c] != best[i - 1][c]:
-            chosen.append(i - 1)
-            c -= weights[i - 1]
-    return float(best[n][capacity]), sorted(chosen)
-
-
-def knapsack_milp(values: list[float], weights: list[int], capacity: int) -> tuple[float,
-                                                                                    list[int]]:
-    """The same problem through scipy.optimize.milp (HiGHS)."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-
-    n = len(values)
-    if n == 0 or capacity <= 0:
-        return 0.0, []
-    result = milp(c=-np.asarray(values, dtype=float), integrality=np.ones(n),
-                  bounds=Bounds(0, 1),
-                  constraints=LinearConstraint(np.asarray([weights], dtype=float), 0, capacity))
-    if not result.success:
-        raise ValueError(f"themis auction: the solver failed: {result.message}")
-    chosen = [i for i, x in enumerate(result.x) if x > 0.5]
-    return float(sum(values[i] for i in chosen)), chosen
 
 
 class ThemisPolicy(Policy):
@@ -104,7 +78,7 @@ class ThemisPolicy(Policy):
         self.fairness_knob = float(fairness_knob)
         self.solver = knapsack if solver == "dp" else knapsack_milp
         self.rng = np.random.default_rng(seed)
-        self._n_avg: dict[int, float] = {}
+        self._n_avg_table: LeaseCandidates | None = None  # the last auction's candidates
         self.winners = 0
         self.payment_losses = 0
         self.leftover_grants = 0
@@ -112,9 +86,13 @@ class ThemisPolicy(Policy):
     # -- finish-time fairness ------------------------------------------------------------------
 
     def n_avg(self, job: QueuedJob, now: float) -> float:
-        """N_avg as the engine measured it (the mean number of active jobs since the job arrived);
-        1 when not given."""
-        return max(1.0, self._n_avg.get(job.seq, 1.0))
+        """N_avg as the engine measured it at the last auction (the mean number of active jobs
+        since the job arrived); 1 when the job was not a candidate there."""
+        table = self._n_avg_table
+        if table is None:
+            return 1.0
+        rows = (table.seq == job.seq).nonzero()[0]
+        return float(table.n_avg[rows[0]]) if rows.size else 1.0
 
     def rho(self, job: QueuedJob, holds_gang: bool, now: float) -> float:
         t_id = self.n_avg(job, now) * max(job.duration, 1e-9)
@@ -129,8 +107,8 @@ class ThemisPolicy(Policy):
         if self.apps == "user":
             user = job.user or job.job_id
             self._user_wall[user] = self._user_wall.get(user, 0.0) + (now - job.submit_time)
-            self._user_busy[user] = self._user_busy.get(user, 0.0) + self._n_avg.get(
-                job.seq, 1.0) * job.duration
+            self._user_busy[user] = self._user_busy.get(user, 0.0) + self.n_avg(
+                job, now) * job.duration
 
     def priority_key(self, job: QueuedJob, now: float) -> tuple:
         return (job.submit_time, job.seq)  # queue order only breaks ties; the auction decides
@@ -141,40 +119,82 @@ class ThemisPolicy(Policy):
                  n_avg: dict[int, float] | None = None) -> list[QueuedJob]:
         """The jobs that hold GPUs for the next lease (their gangs fit in ``offer``); ``n_avg``:
         each candidate's mean number of active jobs since it arrived (job seq -> N_avg)."""
-        self._n_avg = n_avg or {}
-        if offer <= 0 or not candidates:
+        table = LeaseCandidates.from_jobs(candidates, n_avg)
+        return [table.jobs[s] for s in self.allocate_seqs(table, offer, total_gpus, now)]
+
+    def allocate_seqs(self, table: LeaseCandidates, offer: int, total_gpus: int,
+                      now: float) -> list[int]:
+        """``allocate`` over columns (what the lease engine calls): the seqs of the jobs that hold
+        GPUs for the next lease."""
+        self._n_avg_table = table
+        if offer <= 0 or not len(table):
             return []
-        fit = [j for j in candidates if j.num_gpus <= offer]
-        if not fit:
-            return []
-        worst = sorted(fit, key=lambda j: (-self.rho(j, False, now), j.seq))
-        bidders = worst[: max(1, math.ceil((1.0 - self.fairness_knob) * len(worst)))]
-        gains = [math.log(self.rho(j, False, now) / self.rho(j, True, now)) for j in bidders]
-        weights = [j.num_gpus for j in bidders]
-        _, won = self.solver(gains, weights, offer)
-        granted: list[QueuedJob] = []
+        fit = table
+        fits = table.gpus <= offer
+        if not fits.all():
+            fit = table.take(fits.nonzero()[0])
+            if not len(fit):
+                return []
+        # rho with and without the gang, as ``rho`` computes it, for every candidate at once
+        held = (now - fit.submit) + fit.remaining
+        t_id = fit.n_avg * np.maximum(fit.duration, 1e-9)
+        free = held + self.lease_s
+        if self.apps == "user":
+            users = [fit.jobs[s].user or fit.jobs[s].job_id for s in fit.seq.tolist()]
+            wall = np.asarray([self._user_wall.get(u, 0.0) for u in users])
+            held, free = held + wall, free + wall
+            t_id = t_id + np.asarray([self._user_busy.get(u, 0.0) for u in users])
+        rho_free = free / t_id
+        bid = worst_off(rho_free, fit.seq,
+                        max(1, math.ceil((1.0 - self.fairness_knob) * len(fit))))
+        t_id = t_id[bid]
+        ratios = (free[bid] / t_id) / (held[bid] / t_id)
+        weights = fit.gpus[bid]
+        rows, gains = bidders_that_matter(ratios, weights, offer)
+        row_weights = weights.tolist() if rows is None else weights[rows].tolist()
+        _, won = self.solver(gains, row_weights, offer)
+        granted = self._pay(won, gains, row_weights, offer)
+        winner_rows = granted if rows is None else rows[granted]
+        winners = fit.seq[bid[winner_rows]].tolist()
+        self.winners += len(winners)
+        left = offer - sum(row_weights[i] for i in granted)
+        if left > 0 and len(fit) > bid.size:
+            others = np.ones(len(fit), dtype=bool)
+            others[bid] = False
+            others = others.nonzero()[0]
+            winners += self._leftovers(fit.seq[others], fit.gpus[others], left)
+        return winners
+
+    def _pay(self, won: list[int], gains: list[float], weights: list[int],
+             offer: int) -> list[int]:
+        """The winners that keep their gangs after the hidden payment (Pseudocode 1)."""
+        granted = []
         won_value = sum(gains[i] for i in won)
         for i in won:
-            rest = [k for k in range(len(bidders)) if k != i]
+            rest = [k for k in range(len(gains)) if k != i]
             without, _ = self.solver([gains[k] for k in rest], [weights[k] for k in rest], offer)
             c = math.exp((won_value - gains[i]) - without)  # <= 1: the hidden payment is 1 - c
             if c * weights[i] + 1e-9 >= weights[i] - 0.5:
-                granted.append(bidders[i])
+                granted.append(i)
             else:
                 self.payment_losses += 1
-        self.winners += len(granted)
-        left = offer - sum(j.num_gpus for j in granted)
-        bidding = {j.seq for j in bidders}
-        others = [j for j in fit if j.seq not in bidding]
-        if left > 0 and others:
-            for index in self.rng.permutation(len(others)):
-                job = others[int(index)]
-                if job.num_gpus <= left:
-                    granted.append(job)
-                    left -= job.num_gpus
-                    self.leftover_grants += 1
-                    if left == 0:
-                        break
+        return granted
+
+    def _leftovers(self, seqs: np.ndarray, gpus: np.ndarray, left: int) -> list[int]:
+        """The leftover GPUs at random to the jobs that did not bid, first fit."""
+        order = self.rng.permutation(seqs.size)
+        seqs, gpus = seqs[order], gpus[order]
+        granted: list[int] = []
+        at = 0
+        while left > 0:
+            fits = (gpus[at:] <= left).nonzero()[0]
+            if not fits.size:
+                break
+            at += int(fits[0])
+            granted.append(int(seqs[at]))
+            left -= int(gpus[at])
+            self.leftover_grants += 1
+            at += 1
         return granted
 
     def report(self) -> dict:

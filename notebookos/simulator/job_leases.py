@@ -7,12 +7,22 @@ expired jobs as candidates; it returns the jobs that hold GPUs for the next leas
 that is chosen again keeps running (its lease renews, no overhead); one that is not is preempted
 (its progress kept, ``preemption_overhead_s`` added) and waits; a chosen waiting job starts. The
 policy's own figures (``report()``) go into summary.json.
+
+An overloaded trace has an auction at every lease end over thousands of waiting jobs, so the engine
+keeps the candidates' columns (arrival, remaining work, GPUs, the active-jobs integral at arrival)
+in arrays and hands a policy with ``allocate_seqs`` a ``LeaseCandidates`` table, with N_avg
+computed for all of them at once; the waiting jobs are found through a mask in queue order when the
+policy's queue order is fixed (it is for themis: arrival order), else from the queue itself.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
+import numpy as np
+
+from notebookos.policies.themis_auction import LeaseCandidates
 from notebookos.simulator.jobsim import JobSimulator, _Job
 
 LEASE_END = 6  # an event kind of this engine
@@ -25,6 +35,22 @@ class LeaseJobSimulator(JobSimulator):
         self.lease_end: dict[int, float] = {}
         self.expired: dict[int, None] = {}
         self.auctions = 0
+        jobs = [j.q for j in self.jobs]
+        self._submit = np.asarray([q.submit_time for q in jobs], dtype=float)
+        self._duration = np.asarray([q.duration for q in jobs], dtype=float)
+        self._gpus = np.asarray([q.num_gpus for q in jobs], dtype=np.int64)
+        self._remaining = np.asarray([q.remaining for q in jobs], dtype=float)
+        self._at_submit = np.zeros(len(jobs))  # the active-jobs integral at arrival
+        # The queue order if it is fixed (each job's key as at time 0): rank -> seq, and which
+        # ranks wait; a job enqueued under another key turns this off (the queue is read).
+        keys = [(policy.priority_key(q, 0.0), q.seq) for q in jobs]
+        self._static_key = [k for k, _ in keys]
+        self._by_rank = np.asarray([s for _, s in sorted(keys)], dtype=np.int64)
+        self._rank = np.empty(len(jobs), dtype=np.int64)
+        self._rank[self._by_rank] = np.arange(len(jobs))
+        self._waits = np.zeros(len(jobs), dtype=bool)  # by rank
+        self._fixed_order = True
+        self._queued = jobs
 
     def n_avg(self, seq: int, submit: float, now: float) -> float:
         """The mean number of active jobs since ``seq`` arrived (exact, from the engine's books)."""
@@ -33,6 +59,50 @@ class LeaseJobSimulator(JobSimulator):
         if elapsed <= 0:
             return max(1.0, float(self._active))
         return max(1.0, (integral - self._integral_at_submit.get(seq, integral)) / elapsed)
+
+    def _arrive(self, job: _Job, now: float) -> None:
+        super()._arrive(job, now)
+        at = self._integral_at_submit.get(job.q.seq)
+        if at is not None:
+            self._at_submit[job.q.seq] = at
+
+    def _enqueue(self, job: _Job, now: float) -> None:
+        super()._enqueue(job, now)
+        seq = job.q.seq
+        self._remaining[seq] = job.q.remaining
+        self._waits[self._rank[seq]] = True
+        if self._fixed_order and job.key != self._static_key[seq]:
+            self._fixed_order = False
+
+    def _unqueue(self, job: _Job) -> None:
+        entry = (job.key, job.q.seq)
+        del self.waiting[bisect.bisect_left(self.waiting, entry)]
+        self._waits[self._rank[job.q.seq]] = False
+
+    def _waiting_seqs(self) -> np.ndarray:
+        """The waiting jobs' seqs in queue order."""
+        if self._fixed_order:
+            return self._by_rank[self._waits.nonzero()[0]]
+        return np.fromiter((s for _, s in self.waiting), dtype=np.int64, count=len(self.waiting))
+
+    def candidates(self, expired: list[_Job], now: float) -> LeaseCandidates:
+        """The waiting jobs (queue order) and the expired leases, with N_avg as ``n_avg``."""
+        seqs = self._waiting_seqs()
+        if expired:
+            for job in expired:
+                self._remaining[job.q.seq] = job.q.remaining
+            seqs = np.concatenate((seqs, [j.q.seq for j in expired]))
+        integral = self._active_integral + self._active * (now - self._active_since)
+        submit = self._submit[seqs]
+        elapsed = now - submit
+        if elapsed.min() > 0:
+            n_avg = np.maximum(1.0, (integral - self._at_submit[seqs]) / elapsed)
+        else:  # a job that arrived now: N_avg is the number active now
+            with np.errstate(divide="ignore", invalid="ignore"):
+                n_avg = np.maximum(1.0, (integral - self._at_submit[seqs]) / elapsed)
+            n_avg[elapsed <= 0] = max(1.0, float(self._active))
+        return LeaseCandidates(seqs, submit, self._remaining[seqs], self._duration[seqs],
+                               self._gpus[seqs], n_avg, self._queued)
 
     def _grant(self, job: _Job, now: float) -> None:
         self.lease_end[job.q.seq] = now + self.lease_s
@@ -63,33 +133,36 @@ class LeaseJobSimulator(JobSimulator):
         self.expired.clear()
         for job in expired:
             self._sync(job, now)
-        waiting = [self.jobs[s] for _, s in self.waiting]
         offer = free + sum(j.q.num_gpus for j in expired)
-        if not waiting:  # nobody else wants GPUs: every lease simply renews
+        if not self.waiting:  # nobody else wants GPUs: every lease simply renews
             for job in expired:
                 self._grant(job, now)
             return
         self.auctions += 1
-        candidates = [j.q for j in waiting] + [j.q for j in expired]
-        chosen = {q.seq for q in self.policy.allocate(
-            candidates, offer, self.cluster.total_gpus, now,
-            n_avg={q.seq: self.n_avg(q.seq, q.submit_time, now) for q in candidates})}
+        allocate_seqs = getattr(self.policy, "allocate_seqs", None)
+        if allocate_seqs is not None:
+            chosen = set(allocate_seqs(self.candidates(expired, now), offer,
+                                       self.cluster.total_gpus, now))
+        else:
+            candidates = [self.jobs[s].q for _, s in self.waiting] + [j.q for j in expired]
+            chosen = {q.seq for q in self.policy.allocate(
+                candidates, offer, self.cluster.total_gpus, now,
+                n_avg={q.seq: self.n_avg(q.seq, q.submit_time, now) for q in candidates})}
         for job in expired:
             if job.q.seq in chosen:
                 self._grant(job, now)
+                chosen.discard(job.q.seq)
             else:
                 self._stop(job, now)
                 job.rec.preemptions += 1
                 self.preemptions += 1
                 job.q.remaining += self.config.preemption_overhead_s
                 self._enqueue(job, now)
-        for job in waiting:
-            if job.q.seq not in chosen:
-                continue
+        for job in sorted((self.jobs[s] for s in chosen), key=lambda j: (j.key, j.q.seq)):
             picks = self._place(job)
             if picks is None:
                 continue  # placement (consolidated) failed: it waits for the next offer
-            self.waiting.remove((job.key, job.q.seq))
+            self._unqueue(job)
             self._start(job, picks, now)
 
     def run(self):  # noqa: ANN201
