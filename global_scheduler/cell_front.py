@@ -36,6 +36,10 @@ WELCOME_WAIT_S = 3.0
 
 
 class CellFront(KernelFront):
+    # A cell whose container was lost mid-run is resubmitted, and its placement refuses it with
+    # the container's reason (cell_containers.py, lost_cells): at most once there too.
+    fail_lost_started_cells = False
+
     def __init__(self, *args: Any, kernel_info: dict | None = None,
                  on_interrupt_parked: Callable[[], None] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -167,6 +167,10 @@ class _Polled:
 
 
 class KernelFront:
+    # A started cell whose replicas were all lost fails with REPLICAS_LOST here; a front whose
+    # placement answers for such a cell itself (per-cell containers) turns this off.
+    fail_lost_started_cells = True
+
     def __init__(
         self,
         kernel_id: str,
@@ -1073,7 +1077,8 @@ class KernelFront:
         content = (last or {}).get("content", {})
         yielded = last is None or content.get("ename") == ALL_YIELDED
         client = pending.client_msg
-        if last is None and pending.started and client is not None:
+        if last is None and pending.started and client is not None \
+                and self.fail_lost_started_cells:
             # Every replica asked was lost after the cell's code had started (a rebuild from
             # the checkpoint follows): it may have run in part, so it is never run again
             # unasked (a cell runs at most once); the user decides.
