@@ -35,6 +35,16 @@ def _cluster_with_kernel(make_cluster, hosts: int = 4):  # noqa: ANN001, ANN202
     return cluster, kernel_id, kc
 
 
+def _wait_started(kc, msg_id: str, timeout: float = 30) -> None:  # noqa: ANN001
+    """Until the cell sent as ``msg_id`` publishes its execute_input (its code runs)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, "the cell never started"
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            return
+
+
 def _replicas(cluster, kernel_id: str) -> dict[int, tuple[str, int]]:  # noqa: ANN001
     return {r.replica_id: (r.host_id, r.pid) for r in cluster.kernel(kernel_id).replicas}
 
@@ -77,12 +87,7 @@ def test_killing_the_executor_mid_cell_fails_that_cell_once_and_the_kernel_goes_
     executor = cluster.kernel(kernel_id).executor_replica_id  # the next cell sticks to it
     assert executor
     msg_id = kc.execute("import time\ndata['z'] = 26\ntime.sleep(60)")
-    deadline = time.monotonic() + 30
-    while True:
-        assert time.monotonic() < deadline, "the cell never started"
-        msg = kc.get_iopub_msg(timeout=30)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
-            break
+    _wait_started(kc, msg_id)
     os.kill(_replicas(cluster, kernel_id)[executor][1], signal.SIGKILL)
     reply = kc.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id
@@ -99,12 +104,7 @@ def test_a_cell_whose_replicas_all_die_mid_run_is_not_run_again(make_cluster, tm
     _wait_checkpointed(kc, run_cell(kc, "pass")["reply"]["content"]["execution_count"])
     runs = tmp_path / "runs"
     msg_id = kc.execute(f"import time\nopen({str(runs)!r}, 'a').write('x')\ntime.sleep(60)")
-    deadline = time.monotonic() + 30
-    while True:
-        assert time.monotonic() < deadline, "the cell never started"
-        msg = kc.get_iopub_msg(timeout=30)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
-            break
+    _wait_started(kc, msg_id)
     before = _replicas(cluster, kernel_id)
     for _, pid in before.values():
         os.kill(pid, signal.SIGKILL)
