@@ -3,6 +3,7 @@ replica processes (``python -m notebookos.kernel``), each daemon in its own proc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+import zmq
 from jupyter_client import BlockingKernelClient
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
@@ -157,6 +159,23 @@ def result_text(run: dict[str, Any]) -> str:
         if msg["msg_type"] == "execute_result":
             return msg["content"]["data"]["text/plain"]
     return json.dumps([m["content"] for m in run["outputs"]])[:2000]
+
+
+@contextlib.contextmanager
+def bad_messages_sent(shell_port: int) -> Iterator[None]:
+    """A badly signed execute_request and a garbage frame sent to a kernel front's shell port;
+    the socket stays open while the block runs (closed with linger 0, it would discard what is
+    still queued)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"tcp://127.0.0.1:{shell_port}")
+    sock.send_multipart([b"<IDS|MSG>", b"forged", b'{"msg_id": "1", "msg_type": '
+                         b'"execute_request"}', b"{}", b"{}", b'{"code": "1/0"}'])
+    sock.send_multipart([b"garbage"])
+    try:
+        yield
+    finally:
+        sock.close()
 
 
 def ls_gpus_committed(address: str) -> int:

@@ -9,8 +9,8 @@ import sys
 
 import grpc
 import pytest
-import zmq
 from sched_cluster import (  # noqa: F401 - fixture
+    bad_messages_sent,
     ls_gpus_committed,
     make_cluster_fixture,
     result_text,
@@ -138,16 +138,9 @@ def test_subscription_limit_and_bad_input_get_clear_errors(make_cluster):
     assert "zero GPUs" in err.value.details()
 
     # A badly signed message to the front is dropped; the kernel and the daemons carry on.
-    ports = cluster.kernel(kernel_id).connection
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(f"tcp://127.0.0.1:{ports.shell_port}")
-    sock.send_multipart([b"<IDS|MSG>", b"forged", b'{"msg_id": "1", "msg_type": '
-                         b'"execute_request"}', b"{}", b"{}", b'{"code": "1/0"}'])
-    sock.send_multipart([b"garbage"])
-    cluster.wait(lambda: cluster.kernel(kernel_id).dropped_messages == 2, 10,
-                 "both bad messages counted")
-    sock.close()
+    with bad_messages_sent(cluster.kernel(kernel_id).connection.shell_port):
+        cluster.wait(lambda: cluster.kernel(kernel_id).dropped_messages == 2, 10,
+                     "both bad messages counted")
     assert result_text(run_cell(kc, "z = 5\nz * 2")) == "10"
     assert cluster.kernel(kernel_id).dropped_messages == 2
     assert cluster.gs.poll() is None and all(p.poll() is None for p in cluster.ls.values())

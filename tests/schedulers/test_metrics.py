@@ -12,9 +12,8 @@ import sys
 import urllib.request
 
 import pytest
-import zmq
 from prometheus_client.parser import text_string_to_metric_families
-from sched_cluster import make_cluster_fixture, run_cell  # noqa: F401 - fixture
+from sched_cluster import bad_messages_sent, make_cluster_fixture, run_cell  # noqa: F401
 
 from notebookos.testing.processes import free_port
 
@@ -107,20 +106,13 @@ def test_every_endpoint_is_live_lints_clean_and_counts_events(make_cluster, prom
     assert commits == 3
 
     # Messages the kernel's front drops are counted here as in the kernel's status.
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(f"tcp://127.0.0.1:{cluster.kernel(kernel_id).connection.shell_port}")
-    sock.send_multipart([b"<IDS|MSG>", b"forged", b'{"msg_id": "1", "msg_type": '
-                         b'"execute_request"}', b"{}", b"{}", b'{"code": "1/0"}'])
-    sock.send_multipart([b"garbage"])
-
     def dropped() -> float:
         text = fetch(urls["global_scheduler"])
         return sum(value(text, "notebookos_dropped_messages_total", reason=r)
                    for r in ("bad_signature", "malformed"))
 
-    cluster.wait(lambda: dropped() == 2, 10, "both bad messages counted in the metrics")
-    sock.close()  # after: linger 0 would discard messages still queued
+    with bad_messages_sent(cluster.kernel(kernel_id).connection.shell_port):
+        cluster.wait(lambda: dropped() == 2, 10, "both bad messages counted in the metrics")
     assert cluster.kernel(kernel_id).dropped_messages == 2
 
     # SIGKILL one replica: its host counts a death, the GS a replica failure and a replacement.
