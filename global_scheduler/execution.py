@@ -82,15 +82,22 @@ class ExecutionMixin:
         return placed
 
     def _place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        if self.per_cell:
-            with self.lock:
-                entry = self.kernels.get(kernel_id)
-                kernel = self.cluster.kernels.get(kernel_id)
-                if entry is None or kernel is None:
-                    raise PlacementFailed(f"kernel {kernel_id} is not known to the scheduler")
-                entry.cell_arrived[msg_id] = time.monotonic()
-                request = kernel.request
-            return self.place_cell(kernel_id, msg_id, request)
+        return self.mode.place_execute(kernel_id, msg_id, metadata)
+
+    def _place_in_cell_container(self, kernel_id: str, msg_id: str) -> tuple[int, list[int]]:
+        """A per-cell container's cell: through the cluster-wide cell queue."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None:
+                raise PlacementFailed(f"kernel {kernel_id} is not known to the scheduler")
+            entry.cell_arrived[msg_id] = time.monotonic()
+            request = kernel.request
+        return self.place_cell(kernel_id, msg_id, request)
+
+    def _place_on_replicas(self, kernel_id: str, msg_id: str) -> tuple[int, list[int]]:
+        """A long-running kernel's cell: the session's GPUs (reservation), or GPUs committed
+        now on a replica's host (or one a replica migrates to), waiting while none can."""
         self._wait_for_replicas(kernel_id, msg_id)
         with self.lock:
             entry = self.kernels.get(kernel_id)
@@ -273,8 +280,7 @@ class ExecutionMixin:
             link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
                 kernel_id=kernel_id, replica_id=rid, request_id=msg_id))
         self._gpus_released()  # cells waiting for GPUs try again
-        if self.per_cell:
-            self._cell_released(kernel_id)
+        self.mode.cell_released(kernel_id)
 
     def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:

@@ -11,7 +11,6 @@ import time
 import grpc
 
 from notebookos.cluster import AccountingError
-from notebookos.global_scheduler.cell_front import CellFront
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.kernels import KernelEntry
@@ -67,15 +66,11 @@ class KernelLifecycleMixin:
             entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {})
             self.kernels[kernel_id] = entry
         started = time.monotonic()
-        if return_when_bound and not self.per_cell:
+        if return_when_bound and self.mode.starts_behind_front:
             return self._start_behind_front(entry, spec, started)
         try:
-            if self.per_cell:
-                self._start_retrying(kernel_id, "start",
-                                     lambda: self._start_first_container(kernel_id))
-            else:
-                self._start_retrying(kernel_id, "start", lambda: self._add_replicas(
-                    kernel_id, self.replicas_per_kernel, join=False))
+            self._start_retrying(kernel_id, "start",
+                                 lambda: self.mode.start_containers(kernel_id))
             if self.binding.binds_at_placement:
                 self._bind_for_session(entry, spec)
             with self.lock:
@@ -86,8 +81,7 @@ class KernelLifecycleMixin:
                 self._save_kernel(entry)
             self.metrics.placement.labels(operation="kernel_start").observe(
                 time.monotonic() - started)
-            if self.per_cell:
-                self._park(kernel_id)
+            self.mode.after_start(kernel_id)
             return entry
         except StartError:
             self._discard_kernel(kernel_id)
@@ -161,14 +155,7 @@ class KernelLifecycleMixin:
 
     def _new_front(self, entry: KernelEntry, ports: dict[str, int] | None = None,
                    starting: bool = False) -> KernelFront:
-        if not self.per_cell:
-            return KernelFront(entry.kernel_id, entry.key, entry.signature_scheme, self,
-                               ip=self.ip, ports=ports, starting=starting,
-                               kernel_info=entry.kernel_info or self.kernel_info_seen)
-        kernel_id = entry.kernel_id
-        return CellFront(kernel_id, entry.key, entry.signature_scheme, self, ip=self.ip,
-                         ports=ports, kernel_info=entry.kernel_info,
-                         on_interrupt_parked=lambda: self.cancel_waiting_cells(kernel_id))
+        return self.mode.new_front(entry, ports, starting)
 
     def _bind_for_session(self, entry: KernelEntry, spec: ResourceSpec,
                           replica_id: int | None = None) -> None:
@@ -244,9 +231,7 @@ class KernelLifecycleMixin:
                               f"kernel {request.kernel_id} is {entry.state}")
             running = dict(entry.executions)
             front = entry.front
-        queued = self.cancel_waiting_cells(request.kernel_id) if self.per_cell else 0
-        if front is not None and not self.per_cell:  # cells waiting for GPUs are withdrawn
-            front.withdraw_waiting()
+        queued = self.mode.withdraw_waiting(request.kernel_id, front)
         for rid, host_id in running.values():
             link = self.hosts.get(host_id)
             if link is not None:
@@ -290,10 +275,7 @@ class KernelLifecycleMixin:
             list(self._pool.map(lambda r: self._stop_replica_quietly(
                 r.host_id, request.kernel_id, r.replica_id), old))
             try:
-                if self.per_cell:
-                    self._start_first_container(request.kernel_id)
-                else:
-                    self._add_replicas(request.kernel_id, self.replicas_per_kernel, join=False)
+                self.mode.start_containers(request.kernel_id)
                 if self.binding.binds_at_placement:
                     self._bind_for_session(entry, kernel.request)
             except StartError as exc:
@@ -304,8 +286,7 @@ class KernelLifecycleMixin:
             with self.lock:
                 entry.state, entry.message = "idle", ""
                 self._save_kernel(entry)
-            if self.per_cell:
-                self._park(request.kernel_id)
+            self.mode.after_start(request.kernel_id)
             with self.lock:
                 status = self._kernel_status(entry)
         return global_scheduler_pb2.RestartKernelResponse(

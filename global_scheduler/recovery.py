@@ -26,10 +26,13 @@ RECOVERY_BACKOFF_MAX_S = 8.0
 
 class RecoveryMixin:
     def _lose_replica(self, entry: KernelEntry, replica_id: int, why: str) -> None:
-        """A replica is gone: drop it from the front and accounting, schedule a replacement."""
-        if self.per_cell:  # a per-cell container is not replaced (cell_containers.py)
-            self._lose_cell_container(entry, replica_id, why)
-            return
+        """A replica or container is gone (died, or its host was lost): as the kernel mode says
+        (a per-cell container is not replaced: cell_containers.py). Lock held."""
+        self.mode.lose_container(entry, replica_id, why)
+
+    def _lose_and_replace(self, entry: KernelEntry, replica_id: int, why: str) -> None:
+        """A long-running replica is gone: drop it from the front and accounting, schedule a
+        replacement. Lock held."""
         lost = entry.replicas.pop(replica_id, None)
         if lost is not None:
             entry.raft_removals.append(replica_id)

@@ -101,7 +101,8 @@ class ReplicaStarterMixin:
         replica runs (_bind_for_session converts the reservation); until then kernels
         started at the same moment saw the same idle GPUs, chose the same host, and all but
         one failed to bind (found by the replay: 9 of 10 on a Sensei slice)."""
-        if (not self.binding.binds_at_placement or self.per_cell or entry.session_gpus
+        if (not self.binding.binds_at_placement or not self.mode.reserves_session_gpus
+                or entry.session_gpus
                 or entry.replicas or not plan or kernel.request.gpus <= 0):
             return
         rid, link, _ = min(plan, key=lambda p: p[0])  # the replica _bind_for_session binds

@@ -32,6 +32,7 @@ from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.host_registry import HostRegistryMixin
 from notebookos.global_scheduler.hosts import HostLink
+from notebookos.global_scheduler.kernel_modes import kernel_mode_for
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.lifecycle import KernelLifecycleMixin
 from notebookos.global_scheduler.recovery import RecoveryMixin
@@ -95,19 +96,17 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
         # The policy's strategies (notebookos/policies/framework.py) choose the mechanisms:
-        # per-cell containers (batch, lcp: cell_containers.py) and a warm pool (lcp).
+        # the kernel mode (long-running replicas, or per-cell containers for batch and lcp:
+        # kernel_modes.py), GPUs bound per cell or for the session, a warm pool (lcp).
         self.lifetime = policy.lifetime
         self.binding = policy.binding
-        self.per_cell = self.lifetime.per_cell
+        self.mode = kernel_mode_for(self.lifetime, self)
         self.uses_warm_pool = self.lifetime.warm_pool
         self.cell_queue_timeout_s = cell_queue_timeout_s
         self.cell_checkpoint_timeout_s = cell_checkpoint_timeout_s
         self._cell_waiters: list = []  # CellWaiter, in arrival order
         self._cell_cv = threading.Condition(self.lock)
-        if self.per_cell and not store_url:
-            log.warning("policy %s keeps a kernel's state in the store between cells, but no "
-                        "store is configured: every cell starts with an empty namespace",
-                        policy.name)
+        self.mode.check_configuration(policy.name, store_url)
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3
         # Cells waiting for GPUs (execution.py) wake on a release or when withdrawn.
@@ -173,14 +172,8 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
             self._save_kernel(entry)  # clients must learn the new ports: keep them
         entry.front.set_replicas(entry.endpoints())
         entry.front.start()
-        entry.state = "idle" if len(entry.replicas) >= self.replicas_per_kernel else "degraded"
         self.kernels[kernel_id] = entry
-        if self.per_cell:
-            entry.state = "idle" if entry.replicas else "parked"
-            if entry.replicas:  # a cell's container from before the restart: park it
-                self._pool.submit(self._park, kernel_id)
-        elif entry.state == "degraded":
-            self._pool.submit(self._restore_replica_count, kernel_id)
+        self.mode.restored(entry)
 
     def _rebind_front(self, entry: KernelEntry, ports: dict[str, int] | None) -> KernelFront:
         """The kernel's front on the ports its clients know. A port still held (ZMQ closes a

@@ -50,7 +50,7 @@ class StatusMixin:
                     resources=resource_spec_to_proto(kernel.request),
                     last_cell_gpu_device_ids=entry.last_cell_gpus.get(rid, []),
                     last_interactivity_delay_ms=entry.last_interactivity_ms.get(rid, 0.0)))
-        queued = self.queued_cells(entry.kernel_id) if self.per_cell else 0
+        queued = self.mode.queued_cells(entry.kernel_id)
         state = entry.state
         if state in ("idle", "parked") and (entry.executions or queued):
             state = "busy"
@@ -116,7 +116,7 @@ class StatusMixin:
             kernels: dict[str, int] = {}
             queued = 0
             for entry in self.kernels.values():
-                waiting = self.queued_cells(entry.kernel_id) if self.per_cell else 0
+                waiting = self.mode.queued_cells(entry.kernel_id)
                 queued += waiting
                 state = entry.state
                 if state in ("idle", "parked") and (entry.executions or waiting):
