@@ -140,6 +140,8 @@ class _Pending:
     yields_due: float = 0.0  # monotonic time the held yield_request copies go out
     placement: _Waiting | None = None  # an execute request's arrival and wait for GPUs
     started: float = 0.0  # when its executor published execute_input (monotonic)
+    # The executor's ``idle`` when it came before its execute_reply: (parent id, idents, frames)
+    held_idle: tuple[str, list[bytes], list[bytes]] | None = None
 
 
 @dataclass
@@ -201,6 +203,12 @@ class KernelFront:
         self._iopub_source: OrderedDict[str, int] = OrderedDict()  # msg_id -> replica
         self._input_source: OrderedDict[str, int] = OrderedDict()  # input_request -> replica
         self._aliases: OrderedDict[str, dict] = OrderedDict()  # resubmitted id -> client header
+        # Cells answered whose executor has not published idle yet (it is replicating what the
+        # cell changed): election id -> (executor, the client's request)
+        self._awaiting_idle: OrderedDict[str, tuple[int, dict]] = OrderedDict()
+        # Attempts whose election failed and that run again under a new id: their replicas'
+        # busy/idle are not the cell's (election id -> attempt)
+        self._superseded: OrderedDict[str, int] = OrderedDict()
         # commands for the front's thread (deque: appends and pops are atomic, and an empty
         # check costs nothing on the hot path, unlike Queue.get_nowait's exception)
         self._commands: deque[Callable[[], None]] = deque()
@@ -413,6 +421,7 @@ class KernelFront:
                 if rid not in wanted or self._replicas[rid].endpoint != wanted[rid]:
                     self._replicas.pop(rid).close()
                     dropped.append(rid)
+            self._executors_lost_before_idle(set(dropped))
             for msg_id, pending in list(self._pending.items()):
                 if pending.asked & set(dropped):
                     pending.asked -= set(dropped)
@@ -1094,6 +1103,7 @@ class KernelFront:
             retry_id = f"{msg_id.rsplit(':retry', 1)[0]}:retry{pending.attempt + 1}"
             log.info("kernel %s: no replica ran %s; resubmitting as %s", self.kernel_id,
                      pending.client_msg_id, retry_id)
+            self._remember(self._superseded, msg_id, pending.attempt)
             self._route_execute(pending.idents, client, retry_id, pending.attempt + 1)
         elif last is not None:
             self._to_client(pending, last, pending.last_reply)
@@ -1112,15 +1122,19 @@ class KernelFront:
             return None
 
     def _to_client(self, pending: _Pending, msg: dict, msg_list: list[bytes]) -> None:
-        """Forward a reply; one to a resubmitted request gets the client's parent header back."""
-        original = self._aliases.get(msg["parent_header"].get("msg_id", ""))
+        """Forward a reply; one to a resubmitted request gets the client's parent header back.
+        An execute_reply is followed by its idle (``_idle_after_reply``)."""
+        election_id = msg["parent_header"].get("msg_id", "")
+        original = self._aliases.get(election_id)
         if original is None:
             self._reply(pending.channel, [*pending.idents, b"<IDS|MSG>", *msg_list])
-            return
-        frames = self.session.serialize({**msg, "parent_header": original,
-                                         "content": self.session.unpack(msg_list[4])},
-                                        ident=pending.idents)
-        self._reply(pending.channel, [*frames, *msg_list[5:]])
+        else:
+            frames = self.session.serialize({**msg, "parent_header": original,
+                                             "content": self.session.unpack(msg_list[4])},
+                                            ident=pending.idents)
+            self._reply(pending.channel, [*frames, *msg_list[5:]])
+        if pending.msg_type == "execute_request":
+            self._idle_after_reply(pending, election_id)
 
     def _reply(self, channel: str, frames: list[bytes]) -> None:
         """Send a reply to a client; on shell, one for a client that is not connected is kept
@@ -1175,7 +1189,66 @@ class KernelFront:
             if pending is not None and not pending.started:
                 pending.started = time.monotonic()
             self.hooks.execute_started(self.kernel_id, rid, parent_id)
+        elif msg_type == "status" and self._status_withheld(parent_id, idents, msg_list):
+            return
         self._forward_iopub(parent_id, idents, msg_list)
+
+    def _status_withheld(self, parent_id: str, idents: list[bytes], msg_list: list[bytes]
+                         ) -> bool:
+        """Whether a status message is kept from the client: the busy/idle of an attempt whose
+        election failed (dropped), or an executor's ``idle`` that comes before its
+        ``execute_reply`` (held until the reply has gone to the client). The election may fail (the replica chosen to run the cell
+        could not propose in time: it was still applying the previous cell's state), and the
+        cell then runs again under a new id: forwarded now, this idle would tell the client
+        that the cell is done before it ran. A client takes reply + idle as the end of a cell
+        (JupyterLab then drops the output that follows), and idle is the promise that the
+        cell's state survives the loss of a replica: the fault campaign saw the output lost
+        and, when the executor was killed right after its reply, the cell's state as well."""
+        if parent_id in self._superseded:
+            return True  # a failed attempt's busy or idle: the cell runs again
+        if self.session.unpack(msg_list[4]).get("execution_state") != "idle":
+            return False
+        pending = self._pending.get(parent_id)
+        if pending is None or pending.msg_type != "execute_request":
+            self._awaiting_idle.pop(parent_id, None)  # the cell's state is replicated
+            return False
+        pending.held_idle = (parent_id, idents, msg_list)
+        return True
+
+    def _idle_after_reply(self, pending: _Pending, election_id: str) -> None:
+        """After an execute_reply went to the client: the executor's idle if it was held, or
+        one from the front when the executor is gone (no idle will ever come from it)."""
+        if pending.held_idle is not None:
+            held, pending.held_idle = pending.held_idle, None
+            self._forward_iopub(*held)
+        elif pending.source is None or pending.client_msg is None:
+            return
+        elif pending.source not in self._replicas:
+            self._send_iopub(self.session.msg("status", {"execution_state": "idle"},
+                                              parent=pending.client_msg),
+                             b"kernel.notebookos.status")
+        else:
+            self._awaiting_idle[election_id] = (pending.source, pending.client_msg)
+            while len(self._awaiting_idle) > 256:
+                self._awaiting_idle.popitem(last=False)
+
+    def _executors_lost_before_idle(self, dropped: set[int]) -> None:
+        """Executors lost after their reply and before their idle: they died while replicating
+        what their cell changed. The client gets a warning and the idle that will never come
+        from them (JupyterLab would show the kernel busy for good)."""
+        for msg_id, (rid, client_msg) in list(self._awaiting_idle.items()):
+            if rid not in dropped:
+                continue
+            del self._awaiting_idle[msg_id]
+            text = (f"NotebookOS: the replica that ran this cell (replica {rid}) was lost "
+                    "before what the cell changed was replicated: its output stands, but "
+                    "its changes to the namespace may be lost (the next cell runs on the "
+                    "state the other replicas hold).\n")
+            msg = self.session.msg
+            self._send_iopub(msg("stream", {"name": "stderr", "text": text}, parent=client_msg),
+                             b"kernel.notebookos.stream")
+            self._send_iopub(msg("status", {"execution_state": "idle"}, parent=client_msg),
+                             b"kernel.notebookos.status")
 
     def _forward_iopub(self, parent_id: str, idents: list[bytes], msg_list: list[bytes]) -> None:
         original = self._aliases.get(parent_id)

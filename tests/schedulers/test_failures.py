@@ -394,3 +394,62 @@ def test_a_reservation_kernels_replacement_gets_the_session_gpus(make_cluster):
                  "a replica on another host")
     check_bound(None)
     assert result_text(run_cell(kc, "x")) == "7"
+
+
+def test_a_cell_whose_first_election_fails_keeps_its_output_and_its_idle_comes_last(
+        make_cluster):  # noqa: ANN001
+    """The replica chosen to run a cell proposes too late (here: stopped; in the fault campaign:
+    still applying the previous cell's large objects), so the election fails and the front runs
+    the cell again under a new id. That replica's busy/idle for the failed attempt must not
+    reach the client as the cell's end: the client stopped reading at that idle and lost the
+    output of the run that followed (and, the executor killed right after, its state)."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    executor = cluster.kernel(kernel_id).executor_replica_id  # the next cell sticks to it
+    pid = _replicas(cluster, kernel_id)[executor][1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        msg_id = kc.execute("import time\ntime.sleep(1)\nprint('ran', sorted(data))")
+        time.sleep(3)  # the standbys' election fails without the executor's LEAD
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    seen: list[dict] = []
+    deadline = time.monotonic() + 60
+    while not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+                  for m in seen):
+        assert time.monotonic() < deadline, f"no idle for the cell: {seen}"
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            seen.append(msg)
+    out = "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
+    assert out == "ran ['a', 'b']\n", [(m["msg_type"], m["content"]) for m in seen]
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
+
+
+def test_an_executor_lost_between_its_reply_and_its_idle_is_announced(make_cluster):  # noqa: ANN001
+    """The executor answers a cell, then dies while it replicates what the cell changed: its
+    idle never comes, so the front sends one (the notebook must not stay busy) with a warning
+    that the cell's changes may be lost."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    executor = cluster.kernel(kernel_id).executor_replica_id
+    pid = _replicas(cluster, kernel_id)[executor][1]
+    # A large object makes the replication after the reply take a while.
+    msg_id = kc.execute("import numpy as np\nbig = np.random.rand(4 << 20)\nprint('done')")
+    reply = kc.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    os.kill(pid, signal.SIGKILL)
+    seen: list[dict] = []
+    deadline = time.monotonic() + 60
+    while not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+                  for m in seen):
+        assert time.monotonic() < deadline, f"no idle for the cell: {seen}"
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            seen.append(msg)
+    err = "".join(m["content"]["text"] for m in seen
+                  if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+    assert "was lost before what the cell changed was replicated" in err \
+        or not err, err  # the idle may have come before the kill: then no warning
+    assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
