@@ -15,6 +15,7 @@ password and authenticates values in the store. See docs/kernel-protocol.md.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import zmq
@@ -137,11 +138,33 @@ def argv_with_env(argv: list[str], environ: dict[str, str] | None = None) -> lis
     return [*argv, *extra]
 
 
+# Loggers of the replica's own machinery. Without a handler their warnings reach logging's
+# last-resort handler, which writes to whatever ``sys.stderr`` is when they fire: inside a cell,
+# ipykernel's stream to the notebook. A user saw pysyncobj's "truncating already-applied log
+# entries" in a cell's output after a replica was paused (the fault tests).
+INTERNAL_LOGGERS = ("pysyncobj", "notebookos")
+
+
+def keep_internal_logs_out_of_cells(stream_fd: int) -> logging.Handler:
+    """Send the replica's internal loggers (WARNING and up) to ``stream_fd`` (the process's own
+    stderr, saved before ipykernel redirects it: the replica's log) instead of the user's cell.
+    The user's own logging keeps ipykernel's behaviour (it shows in the notebook)."""
+    handler = logging.StreamHandler(os.fdopen(stream_fd, "w", buffering=1, closefd=False))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    for name in INTERNAL_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.propagate = False
+    return handler
+
+
 def main(argv: list[str] | None = None) -> None:
     import sys
     import traceback
 
     stderr_fd = os.dup(2)  # ipykernel redirects fd 2 (and sys.stderr) to its IOPub streams
+    keep_internal_logs_out_of_cells(stderr_fd)
     try:
         ReplicaKernelApp.launch_instance(
             argv=argv_with_env(sys.argv[1:] if argv is None else argv))

@@ -248,3 +248,19 @@ def test_history_stays_in_memory_and_still_answers_history_magic(group: ReplicaG
     lines = result.stdout().splitlines()
     assert lines[0] == ":memory: False", lines  # no sqlite file, no writer thread
     assert "history_marker = 41" in lines[1:], lines
+
+
+def test_the_replicas_own_warnings_stay_out_of_the_users_cell(group: ReplicaGroup):
+    """pysyncobj's and NotebookOS's loggers write to the replica's log, not into the running
+    cell's stderr (a paused replica's Raft warning showed in a user's output); the user's own
+    logging still shows in the notebook, as with ipykernel."""
+    result = group.execute(
+        "import logging\n"
+        "logging.getLogger('pysyncobj').critical('raft-internal-warning')\n"
+        "logging.getLogger('notebookos.kernel.raft_log').warning('notebookos-internal-warning')\n"
+        "logging.getLogger('my_analysis').warning('the-users-own-warning')\n", target=1)
+    assert result.executor() == 1, result.summary()
+    assert "the-users-own-warning" in result.stderr()
+    assert "internal-warning" not in result.stderr() + result.stdout()
+    log = group.replicas[1].log_tail(20000)
+    assert "raft-internal-warning" in log and "notebookos-internal-warning" in log, log
