@@ -391,7 +391,7 @@ async def _after_error(result: CellResult, note: str, notebook: Notebook, verifi
     When even the probe fails, the setup cell runs again (the state starts over)."""
     verdict = "error"
     if result.status == "ok":
-        note = "the cell ran but its output never reached the client"
+        note = f"the cell ran but its output never reached the client ({note})"
     elif "NameError" in result.error:
         verdict = "silent-loss"
     probe = await notebook.execute(PROBE)
