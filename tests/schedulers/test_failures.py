@@ -115,7 +115,8 @@ def test_a_cell_whose_replicas_all_die_mid_run_is_not_run_again(make_cluster, tm
                  and _recovered(cluster, kernel_id, before), 120, "a rebuilt group")
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
     time.sleep(2)
-    assert runs.read_text() == "x", "the cell ran again"
+    assert runs.read_text() == "x", (f"the cell ran again ({runs.read_text()!r}); replicas "
+                                     f"killed: {before}\n{cluster.log('gs')}")
 
 
 def test_replicas_exiting_on_a_shutdown_request_are_not_failures(make_cluster):  # noqa: ANN001
