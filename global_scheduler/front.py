@@ -378,12 +378,20 @@ class KernelFront:
         self._run_on_loop(apply)
 
     def cell_migrating(self, msg_id: str, why: str) -> None:
-        """The scheduler moves a replica to another host to run the cell ``msg_id``: its reply
+        """The scheduler moves a replica to another host to run the cell ``msg_id``: the client
+        is told (a note on stderr, once per cell: a migration takes seconds) and the reply
         will say it waited for a migration, and why; thread-safe."""
         def apply() -> None:
             waiting = self._placing
-            if waiting is not None and waiting.msg_id == msg_id and not waiting.withdrawn:
-                self._note_wait(waiting.msg, "migration", why)
+            if waiting is None or waiting.msg_id != msg_id or waiting.withdrawn:
+                return
+            first = "migration" not in self._waited_for.get(
+                waiting.msg["header"].get("msg_id", ""), {})
+            self._note_wait(waiting.msg, "migration", why)
+            if first:
+                self._send_iopub(self.session.msg(
+                    "stream", {"name": "stderr", "text": f"NotebookOS: {why}\n"},
+                    parent=waiting.msg), b"kernel.notebookos.stream")
 
         self._run_on_loop(apply)
 

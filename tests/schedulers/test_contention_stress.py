@@ -98,6 +98,7 @@ def test_more_notebooks_than_gpus_over_many_rounds(make_cluster) -> None:  # noq
             record = {"kernel": i, "round": r, "status": content["status"],
                       "stdout": stream_text(run, "stdout"), "stderr": stream_text(run, "stderr"),
                       "waited_ms": meta.get("waited_ms", 0),
+                      "waited_for": meta.get("waited_for", ""),
                       "delay_ms": meta.get("interactivity_delay_ms")}
             with lock:
                 cells.append(record)
@@ -126,7 +127,11 @@ def test_more_notebooks_than_gpus_over_many_rounds(make_cluster) -> None:  # noq
 
     waited = [c for c in cells if c["waited_ms"] > 0]
     for c in waited:  # the waiting ones were told, while they waited, that and why
-        assert "waiting for 1 GPU(s)" in c["stderr"], c
+        if "GPUs" in c["waited_for"]:
+            assert "waiting for 1 GPU(s)" in c["stderr"], c
+        if "migration" in c["waited_for"]:
+            assert "to run the cell" in c["stderr"], c  # "replica N moved to H to run the cell"
+        assert c["waited_for"], c
     for c in cells:
         assert c["delay_ms"] is not None and c["delay_ms"] >= c["waited_ms"], c
     migrations = grew("notebookos_migrations_total{outcome=succeeded")
