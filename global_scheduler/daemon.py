@@ -23,7 +23,7 @@ from notebookos.global_scheduler.registry_store import (
     RegistryStore,
 )
 from notebookos.global_scheduler.service import GlobalSchedulerService
-from notebookos.metrics import MetricsServer, metrics_url
+from notebookos.metrics import MetricsServer
 from notebookos.policies import get_policy
 from notebookos.policies.live import policy_params
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
@@ -33,6 +33,7 @@ from notebookos.security import (
     child_environment,
     connector,
     ensure_cluster_credentials,
+    metrics_ssl_context,
 )
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ class GlobalSchedulerDaemon:
         try:
             self.metrics_server = MetricsServer(self.service.metrics.registry, gs.host,
                                                 gs.metrics_port,
-                                                {"/sd": self.service.service_discovery})
+                                                {"/sd": self.service.service_discovery},
+                                                ssl_context=metrics_ssl_context(config))
         except OSError as exc:
             self.server.stop(None)
             raise OSError(f"cannot bind the Global Scheduler's metrics port {gs.host}:"
@@ -118,7 +120,7 @@ class GlobalSchedulerDaemon:
         if self.autoscaler is not None:
             self.autoscaler.start()
         log.info("Global Scheduler listening on %s (policy %s); metrics on %s", self.address,
-                 self.policy.name, metrics_url(self.metrics_server.address))
+                 self.policy.name, self.metrics_server.url)
 
     def _monitor_hosts(self) -> None:
         interval = max(0.2, min(1.0, self.service.heartbeat_timeout_s / 4))

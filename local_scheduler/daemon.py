@@ -21,7 +21,13 @@ from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmPool
 from notebookos.local_scheduler.service import HostInfo, LocalSchedulerService
 from notebookos.metrics import LocalSchedulerMetrics, MetricsServer
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
-from notebookos.security import JoinTokens, add_secure_port, check_credentials, secure_channel
+from notebookos.security import (
+    JoinTokens,
+    add_secure_port,
+    check_credentials,
+    metrics_ssl_context,
+    secure_channel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +69,8 @@ class LocalSchedulerDaemon:
         self.metrics = LocalSchedulerMetrics(lambda: self.service.metrics_snapshot(),
                                              host_id=self.host_id, version=__version__)
         try:
-            self.metrics_server = MetricsServer(self.metrics.registry, ls.host, ls.metrics_port)
+            self.metrics_server = MetricsServer(self.metrics.registry, ls.host, ls.metrics_port,
+                                                ssl_context=metrics_ssl_context(config))
         except OSError as exc:
             self.server.stop(None)
             raise OSError(f"cannot bind the Local Scheduler's metrics port {ls.host}:"

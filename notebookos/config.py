@@ -264,6 +264,11 @@ class SecuritySettings:
     join_token: str = setting(
         "", "The cluster join token itself, instead of join_token_file (prefer the file: "
         "environment variables are easier to leak).", _join_token_value, secret=True)
+    metrics_tls: bool = setting(
+        False, "Serve every daemon's Prometheus endpoint (/metrics, and the Global Scheduler's "
+        "/sd) over HTTPS with cert_file, and accept only scrapers that present a certificate "
+        "signed by ca_file (mutual TLS, as gRPC); Prometheus then needs `scheme: https` and a "
+        "tls_config (docs/observability.md). Off: plain HTTP on each daemon's `host`.")
 
 
 @dataclass(frozen=True)

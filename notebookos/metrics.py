@@ -21,11 +21,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    import ssl
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
@@ -270,8 +273,17 @@ class LocalSchedulerMetrics:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 10  # a scraper that connects and sends nothing holds only its own thread
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         log.debug("metrics: " + format, *args)
+
+
+class _MetricsHttpServer(ThreadingWSGIServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A refused scraper (no client certificate, plain HTTP on an HTTPS port, a timeout):
+        a debug line, not a traceback on stderr per scrape."""
+        log.debug("metrics: request from %s failed", client_address, exc_info=True)
 
 
 JsonRoute = Callable[[], Any]
@@ -282,7 +294,8 @@ class MetricsServer:
     Global Scheduler's ``/sd``) on ``host:port`` (0 picks a free port), from one thread."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
-                 json_routes: Mapping[str, JsonRoute] | None = None) -> None:
+                 json_routes: Mapping[str, JsonRoute] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         metrics_app = make_wsgi_app(registry)
         routes = dict(json_routes or {})
 
@@ -306,8 +319,12 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [body]
 
-        self._server = make_server(host, port, app, ThreadingWSGIServer,
+        self._server = make_server(host, port, app, _MetricsHttpServer,
                                    handler_class=_QuietHandler)
+        if ssl_context is not None:  # the handshake happens in the request's thread
+            self._server.socket = ssl_context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False)
+        self.tls = ssl_context is not None
         self.host = host
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
@@ -316,6 +333,10 @@ class MetricsServer:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return metrics_url(self.address, tls=self.tls)
 
     def start(self) -> MetricsServer:
         self._thread.start()
@@ -326,6 +347,6 @@ class MetricsServer:
         self._server.server_close()
 
 
-def metrics_url(address: str) -> str:
-    """``http://host:port/metrics`` for a ``host:port`` (empty for none)."""
-    return f"http://{address}/metrics" if address else ""
+def metrics_url(address: str, tls: bool = False, path: str = "/metrics") -> str:
+    """``http(s)://host:port/metrics`` (or ``path``) for a ``host:port`` (empty for none)."""
+    return f"{'https' if tls else 'http'}://{address}{path}" if address else ""

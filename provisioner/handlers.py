@@ -61,7 +61,8 @@ class NotebookOSHandler(APIHandler):
 class ClusterHandler(NotebookOSHandler):
     @web.authenticated
     async def get(self) -> None:
-        self.finish(json.dumps(status_document(await self.cluster_status())))
+        self.finish(json.dumps(status_document(await self.cluster_status(),
+                                               load_config().security.metrics_tls)))
 
 
 class KernelHandler(NotebookOSHandler):

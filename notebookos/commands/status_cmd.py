@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def status_document(status: global_scheduler_pb2.ClusterStatus) -> dict[str, Any]:
+def status_document(status: global_scheduler_pb2.ClusterStatus,
+                    metrics_tls: bool = False) -> dict[str, Any]:
     hosts = [{
         "id": h.host_id,
         "address": h.address,
@@ -66,10 +67,10 @@ def status_document(status: global_scheduler_pb2.ClusterStatus) -> dict[str, Any
         "queued_cells": k.queued_cells,
     } for k in status.kernels]
     metrics = {
-        "global_scheduler": metrics_url(status.metrics_address),
-        "local_schedulers": {h.host_id: metrics_url(h.metrics_address) for h in status.hosts},
-        "service_discovery": f"http://{status.metrics_address}/sd"
-        if status.metrics_address else "",
+        "global_scheduler": metrics_url(status.metrics_address, metrics_tls),
+        "local_schedulers": {h.host_id: metrics_url(h.metrics_address, metrics_tls)
+                             for h in status.hosts},
+        "service_discovery": metrics_url(status.metrics_address, metrics_tls, "/sd"),
     }
     return {"hosts": hosts, "kernels": kernels, "policy": status.policy, "metrics": metrics,
             "gpus": {"total": status.gpus_total, "committed": status.gpus_committed,
@@ -128,6 +129,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"notebookos status: cannot reach the Global Scheduler at {address}: "
                   f"{exc.details()}", file=sys.stderr)
             return 1
-    doc = status_document(status)
+    doc = status_document(status, config.security.metrics_tls)
     print(json.dumps(doc, indent=2) if args.json else render_text(doc))
     return 0

@@ -7,6 +7,8 @@
   token that Local Schedulers present to the Global Scheduler;
 - ``ensure_cluster_credentials``: the embedded default's CA, certificate and token, created in
   the state directory on first start;
+- ``metrics_ssl_context``: HTTPS with client certificates for the Prometheus endpoints
+  (``security.metrics_tls``);
 - ``SecurityError``: files or token missing or unusable (the message names the setting).
 
 See docs/security.md.
@@ -38,6 +40,7 @@ from notebookos.security.join_token import (
     JoinTokenInterceptor,
     JoinTokens,
 )
+from notebookos.security.metrics_tls import metrics_ssl_context
 
 __all__ = [
     "Connect",
@@ -57,6 +60,7 @@ __all__ = [
     "credential_files",
     "ensure_cluster_credentials",
     "load_tls",
+    "metrics_ssl_context",
     "secure_aio_channel",
     "secure_channel",
     "server_credentials",

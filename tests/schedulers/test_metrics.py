@@ -136,3 +136,57 @@ def test_status_json_without_metrics_endpoints_is_empty_strings() -> None:
     status = global_scheduler_pb2.ClusterStatus(hosts=[common_pb2.HostStatus(host_id="h")])
     assert status_document(status)["metrics"] == {
         "global_scheduler": "", "local_schedulers": {"h": ""}, "service_discovery": ""}
+
+
+def test_metrics_over_mutual_tls_only_for_cluster_certificates(make_cluster, promtool):  # noqa: F811
+    """``security.metrics_tls``: every endpoint is HTTPS with the cluster's certificate, a
+    scraper that presents a certificate of the cluster CA gets the metrics (and they lint
+    clean), one without a client certificate or over plain HTTP gets nothing, and
+    `notebookos status --json` names https URLs."""
+    import ssl
+    import urllib.error
+
+    from notebookos.security import credential_files
+    from notebookos.testing.credentials import security_config
+
+    cluster = make_cluster({"NOTEBOOKOS_SECURITY_METRICS_TLS": "true"})
+    cluster.start_gs()
+    cluster.start_ls("tls-host-0", gpus=2)
+    cluster.wait_hosts(1)
+    done = subprocess.run([sys.executable, "-m", "notebookos.cli", "status", "--json",
+                           "--global-scheduler", cluster.gs_address,
+                           "--state-dir", str(cluster.workdir / "state")],
+                          capture_output=True, timeout=60, env=cluster.env)
+    assert done.returncode == 0, done.stderr.decode()
+    urls = json.loads(done.stdout)["metrics"]
+    endpoints = [urls["global_scheduler"], *urls["local_schedulers"].values()]
+    assert all(u.startswith("https://127.0.0.1:") for u in endpoints), urls
+    assert urls["service_discovery"].startswith("https://"), urls
+
+    files = credential_files(security_config())  # the test session's cluster credentials
+    scraper = ssl.create_default_context(cafile=str(files.ca))
+    scraper.check_hostname = False  # the cluster certificate names "notebookos", not 127.0.0.1
+    scraper.load_cert_chain(str(files.cert), str(files.key))
+    for url in endpoints:
+        with urllib.request.urlopen(url, timeout=10, context=scraper) as resp:  # noqa: S310
+            text = resp.read().decode()
+        check_metrics(promtool, text)
+        assert "notebookos_" in text
+    with urllib.request.urlopen(urls["service_discovery"], timeout=10, context=scraper) as resp:  # noqa: S310
+        assert len(json.loads(resp.read())) == 2  # the GS and the one LS
+
+    anonymous = ssl.create_default_context(cafile=str(files.ca))
+    anonymous.check_hostname = False
+    for url in endpoints:
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            urllib.request.urlopen(url, timeout=10, context=anonymous).read()  # noqa: S310
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            fetch(url.replace("https://", "http://"))
+    # The daemons keep serving scrapers after refusing those, and while a client that
+    # connected sends nothing (its TLS handshake waits in its own thread).
+    import socket
+
+    host, port = endpoints[0].removeprefix("https://").removesuffix("/metrics").split(":")
+    with socket.create_connection((host, int(port)), timeout=5):
+        with urllib.request.urlopen(endpoints[0], timeout=5, context=scraper) as resp:  # noqa: S310
+            assert resp.status == 200
