@@ -427,6 +427,7 @@ class KernelFront:
             dropped = []
             for rid in list(self._replicas):
                 if rid not in wanted or self._replicas[rid].endpoint != wanted[rid]:
+                    self._drain(rid)
                     self._replicas.pop(rid).close()
                     dropped.append(rid)
             self._executors_lost_before_idle(set(dropped))
@@ -448,6 +449,24 @@ class KernelFront:
             self._wake()
             if wait:
                 done.wait(timeout=5)
+
+    def _drain(self, rid: int) -> None:
+        """Route what a replica being dropped has already sent (its last output, an idle, a
+        reply): the loop may not have read it yet, and closing the sockets would lose it (a
+        migrated replica's idle, a dying executor's reply)."""
+        sockets = self._replicas[rid]
+        for name, sock in (("replica-iopub", sockets.iopub), ("replica-shell", sockets.shell)):
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    break
+                try:
+                    self._dispatch(name, rid, frames)
+                except Exception:  # noqa: BLE001 - one bad message must not stop the others
+                    self._dropped("malformed")
+                    log.exception("kernel %s: dropping a message of replica %d", self.kernel_id,
+                                  rid)
 
     def _connect(self, e: ReplicaEndpoint) -> _ReplicaSockets:
         def dealer(port: int) -> zmq.Socket:
