@@ -61,3 +61,25 @@ class FakeReplica:
     def close(self) -> None:
         for sock in self.sockets.values():
             sock.close(linger=0)
+
+
+class FrontHooks:
+    """The scheduler's side of a front under test: every cell is placed on replica 1 with GPU
+    0; what was placed and released is recorded."""
+
+    def __init__(self) -> None:
+        self.placed: list[str] = []
+        self.released: list[str] = []
+
+    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        self.placed.append(msg_id)
+        return 1, [0]
+
+    def release_execute(self, kernel_id: str, msg_id: str) -> None:
+        self.released.append(msg_id)
+
+    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        pass
+
+    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        pass

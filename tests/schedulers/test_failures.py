@@ -45,6 +45,19 @@ def _wait_started(kc, msg_id: str, timeout: float = 30) -> None:  # noqa: ANN001
             return
 
 
+def _iopub_until_idle(kc, msg_id: str, timeout: float = 60) -> list[dict]:  # noqa: ANN001
+    """The IOPub messages of the cell sent as ``msg_id``, up to its idle."""
+    seen: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+                  for m in seen):
+        assert time.monotonic() < deadline, f"no idle for the cell: {seen}"
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            seen.append(msg)
+    return seen
+
+
 def _replicas(cluster, kernel_id: str) -> dict[int, tuple[str, int]]:  # noqa: ANN001
     return {r.replica_id: (r.host_id, r.pid) for r in cluster.kernel(kernel_id).replicas}
 
@@ -413,14 +426,7 @@ def test_a_cell_whose_first_election_fails_keeps_its_output_and_its_idle_comes_l
         time.sleep(3)  # the standbys' election fails without the executor's LEAD
     finally:
         os.kill(pid, signal.SIGCONT)
-    seen: list[dict] = []
-    deadline = time.monotonic() + 60
-    while not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
-                  for m in seen):
-        assert time.monotonic() < deadline, f"no idle for the cell: {seen}"
-        msg = kc.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") == msg_id:
-            seen.append(msg)
+    seen = _iopub_until_idle(kc, msg_id)
     out = "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
     assert out == "ran ['a', 'b']\n", [(m["msg_type"], m["content"]) for m in seen]
     reply = kc.get_shell_msg(timeout=30)
@@ -441,14 +447,7 @@ def test_an_executor_lost_between_its_reply_and_its_idle_is_announced(make_clust
     reply = kc.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id
     os.kill(pid, signal.SIGKILL)
-    seen: list[dict] = []
-    deadline = time.monotonic() + 60
-    while not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
-                  for m in seen):
-        assert time.monotonic() < deadline, f"no idle for the cell: {seen}"
-        msg = kc.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") == msg_id:
-            seen.append(msg)
+    seen = _iopub_until_idle(kc, msg_id)
     err = "".join(m["content"]["text"] for m in seen
                   if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
     assert "was lost before what the cell changed was replicated" in err \

@@ -9,28 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
-from fake_replicas import KEY, FakeReplica
+from fake_replicas import KEY, FakeReplica, FrontHooks
 from jupyter_client.session import Session
 
 from notebookos.global_scheduler.front import ALL_YIELDED, KernelFront
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class _Hooks:
-    """Every cell goes to replica 1, with GPU 0."""
-
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        return 1, [0]
-
-    def release_execute(self, kernel_id: str, msg_id: str) -> None:
-        pass
-
-    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
-
-    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
 
 
 class _Client:
@@ -74,7 +58,7 @@ class _Client:
 def cluster() -> Iterator[tuple[KernelFront, FakeReplica, FakeReplica, _Client]]:
     context = zmq.Context.instance()
     executor, standby = FakeReplica(context, 1), FakeReplica(context, 2)
-    front = KernelFront("k-idle", KEY, "hmac-sha256", _Hooks())
+    front = KernelFront("k-idle", KEY, "hmac-sha256", FrontHooks())
     front.yield_hold_s = 0  # the standby gets its yield_request at once
     front.start()
     front.set_replicas([executor.endpoint(), standby.endpoint()], wait=True)

@@ -11,30 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
-from fake_replicas import KEY, FakeReplica
+from fake_replicas import KEY, FakeReplica, FrontHooks
 from jupyter_client.session import Session
 
 from notebookos.global_scheduler.front import GS_USERNAME, START_FAILED, KernelFront
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class _Hooks:
-    def __init__(self) -> None:
-        self.placed: list[str] = []
-
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        self.placed.append(msg_id)
-        return 1, [0]
-
-    def release_execute(self, kernel_id: str, msg_id: str) -> None:
-        pass
-
-    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
-
-    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
 
 
 class _Client:
@@ -76,8 +58,8 @@ class _Client:
 
 
 @pytest.fixture
-def starting() -> Iterator[tuple[KernelFront, _Hooks, _Client]]:
-    hooks = _Hooks()
+def starting() -> Iterator[tuple[KernelFront, FrontHooks, _Client]]:
+    hooks = FrontHooks()
     front = KernelFront("k-starting", KEY, "hmac-sha256", hooks, starting=True)
     front.start()
     client = _Client(front)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
-from fake_replicas import KEY, FakeReplica
+from fake_replicas import KEY, FakeReplica, FrontHooks
 from jupyter_client.session import Session
 
 from notebookos.global_scheduler.front import KernelFront
@@ -21,31 +21,22 @@ from notebookos.global_scheduler.front import KernelFront
 pytestmark = pytest.mark.timeout(60)
 
 
-class _BlockingHooks:
+class _BlockingHooks(FrontHooks):
     """Placement waits on ``gate`` (as a cell waiting for GPUs does), then picks replica 1."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.gate = threading.Event()
         self.placing: list[str] = []
-        self.released: list[str] = []
         self.cancelled: list[str] = []
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
         self.placing.append(msg_id)
         assert self.gate.wait(30)
-        return 1, [0]
+        return super().place_execute(kernel_id, msg_id, metadata)
 
     def cancel_execute(self, kernel_id: str, msg_id: str) -> None:
         self.cancelled.append(msg_id)
-
-    def release_execute(self, kernel_id: str, msg_id: str) -> None:
-        self.released.append(msg_id)
-
-    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
-
-    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
 
 
 class _Client:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
-from fake_replicas import KEY, FakeReplica
+from fake_replicas import KEY, FakeReplica, FrontHooks
 from jupyter_client.session import Session
 
 from notebookos.global_scheduler.front import KernelFront
@@ -18,30 +18,11 @@ from notebookos.global_scheduler.front import KernelFront
 pytestmark = pytest.mark.timeout(60)
 
 
-class _Hooks:
-    """Every cell goes to replica 1, with GPU 0."""
-
-    def __init__(self) -> None:
-        self.released: list[str] = []
-
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        return 1, [0]
-
-    def release_execute(self, kernel_id: str, msg_id: str) -> None:
-        self.released.append(msg_id)
-
-    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
-
-    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
-
-
 @pytest.fixture
-def cluster() -> Iterator[tuple[KernelFront, FakeReplica, FakeReplica, zmq.Socket, _Hooks]]:
+def cluster() -> Iterator[tuple[KernelFront, FakeReplica, FakeReplica, zmq.Socket, FrontHooks]]:
     context = zmq.Context.instance()
     executor, standby = FakeReplica(context, 1), FakeReplica(context, 2)
-    hooks = _Hooks()
+    hooks = FrontHooks()
     front = KernelFront("k-yields", KEY, "hmac-sha256", hooks)
     front.yield_hold_s = 0.5
     front.start()
