@@ -191,6 +191,8 @@ class ExecutionMixin:
                 continue
             device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
             if device_ids is None:
+                log.debug("kernel %s: replica %d cannot run %s now: %s", kernel_id, rid,
+                          msg_id[:8], reason)
                 reasons.append(reason)
                 continue
             with self.lock:
@@ -251,6 +253,8 @@ class ExecutionMixin:
 
     def _executor_order(self, kernel, request: ResourceSpec) -> list[int]:  # noqa: ANN001
         decision = self.policy.choose_executor(self.cluster, kernel, request)
+        log.debug("kernel %s: executor %s first (%s; last executor %s)", kernel.kernel_id,
+                  decision.replica_id, decision.reason, kernel.executor)
         live = [r.replica_id for r in kernel.live_replicas()]
 
         def idle(rid: int) -> int:
