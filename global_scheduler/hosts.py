@@ -66,17 +66,30 @@ class HostLink:
         return held
 
     def _send_held_releases(self) -> None:
-        """The hold ended with no commit to carry them: send them."""
-        self._send_releases(self._take_held_releases())
+        """The hold ended with no commit to carry them: send them. Taken and registered as
+        sent in one step: in between, a commit found them neither held nor on their way, went
+        out before them, and the host refused it (the replica still held the previous cell's
+        GPUs), so the cell left its sticky executor."""
+        stub = self.stub  # its property takes the lock
+        with self._lock:
+            held, self._held_releases = self._held_releases, []
+            self._submit_releases(stub, held)
 
     def _send_releases(self, requests: list[local_scheduler_pb2.ReleaseGpusRequest]) -> None:
         """Send releases without waiting for the answers (``commit_gpus`` waits for them)."""
+        stub = self.stub
+        with self._lock:
+            self._submit_releases(stub, requests)
+
+    def _submit_releases(self, stub: ls_grpc.LocalSchedulerStub,
+                         requests: list[local_scheduler_pb2.ReleaseGpusRequest]) -> None:
+        """Lock held: submit each release and register its future (``_report_release`` takes
+        no lock, so a future already done may call it here)."""
+        self._releases = [(o, f) for o, f in self._releases if not f.done()]
         for request in requests:
-            future = _release_pool().submit(self.stub.ReleaseGpus, request, timeout=5)
+            future = _release_pool().submit(stub.ReleaseGpus, request, timeout=5)
             future.add_done_callback(self._report_release)
-            with self._lock:
-                self._releases = [(o, f) for o, f in self._releases if not f.done()]
-                self._releases.append(((request.kernel_id, request.replica_id), future))
+            self._releases.append(((request.kernel_id, request.replica_id), future))
 
     def releasing(self, kernel_id: str, replica_id: int) -> bool:
         """Whether a release for this replica is held or on its way: the host may still report

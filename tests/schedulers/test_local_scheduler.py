@@ -165,6 +165,41 @@ def test_a_held_release_reaches_the_host_on_its_own_or_with_the_next_commit(host
         link.close()
 
 
+def test_a_commit_never_overtakes_a_release_being_sent(host, monkeypatch):
+    """The hold timer takes a held release and sends it while a commit for the same replica
+    comes: the commit must wait for that release, or the host refuses it (the replica still
+    holds the previous cell's GPUs) and the cell leaves its sticky executor. The release is
+    slowed between being taken and being sent to open that window."""
+    import threading
+
+    from notebookos.global_scheduler import hosts
+
+    cluster, stub = host
+    link = HostLink("solo", cluster.status().hosts[0].address, "test", [], True, connect=connect)
+    kernel = f"k-{uuid.uuid4().hex[:6]}"
+    assert _ready(_start(stub, kernel))
+    real_pool = hosts._release_pool()
+
+    class SlowPool:
+        def submit(self, fn, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            time.sleep(0.5)
+            return real_pool.submit(fn, *args, **kwargs)
+
+    try:
+        assert link.commit_gpus(kernel, 1, "cell-1", 2)[0] is not None  # both GPUs
+        link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+            kernel_id=kernel, replica_id=1, request_id="cell-1"))
+        monkeypatch.setattr(hosts, "_release_pool", lambda: SlowPool())
+        timer = threading.Thread(target=link._send_held_releases)  # noqa: SLF001 - the timer's call
+        timer.start()
+        time.sleep(0.1)  # the timer has taken the release and is sending it
+        device_ids, reason = link.commit_gpus(kernel, 1, "cell-2", 2)
+        timer.join(10)
+        assert device_ids is not None and sorted(device_ids) == [0, 1], reason
+    finally:
+        link.close()
+
+
 def test_prewarm_pool_promotes_a_warm_process(host):
     cluster, stub = host
 
