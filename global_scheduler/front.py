@@ -371,9 +371,7 @@ class KernelFront:
             waiting.wait_reason = why
             self._note_wait(waiting.msg, "GPUs", why)
             if first:
-                self._send_iopub(self.session.msg(
-                    "stream", {"name": "stderr", "text": f"NotebookOS: {why}\n"},
-                    parent=waiting.msg), b"kernel.notebookos.stream")
+                self._send_note(why, waiting.msg)
 
         self._run_on_loop(apply)
 
@@ -389,9 +387,7 @@ class KernelFront:
                 waiting.msg["header"].get("msg_id", ""), {})
             self._note_wait(waiting.msg, "migration", why)
             if first:
-                self._send_iopub(self.session.msg(
-                    "stream", {"name": "stderr", "text": f"NotebookOS: {why}\n"},
-                    parent=waiting.msg), b"kernel.notebookos.stream")
+                self._send_note(why, waiting.msg)
 
         self._run_on_loop(apply)
 
@@ -642,6 +638,17 @@ class KernelFront:
             return  # the loop flushes once the subscriptions have settled
         while self.iopub_held and self._iopub_topics:
             self._sockets["iopub"].send_multipart(self.iopub_held.popleft()[0])
+
+    def _send_status(self, state: str, parent: dict) -> None:
+        """A status message of the front's own (``busy``/``idle``) for the client's ``parent``."""
+        self._send_iopub(self.session.msg("status", {"execution_state": state}, parent=parent),
+                         b"kernel.notebookos.status")
+
+    def _send_note(self, text: str, parent: dict) -> None:
+        """A ``NotebookOS: ...`` line on stderr, in the output of the client's ``parent``."""
+        self._send_iopub(self.session.msg("stream", {"name": "stderr",
+                                                     "text": f"NotebookOS: {text}\n"},
+                                          parent=parent), b"kernel.notebookos.stream")
 
     def _send_iopub(self, msg: dict, ident: bytes | list[bytes]) -> None:
         """Sign ``msg`` (a Session message dict, buffers included) and publish it."""
@@ -1224,10 +1231,10 @@ class KernelFront:
                          ) -> bool:
         """Whether a status message is kept from the client: the busy/idle of an attempt whose
         election failed (dropped), or an executor's ``idle`` that comes before its
-        ``execute_reply`` (held until the reply has gone to the client). The election may fail (the replica chosen to run the cell
-        could not propose in time: it was still applying the previous cell's state), and the
-        cell then runs again under a new id: forwarded now, this idle would tell the client
-        that the cell is done before it ran. A client takes reply + idle as the end of a cell
+        ``execute_reply`` (held until the reply has gone to the client). The election may fail
+        (the replica chosen to run the cell could not propose in time: it was still applying
+        the previous cell's state), and the cell then runs again under a new id: forwarded
+        now, this idle would tell the client that the cell is done before it ran. A client takes reply + idle as the end of a cell
         (JupyterLab then drops the output that follows), and idle is the promise that the
         cell's state survives the loss of a replica: the fault campaign saw the output lost
         and, when the executor was killed right after its reply, the cell's state as well."""
@@ -1251,13 +1258,10 @@ class KernelFront:
         elif pending.source is None or pending.client_msg is None:
             return
         elif pending.source not in self._replicas:
-            self._send_iopub(self.session.msg("status", {"execution_state": "idle"},
-                                              parent=pending.client_msg),
-                             b"kernel.notebookos.status")
+            self._send_status("idle", pending.client_msg)
         else:
-            self._awaiting_idle[election_id] = (pending.source, pending.client_msg)
-            while len(self._awaiting_idle) > 256:
-                self._awaiting_idle.popitem(last=False)
+            self._remember(self._awaiting_idle, election_id, (pending.source, pending.client_msg),
+                           limit=256)
 
     def _executors_lost_before_idle(self, dropped: set[int]) -> None:
         """Executors lost after their reply and before their idle: they died while replicating
@@ -1267,15 +1271,11 @@ class KernelFront:
             if rid not in dropped:
                 continue
             del self._awaiting_idle[msg_id]
-            text = (f"NotebookOS: the replica that ran this cell (replica {rid}) was lost "
-                    "before what the cell changed was replicated: its output stands, but "
-                    "its changes to the namespace may be lost (the next cell runs on the "
-                    "state the other replicas hold).\n")
-            msg = self.session.msg
-            self._send_iopub(msg("stream", {"name": "stderr", "text": text}, parent=client_msg),
-                             b"kernel.notebookos.stream")
-            self._send_iopub(msg("status", {"execution_state": "idle"}, parent=client_msg),
-                             b"kernel.notebookos.status")
+            self._send_note(f"the replica that ran this cell (replica {rid}) was lost before "
+                            "what the cell changed was replicated: its output stands, but its "
+                            "changes to the namespace may be lost (the next cell runs on the "
+                            "state the other replicas hold).", client_msg)
+            self._send_status("idle", client_msg)
 
     def _forward_iopub(self, parent_id: str, idents: list[bytes], msg_list: list[bytes]) -> None:
         original = self._aliases.get(parent_id)
@@ -1299,7 +1299,7 @@ class KernelFront:
         return False
 
     @staticmethod
-    def _remember(table: OrderedDict, key: str, value: int, limit: int = 4096) -> None:
+    def _remember(table: OrderedDict, key: str, value: Any, limit: int = 4096) -> None:
         table[key] = value
         while len(table) > limit:
             table.popitem(last=False)
