@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notebookos.global_scheduler.front import KernelFront, ReplicaEndpoint
+from notebookos.kernel_hints import KernelHints
 
 
 @dataclass
@@ -42,6 +43,7 @@ class KernelEntry:
     signature_scheme: str
     kernel_name: str
     env: dict[str, str]
+    hints: KernelHints = field(default_factory=KernelHints)  # who, which notebook, GPU sharing
     front: KernelFront | None = None
     replicas: dict[int, ReplicaLink] = field(default_factory=dict)
     next_replica_id: int = 1
@@ -78,7 +80,7 @@ class KernelEntry:
     def to_doc(self, request: dict[str, Any]) -> dict[str, Any]:
         return {"kernel_id": self.kernel_id, "key": self.key,
                 "signature_scheme": self.signature_scheme, "kernel_name": self.kernel_name,
-                "env": self.env, "request": request,
+                "env": self.env, "hints": self.hints.to_map(), "request": request,
                 "front_ports": dict(self.front.ports) if self.front else {},
                 "replicas": [r.to_doc() for r in self.replicas.values()],
                 "next_replica_id": self.next_replica_id, "created_unix": self.created_unix,

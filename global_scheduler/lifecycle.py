@@ -14,6 +14,7 @@ from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.kernel_hints import InvalidHints, KernelHints
 from notebookos.proto import global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto.convert import resource_spec_from_proto
 from notebookos.resources import InvalidResourceSpec, ResourceSpec
@@ -42,9 +43,13 @@ class KernelLifecycleMixin:
         except InvalidResourceSpec as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
+            hints = KernelHints.from_map(request.hints.extra)
+        except InvalidHints as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{exc}")
+        try:
             entry = self.start_kernel(request.kernel_id, spec, request.key, scheme,
                                       request.kernel_name, dict(request.env),
-                                      return_when_bound=request.return_when_bound)
+                                      return_when_bound=request.return_when_bound, hints=hints)
         except StartError as exc:
             context.abort(exc.code, str(exc))
         with self.lock:
@@ -54,7 +59,8 @@ class KernelLifecycleMixin:
 
     def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
                      kernel_name: str = "", env: dict[str, str] | None = None, *,
-                     return_when_bound: bool = False) -> KernelEntry:
+                     return_when_bound: bool = False,
+                     hints: KernelHints | None = None) -> KernelEntry:
         """Start a kernel; with ``return_when_bound`` (replica-per-host policies), return once
         its replicas' hosts are chosen and its front is bound: the replicas start behind it
         (``_finish_start``) while it holds the client's requests."""
@@ -63,7 +69,8 @@ class KernelLifecycleMixin:
                 raise StartError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"kernel {kernel_id!r} is already running; stop it first")
             self.cluster.add_kernel(kernel_id, spec)
-            entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {})
+            entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {},
+                                hints=hints or KernelHints())
             self.kernels[kernel_id] = entry
         started = time.monotonic()
         if return_when_bound and self.mode.starts_behind_front:

@@ -39,6 +39,7 @@ from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
 from notebookos.global_scheduler.status import StatusMixin
+from notebookos.kernel_hints import KernelHints
 from notebookos.metrics import GlobalSchedulerMetrics
 from notebookos.policies import Policy
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
@@ -151,6 +152,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         request = ResourceSpec.from_dict(doc["request"])
         entry = KernelEntry(kernel_id, doc["key"], doc["signature_scheme"], doc["kernel_name"],
                             dict(doc.get("env", {})), next_replica_id=doc["next_replica_id"],
+                            hints=KernelHints.from_map(doc.get("hints", {})),
                             created_unix=doc.get("created_unix", time.time()),
                             raft_removals=list(doc.get("raft_removals", [])),
                             removal_addresses={int(k): str(v) for k, v in

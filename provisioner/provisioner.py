@@ -22,6 +22,8 @@ What Jupyter Server sees as "the kernel process":
 from __future__ import annotations
 
 import asyncio
+import getpass
+import os
 import signal
 from typing import Any
 
@@ -29,6 +31,7 @@ import grpc
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Float, Integer, Unicode
 
+from notebookos.kernel_hints import KernelHints
 from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.proto.convert import connection_info_to_dict, resource_spec_to_proto
 from notebookos.provisioner.errors import start_refused
@@ -83,6 +86,15 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     millicpus = Integer(1000, config=True, help="CPU request per replica, in millicpus")
     memory_mb = Integer(2048, config=True, help="memory request per replica, in MB")
     vram_gb = Float(0.0, config=True, help="GPU memory request per GPU, in GB")
+    user = Unicode("", config=True, help=(
+        "who runs this kernel, for per-user fairness; empty: the kernel environment's "
+        "NOTEBOOKOS_USER, else JupyterHub's user (JUPYTERHUB_USER), else the server's OS user"))
+    gpu_sla = Float(1.0, config=True, help=(
+        "largest slowdown this kernel's cells accept from sharing a GPU with another kernel "
+        "(TensorShare's gSLA, 1 to 10); 1 never shares"))
+    gpu_workload = Unicode("", config=True, help=(
+        "what the notebook trains (a model name such as resnet18), for the GPU sharing "
+        "slowdown predictor"))
     start_timeout_s = Float(120.0, config=True, help="seconds to wait for StartKernel")
     rpc_timeout_s = Float(10.0, config=True, help="seconds to wait for other calls")
 
@@ -110,6 +122,13 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
     def resource_request(self) -> ResourceSpec:
         return ResourceSpec(self.millicpus, self.memory_mb, self.gpus, self.vram_gb)
 
+    def kernel_hints(self, env: dict[str, str]) -> KernelHints:
+        """Who runs the kernel and for which notebook (``env``: the kernel's environment)."""
+        user = (self.user or env.get("NOTEBOOKOS_USER") or os.environ.get("JUPYTERHUB_USER")
+                or getpass.getuser())
+        return KernelHints(user=user, notebook=env.get("JPY_SESSION_NAME", ""),
+                           gpu_sla=self.gpu_sla, gpu_workload=self.gpu_workload)
+
     # -- launch -----------------------------------------------------------------------------
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -136,6 +155,7 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         for name in ("JPY_SESSION_NAME",):
             if name in env:
                 request.env[name] = env[name]
+        request.hints.extra.update(self.kernel_hints(env).to_map())
         try:
             response = await self._stub().StartKernel(request, timeout=self.start_timeout_s)
         except grpc.aio.AioRpcError as exc:

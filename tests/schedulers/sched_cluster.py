@@ -91,11 +91,14 @@ class Cluster:
         raise AssertionError(f"timed out waiting for {what} ({last})\n{self.log('gs')}")
 
     def start_kernel(self, gpus: int = 1, kernel_id: str | None = None,
-                     timeout: float = 90) -> tuple[str, BlockingKernelClient]:
+                     timeout: float = 90, hints: dict[str, str] | None = None
+                     ) -> tuple[str, BlockingKernelClient]:
+        """``hints``: ``PolicyHints.extra`` (notebookos.kernel_hints: user, notebook, ...)."""
         kernel_id = kernel_id or f"k-{uuid.uuid4().hex[:8]}"
         response = self.stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
             kernel_id=kernel_id, key=uuid.uuid4().hex,
-            resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=128, gpus=gpus)),
+            resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=128, gpus=gpus),
+            hints=common_pb2.PolicyHints(extra=hints or {})),
             timeout=timeout)
         return kernel_id, self.client(response.connection)
 
