@@ -34,6 +34,7 @@ from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.policies import placement
+from notebookos.policies.cell_order import WaitingCell
 from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,9 @@ CELL_CONTAINER_ENV = {"NOTEBOOKOS_CELL_CONTAINER": "1"}
 class CellWaiter:
     kernel_id: str
     msg_id: str
-    gpus: int
+    request: ResourceSpec
     arrived: float
+    cell: WaitingCell  # as the cell order sees it (the service's cell_queue)
     cancelled: bool = False
 
 
@@ -146,10 +148,20 @@ class CellContainerMixin:
             host.cancel_reservation(slot)
 
     def _take_cell_slot(self, kernel_id: str, msg_id: str, request: ResourceSpec) -> str:
-        """Wait in the cell queue until a host can bind ``request`` now; set its GPUs aside
-        (pending) and return the host id."""
-        waiter = CellWaiter(kernel_id, msg_id, request.gpus, time.monotonic())
+        """Wait in the cell queue until a host can bind ``request`` now, in the turn the cell
+        order gives it; set its GPUs aside (pending) and return the host id."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            hints = entry.hints if entry is not None else None
+            with self._placement_cv:
+                self.cell_queue.order.set_capacity(self.cluster.total_gpus)
+                cell = self.cell_queue.join(kernel_id, msg_id,
+                                            user=hints.user if hints else "",
+                                            notebook=hints.notebook if hints else "",
+                                            gpus=request.gpus)
+        waiter = CellWaiter(kernel_id, msg_id, request, time.monotonic(), cell)
         deadline = waiter.arrived + self.cell_queue_timeout_s
+        placed = False
         with self._cell_cv:
             self._cell_waiters.append(waiter)
             try:
@@ -173,15 +185,15 @@ class CellContainerMixin:
                         raise PlacementFailed(  # waiting would block the queue for nothing
                             f"no host can ever bind this cell's request ({request}): "
                             f"{len(hosts_now)} host(s) registered, none that large")
-                    parked = not entry.replicas and not entry.parking
-                    if parked and self._may_go(waiter):
-                        draining = [h for h, link in self.hosts.items() if link.draining]
-                        hosts = self.policy.choose_hosts(self.cluster, request, 1,
-                                                         exclude=draining)
-                        if hosts:
-                            hosts[0].reserve(_slot_owner(kernel_id, msg_id), request)
-                            return hosts[0].host_id
-                        if self.on_capacity_wanted is not None:
+                    if self._may_go(waiter):
+                        host = self._host_for(waiter)
+                        if host is not None:
+                            host.reserve(_slot_owner(kernel_id, msg_id), request)
+                            with self._placement_cv:
+                                self.cell_queue.tried(cell, 0, placed=True)
+                            placed = True
+                            return host.host_id
+                        if self._parked(waiter) and self.on_capacity_wanted is not None:
                             self.on_capacity_wanted(request.gpus)
                     now = time.monotonic()
                     if now >= deadline:
@@ -189,16 +201,48 @@ class CellContainerMixin:
                     self._cell_cv.wait(min(0.5, deadline - now))
             finally:
                 self._cell_waiters.remove(waiter)
+                if not placed:
+                    with self._placement_cv:
+                        self.cell_queue.leave(cell)
                 self._cell_cv.notify_all()
 
+    def _parked(self, waiter: CellWaiter) -> bool:
+        """The waiter's kernel has no container now (its previous cell's is gone)."""
+        entry = self.kernels.get(waiter.kernel_id)
+        return entry is not None and not entry.replicas and not entry.parking
+
+    def _host_for(self, waiter: CellWaiter):  # noqa: ANN202 - a notebookos.cluster.Host or None
+        """The host the policy would give ``waiter``'s container now, if any. Lock held."""
+        if not self._parked(waiter):
+            return None
+        draining = [h for h, link in self.hosts.items() if link.draining]
+        hosts = self.policy.choose_hosts(self.cluster, waiter.request, 1, exclude=draining)
+        return hosts[0] if hosts else None
+
+    def _ordered_waiters(self) -> list[CellWaiter]:
+        with self._placement_cv:
+            now = time.monotonic()
+            order = self.cell_queue.order
+            return sorted(self._cell_waiters, key=lambda w: order.key(w.cell, now))
+
     def _may_go(self, waiter: CellWaiter) -> bool:
-        """FCFS (no backfill): only the oldest waiting cell may take a host; with backfill any
-        waiting cell that fits may."""
-        return self.policy.backfill or self._cell_waiters[0] is waiter
+        """In the cell order (global_scheduler.cell_order): without backfill (batch) only the
+        first waiting cell may take a host; with backfill (lcp) a cell may when no cell ahead
+        of it could take one now."""
+        ordered = self._ordered_waiters()
+        if not self.policy.backfill:
+            return ordered[0] is waiter
+        for other in ordered:
+            if other is waiter:
+                return True
+            if self._host_for(other) is not None:
+                return False
+        return True
 
     def _why_still_waiting(self, waiter: CellWaiter, request: ResourceSpec) -> str:
-        ahead = self._cell_waiters.index(waiter)
-        order = "first-come first-served" if not self.policy.backfill else "with backfill"
+        ahead = self._ordered_waiters().index(waiter)
+        order = (f"in {self.cell_queue.order.name} order"
+                 + (" with backfill" if self.policy.backfill else ", no backfill"))
         return (f"no host could bind {request.gpus} GPU(s) for this cell within "
                 f"{self.cell_queue_timeout_s:g}s (policy {self.policy.name}: one container per "
                 f"cell, queue served {order}; {ahead} cell(s) ahead of this one; "

@@ -25,6 +25,7 @@ from notebookos.global_scheduler.registry_store import (
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.metrics import MetricsServer
 from notebookos.policies import get_policy
+from notebookos.policies.cell_order import cell_order_for
 from notebookos.policies.live import policy_params
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.security import (
@@ -71,6 +72,7 @@ class GlobalSchedulerDaemon:
             start_timeout_s=gs.replica_start_timeout_s,
             cell_queue_timeout_s=gs.cell_queue_timeout_s,
             cell_checkpoint_timeout_s=gs.cell_checkpoint_timeout_s,
+            cell_order=cell_order_for(gs.cell_order),
             connect=connect,
         )
         self.service.migration_retries = gs.migration_retries

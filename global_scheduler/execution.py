@@ -15,6 +15,7 @@ from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.policies.cell_order import WaitingCell
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
@@ -118,37 +119,74 @@ class ExecutionMixin:
     def _wait_for_gpus(self, kernel_id: str, msg_id: str,
                        request: ResourceSpec) -> tuple[int, list[int]]:
         """Commit the cell's GPUs on a replica's host, or on a host a replica migrates to; while
-        neither can, the cell waits (told why, through its front), trying again whenever GPUs
-        are released and at least every few seconds, and fails only after
-        ``cell_queue_timeout_s`` with the reason."""
+        neither can, the cell waits in the cell queue (told why, through its front), trying
+        again in its turn (``cell_queue.py``) whenever GPUs are released and at least every few
+        seconds, and fails only after ``cell_queue_timeout_s`` with the reason."""
         started = time.monotonic()
         deadline = started + self.cell_queue_timeout_s
-        told = ""
-        failed_migrations = 0
-        for attempt in itertools.count():
-            with self._placement_cv:
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            hints = entry.hints if entry is not None else None
+            gpus_total = self.cluster.total_gpus
+        with self._placement_cv:
+            self.cell_queue.order.set_capacity(gpus_total)
+            cell = self.cell_queue.join(kernel_id, msg_id, user=hints.user if hints else "",
+                                        notebook=hints.notebook if hints else "",
+                                        gpus=request.gpus)
+        placed = None
+        try:
+            told = ""
+            failed_migrations = 0
+            for attempt in itertools.count():
+                releases = self._wait_turn(kernel_id, msg_id, cell, deadline)
+                placed, why, migration_failed = self._try_place(kernel_id, msg_id, request)
+                with self._placement_cv:
+                    self.cell_queue.tried(cell, releases, placed is not None)
+                    self._placement_cv.notify_all()
+                if placed is not None:
+                    if told:
+                        log.info("kernel %s: cell %s placed after waiting %.1fs for GPUs",
+                                 kernel_id, msg_id[:8], time.monotonic() - started)
+                    return placed
+                waited = time.monotonic() - started
+                failed_migrations += migration_failed
+                if failed_migrations >= max(1, self.migration_retries):
+                    raise PlacementFailed(f"{why} ({failed_migrations} migration(s) failed; "
+                                          "global_scheduler.migration_retries)")
+                if time.monotonic() >= deadline:
+                    raise PlacementFailed(
+                        f"the cell waited {waited:.0f}s for {request.gpus} GPU(s) "
+                        f"(global_scheduler.cell_queue_timeout_s = "
+                        f"{self.cell_queue_timeout_s:g}s) and none could be bound: {why}")
+                if not told:
+                    told = why
+                    with self._placement_cv:
+                        queue_note = self.cell_queue.explain(cell)
+                    self._tell_waiting(kernel_id, msg_id, request, f"{why}; {queue_note}")
+                self._placement_pause(kernel_id, msg_id, min(2.0, 0.25 * 2 ** attempt),
+                                      releases)
+            raise AssertionError("unreachable")
+        finally:
+            if placed is None:
+                with self._placement_cv:
+                    self.cell_queue.leave(cell)
+                    self._placement_cv.notify_all()
+
+    def _wait_turn(self, kernel_id: str, msg_id: str, cell: WaitingCell,
+                   deadline: float) -> int:
+        """Wait until the cell queue says it is ``cell``'s turn to try; returns the release
+        count its try starts from. A cell that is withdrawn, or whose deadline passes, stops
+        waiting (PlacementFailed; its deadline is told by the caller after one more try)."""
+        with self._placement_cv:
+            while True:
+                if (kernel_id, msg_id) in self._withdrawn_cells:
+                    raise PlacementFailed(WITHDRAWN)
+                if self._stop.is_set():
+                    raise PlacementFailed("the Global Scheduler is stopping")
                 releases = self._gpu_releases
-            placed, why, migration_failed = self._try_place(kernel_id, msg_id, request)
-            if placed is not None:
-                if told:
-                    log.info("kernel %s: cell %s placed after waiting %.1fs for GPUs",
-                             kernel_id, msg_id[:8], time.monotonic() - started)
-                return placed
-            waited = time.monotonic() - started
-            failed_migrations += migration_failed
-            if failed_migrations >= max(1, self.migration_retries):
-                raise PlacementFailed(f"{why} ({failed_migrations} migration(s) failed; "
-                                      "global_scheduler.migration_retries)")
-            if time.monotonic() >= deadline:
-                raise PlacementFailed(
-                    f"the cell waited {waited:.0f}s for {request.gpus} GPU(s) "
-                    f"(global_scheduler.cell_queue_timeout_s = {self.cell_queue_timeout_s:g}s) "
-                    f"and none could be bound: {why}")
-            if not told:
-                told = why
-                self._tell_waiting(kernel_id, msg_id, request, why)
-            self._placement_pause(kernel_id, msg_id, min(2.0, 0.25 * 2 ** attempt), releases)
-        raise AssertionError("unreachable")
+                if self.cell_queue.may_try(cell, releases) or time.monotonic() >= deadline:
+                    return releases
+                self._placement_cv.wait(0.25)
 
     def _tell_waiting(self, kernel_id: str, msg_id: str, request: ResourceSpec,
                       why: str) -> None:
@@ -273,6 +311,8 @@ class ExecutionMixin:
             rid, host_id = held
             if entry.session_gpus is not None:
                 return  # bound for the kernel's life, released when it stops
+            with self._placement_cv:
+                self.cell_queue.finished(kernel_id, msg_id)
             host = self.cluster.hosts.get(host_id)
             kernel = self.cluster.kernels.get(kernel_id)
             replica = kernel.replicas.get(rid) if kernel is not None else None

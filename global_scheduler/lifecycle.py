@@ -195,6 +195,8 @@ class KernelLifecycleMixin:
     def _discard_kernel(self, kernel_id: str) -> None:
         with self.lock:
             entry = self.kernels.pop(kernel_id, None)
+            with self._placement_cv:
+                self.cell_queue.kernel_gone(kernel_id)
             if kernel_id in self.cluster.kernels:
                 self.cluster.remove_kernel(kernel_id)
             self.store.delete_kernel(kernel_id)
@@ -273,6 +275,8 @@ class KernelLifecycleMixin:
                 entry.raft_removals.clear()
                 entry.removal_addresses.clear()
                 entry.executions.clear()
+                with self._placement_cv:
+                    self.cell_queue.kernel_gone(request.kernel_id)
                 entry.session_gpus = None
                 entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
                 entry.lost_cells.clear()

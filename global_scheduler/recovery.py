@@ -52,8 +52,10 @@ class RecoveryMixin:
         if kernel is not None and replica_id in kernel.replicas:
             self.cluster.remove_replica(entry.kernel_id, replica_id)
         running = [m for m, (rid, _) in entry.executions.items() if rid == replica_id]
-        for msg_id in running:
-            del entry.executions[msg_id]
+        with self._placement_cv:
+            for msg_id in running:
+                del entry.executions[msg_id]
+                self.cell_queue.finished(entry.kernel_id, msg_id)
         if entry.front is not None:
             entry.front.set_replicas(entry.endpoints())
         return running

@@ -28,6 +28,7 @@ import zmq
 from notebookos import __version__
 from notebookos.cluster import AccountingError, Cluster, ReplicaState
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
+from notebookos.global_scheduler.cell_queue import CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.host_registry import HostRegistryMixin
@@ -42,6 +43,7 @@ from notebookos.global_scheduler.status import StatusMixin
 from notebookos.kernel_hints import KernelHints
 from notebookos.metrics import GlobalSchedulerMetrics
 from notebookos.policies import Policy
+from notebookos.policies.cell_order import ArrivalOrder, CellOrder
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.resources import ResourceSpec
 from notebookos.security import Connect
@@ -69,6 +71,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         start_timeout_s: float = 120.0,
         cell_queue_timeout_s: float = 300.0,
         cell_checkpoint_timeout_s: float = 60.0,
+        cell_order: CellOrder | None = None,
         connect: Connect,
     ) -> None:
         self.policy = policy
@@ -105,7 +108,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self.uses_warm_pool = self.lifetime.warm_pool
         self.cell_queue_timeout_s = cell_queue_timeout_s
         self.cell_checkpoint_timeout_s = cell_checkpoint_timeout_s
-        self._cell_waiters: list = []  # CellWaiter, in arrival order
+        self._cell_waiters: list = []  # CellWaiter; served in the cell order (cell_queue)
         self._cell_cv = threading.Condition(self.lock)
         self.mode.check_configuration(policy.name, store_url)
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
@@ -114,6 +117,8 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self._placement_cv = threading.Condition()
         self._gpu_releases = 0
         self._withdrawn_cells: set[tuple[str, str]] = set()
+        # Whose turn it is among them (cell_queue.py), under _placement_cv's lock.
+        self.cell_queue = CellQueue(cell_order or ArrivalOrder())
         # Prometheus: the counters and histograms are updated where each event happens; the
         # daemon serves the registry and sets metrics_address (GetClusterStatus, /sd).
         self.metrics = GlobalSchedulerMetrics(self.metrics_snapshot, policy=policy.name,

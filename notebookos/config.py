@@ -164,6 +164,13 @@ class GlobalSchedulerSettings:
         "why. Meanwhile it runs as soon as a replica's host, a migration target or a new host "
         "can bind them (batch, lcp: a host for its container), and the notebook is told it "
         "waits and why.", _at_least(0.1))
+    cell_order: str = setting(
+        "arrival", "The order in which cells waiting for GPUs are served, with any policy: "
+        "`arrival` (first come, first served), `themis` (finish-time fairness between users: "
+        "the user whose cells waited longest for the GPU time they got goes first) or `qssf` "
+        "(smallest predicted GPU-time first, predicted from the cluster's history of cell "
+        "durations per user and notebook). See docs/policies.md.",
+        lambda v: None if v in ("arrival", "themis", "qssf") else "arrival, themis or qssf")
     cell_checkpoint_timeout_s: float = setting(
         60.0, "batch, lcp: how long a cell's container may take to make the cell's checkpoint "
         "durable before it is stopped anyway (the kernel's message then says so).",

@@ -1,0 +1,107 @@
+"""The Global Scheduler's queue of cells waiting for GPUs, served in the order of its
+``CellOrder`` (``notebookos.policies.cell_order``: arrival, themis, qssf).
+
+Each waiting cell's placement runs on its own front's thread; the queue only says whose turn it
+is. A cell may try to bind GPUs when every cell ahead of it in the order has tried since the last
+GPU release and could not be placed: the cell at the head gets the GPUs a release frees, and a cell
+that wants other hosts waits at most one round of tries for the ones ahead. The queue also tells
+the order which cells started and finished, so that it can learn (GPU-time per user, durations
+per notebook).
+
+Not thread-safe on its own: every call is made holding the lock of the condition variable the
+scheduler waits on (``GlobalSchedulerService._placement_cv``), which ``tried`` and ``leave``
+notify.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from notebookos.policies.cell_order import CellOrder, WaitingCell
+
+MAX_STARTED = 100_000  # cells whose release never came (their kernel vanished): bounded
+
+
+@dataclass(slots=True)
+class _Waiter:
+    cell: WaitingCell
+    failed_at: int = -1  # the release count when its last unsuccessful try began
+
+
+@dataclass(slots=True)
+class CellQueue:
+    order: CellOrder
+    clock: Callable[[], float] = time.monotonic
+    _waiters: dict[tuple[str, str], _Waiter] = field(default_factory=dict)
+    _started: dict[tuple[str, str], tuple[WaitingCell, float]] = field(default_factory=dict)
+    _seq: itertools.count = field(default_factory=itertools.count)
+
+    def join(self, kernel_id: str, msg_id: str, *, user: str, notebook: str, gpus: int
+              ) -> WaitingCell:
+        now = self.clock()
+        cell = WaitingCell(kernel_id, msg_id, user, notebook, gpus, now, next(self._seq))
+        self._waiters[(kernel_id, msg_id)] = _Waiter(cell)
+        self.order.cell_waiting(cell, now)
+        return cell
+
+    def _ahead(self, cell: WaitingCell) -> list[_Waiter]:
+        now = self.clock()
+        mine = self.order.key(cell, now)
+        return [w for w in self._waiters.values()
+                if w.cell is not cell and self.order.key(w.cell, now) < mine]
+
+    def may_try(self, cell: WaitingCell, releases: int) -> bool:
+        """Every cell ahead of ``cell`` tried since release number ``releases`` and failed."""
+        return all(w.failed_at >= releases for w in self._ahead(cell))
+
+    def position(self, cell: WaitingCell) -> int:
+        """How many waiting cells are ahead of ``cell``."""
+        return len(self._ahead(cell))
+
+    def tried(self, cell: WaitingCell, releases: int, placed: bool) -> None:
+        """``cell`` tried (its try began at release number ``releases``)."""
+        waiter = self._waiters.get((cell.kernel_id, cell.msg_id))
+        if waiter is None:
+            return
+        if not placed:
+            waiter.failed_at = max(waiter.failed_at, releases)
+            return
+        del self._waiters[(cell.kernel_id, cell.msg_id)]
+        now = self.clock()
+        self.order.cell_started(cell, now)
+        if len(self._started) >= MAX_STARTED:
+            old, _ = self._started.pop(next(iter(self._started)))
+            self.order.cell_finished(old, float("nan"), now)
+        self._started[(cell.kernel_id, cell.msg_id)] = (cell, now)
+
+    def leave(self, cell: WaitingCell) -> None:
+        """``cell`` stops waiting without having run (withdrawn, failed, its kernel stopped)."""
+        if self._waiters.pop((cell.kernel_id, cell.msg_id), None) is not None:
+            self.order.cell_left(cell, self.clock())
+
+    def finished(self, kernel_id: str, msg_id: str) -> None:
+        """The cell's GPUs were released (or its executor was lost): it ran until now."""
+        started = self._started.pop((kernel_id, msg_id), None)
+        if started is not None:
+            cell, at = started
+            now = self.clock()
+            self.order.cell_finished(cell, now - at, now)
+
+    def kernel_gone(self, kernel_id: str) -> None:
+        """The kernel stopped: its running cells end now (not learnt from: cut short)."""
+        now = self.clock()
+        for key in [k for k in self._started if k[0] == kernel_id]:
+            cell, _ = self._started.pop(key)
+            self.order.cell_finished(cell, float("nan"), now)
+
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def explain(self, cell: WaitingCell) -> str:
+        ahead = self.position(cell)
+        why = self.order.explain(cell, self.clock())
+        where = f"{ahead} cell(s) ahead of it in the queue" if ahead else "first in the queue"
+        return f"{where}; {why}" if why else where
