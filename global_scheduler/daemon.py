@@ -25,6 +25,7 @@ from notebookos.global_scheduler.registry_store import (
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.metrics import MetricsServer
 from notebookos.policies import get_policy
+from notebookos.policies.gpu_sharing import GpuSharing
 from notebookos.policies.live import policy_params
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.security import (
@@ -74,6 +75,8 @@ class GlobalSchedulerDaemon:
             connect=connect,
         )
         self.service.migration_retries = gs.migration_retries
+        if gs.gpu_sharing == "tensorshare":
+            self.service.gpu_sharing = GpuSharing(gs.gpu_sharing_predictor)
         # mutual TLS; the Local Schedulers' methods also need the cluster join token
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
                                   interceptors=[interceptor])
