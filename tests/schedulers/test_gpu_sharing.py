@@ -5,6 +5,9 @@ Local Scheduler's status say who shares it); a third such kernel waits (never th
 and runs beside the second once the first is done; a kernel with gpu_sla 1 never shares: it
 waits until the device is free, and its cell overlaps no other.
 
+The host is configured to run MPS: the replicas of the kernels that may share start with
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the gpu_sla 1 kernel's without.
+
 Each kernel has one replica (the single host holds at most one replica of a kernel), so no
 migration can give the waiting cells a GPU either: they wait for the device.
 """
@@ -50,15 +53,21 @@ def test_two_kernels_share_one_gpu_never_three_and_sla_1_never_shares(make_clust
                             "NOTEBOOKOS_GLOBAL_SCHEDULER_GPU_SHARING_PREDICTOR": "ridge",
                             "NOTEBOOKOS_CLUSTER_REPLICAS_PER_KERNEL": "1",
                             "NOTEBOOKOS_CLUSTER_MAX_SUBSCRIPTION_RATIO": "8",
-                            "NOTEBOOKOS_GLOBAL_SCHEDULER_CELL_QUEUE_TIMEOUT_S": "120"})
+                            "NOTEBOOKOS_GLOBAL_SCHEDULER_CELL_QUEUE_TIMEOUT_S": "120",
+                            # the host runs MPS (virtual GPUs here: only the replicas'
+                            # environment shows it)
+                            "NOTEBOOKOS_LOCAL_SCHEDULER_MPS": "true",
+                            "NOTEBOOKOS_LOCAL_SCHEDULER_MPS_PERCENTAGE": "30"})
     cluster.start_gs()
     cluster.start_ls("host-0", gpus=1, prewarm=0)
     cluster.wait_hosts(1)
     names = ("a", "b", "c", "never")
     slas = {"a": "2", "b": "2", "c": "2", "never": "1"}
     kernels = {n: cluster.start_kernel(gpus=1, hints={"gpu_sla": slas[n]}) for n in names}
-    for _, kc in kernels.values():  # each kernel up, one cell run alone
-        assert _run(kc, "x = 1")["reply"]["content"]["status"] == "ok"
+    for name, (_, kc) in kernels.items():  # each kernel up, one cell run alone
+        env = _run(kc, "import os; print(os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'))")
+        # MPS caps the SMs of the replicas of kernels that may share, not the others'
+        assert _text(env, "stdout") == ("None\n" if name == "never" else "30\n"), (name, env)
     owner = {n: f"{kid}/1" for n, (kid, _) in kernels.items()}
     ls_address = cluster.status().hosts[0].address
 
