@@ -76,7 +76,9 @@ class GlobalSchedulerDaemon:
         )
         self.service.migration_retries = gs.migration_retries
         if gs.gpu_sharing == "tensorshare":
-            self.service.gpu_sharing = GpuSharing(gs.gpu_sharing_predictor)
+            sharing = self.service.gpu_sharing = GpuSharing(gs.gpu_sharing_predictor)
+            log.info("GPU sharing on (tensorshare): %s predictor, test SMAPE %.1f%%",
+                     sharing.predictor_name, getattr(sharing.predictor, "test_smape", 0.0))
         # mutual TLS; the Local Schedulers' methods also need the cluster join token
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
                                   interceptors=[interceptor])

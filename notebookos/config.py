@@ -155,8 +155,9 @@ class GlobalSchedulerSettings:
         "auto", "gpu_sharing = tensorshare: the slowdown predictor for two known workloads: "
         "`mlp` (TensorShare's network, needs torch), `ridge` (a linear model, no torch), "
         "`oracle` (the simulator's synthetic ground truth), `blind` (no slowdown), `auto` (mlp "
-        "when torch is installed, else ridge). Pairs with an unknown workload get the slowdown "
-        "measured on an H100 (1.72, docs/evaluation.md).",
+        "when torch is installed, else ridge). The model is trained when the Global Scheduler "
+        "starts (mlp: about 10 s on two cores; ridge: about 1 s). Pairs with an unknown "
+        "workload get the slowdown measured on an H100 (1.72, docs/evaluation.md).",
         lambda v: None if v in ("auto", "mlp", "ridge", "oracle", "blind") else
         "auto, mlp, ridge, oracle or blind")
     autoscale: bool = setting(True, "Scale hosts out and in automatically.")

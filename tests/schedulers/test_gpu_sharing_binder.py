@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from notebookos.local_scheduler.binding import GpuBinder
+from notebookos.local_scheduler.sharing import replica_environment
 
 
 def test_two_shareable_requests_share_one_device_never_three() -> None:
@@ -101,3 +104,10 @@ def test_concurrent_sharers_never_make_three() -> None:
         t.join()
     assert len(won) == 1
     assert len(binder.shared_devices()[0]) == 2
+
+
+def test_mps_share_of_a_sharing_replica() -> None:
+    assert replica_environment(30) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+    assert replica_environment(None) == {}
+    with pytest.raises(ValueError, match="1 to 100; got 0"):
+        replica_environment(0)
