@@ -26,6 +26,7 @@ from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.metrics import MetricsServer
 from notebookos.policies import get_policy
 from notebookos.policies.cell_order import cell_order_for
+from notebookos.policies.gpu_sharing import GpuSharing
 from notebookos.policies.live import policy_params
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.security import (
@@ -76,6 +77,10 @@ class GlobalSchedulerDaemon:
             connect=connect,
         )
         self.service.migration_retries = gs.migration_retries
+        if gs.gpu_sharing == "tensorshare":
+            sharing = self.service.gpu_sharing = GpuSharing(gs.gpu_sharing_predictor)
+            log.info("GPU sharing on (tensorshare): %s predictor, test SMAPE %.1f%%",
+                     sharing.predictor_name, getattr(sharing.predictor, "test_smape", 0.0))
         # mutual TLS; the Local Schedulers' methods also need the cluster join token
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
                                   interceptors=[interceptor])

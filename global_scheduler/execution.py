@@ -15,6 +15,7 @@ from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.global_scheduler.sharing import SharingMixin
 from notebookos.policies.cell_order import WaitingCell
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 WITHDRAWN = "the cell was withdrawn while it waited (the kernel was interrupted)"
 
 
-class ExecutionMixin:
+class ExecutionMixin(SharingMixin):
     def _wait_for_replicas(self, kernel_id: str, msg_id: str) -> None:
         """A cell that arrives while the kernel has no replica because it is being rebuilt or
         its replacements are starting waits for them (up to the replica start timeout) instead
@@ -213,7 +214,9 @@ class ExecutionMixin:
         """One try: commit on a replica's host (the policy's executor first), else migrate a
         replica to a host that can bind the GPUs now (when the policy migrates and a host can
         take it) and commit there. Returns ((replica, device ids) or None, why not, whether a
-        migration was tried and failed)."""
+        migration was tried and failed). With GPU sharing on, a cell no host can give GPUs
+        exclusively may share a device with another kernel's cell (``_try_share``) before any
+        migration."""
         with self.lock:
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
@@ -222,12 +225,14 @@ class ExecutionMixin:
             order = self._executor_order(kernel, request)
             links = {rid: (entry.replicas[rid].host_id, self.hosts.get(entry.replicas[rid].host_id))
                      for rid in order if rid in entry.replicas}
+            shareable = self._may_share(entry)
         reasons = []
         for rid in order:
             host_id, link = links.get(rid, ("?", None))
             if link is None:
                 continue
-            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
+            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus,
+                                                  shareable=shareable)
             if device_ids is None:
                 log.debug("kernel %s: replica %d cannot run %s now: %s", kernel_id, rid,
                           msg_id[:8], reason)
@@ -239,7 +244,10 @@ class ExecutionMixin:
         if not reasons:
             return (None, "the kernel has no replica to run the cell (replacements are "
                     "starting)", False)
-        why = f"every replica's host is busy ({'; '.join(reasons)})"
+        placed, not_shared = self._try_share(kernel_id, msg_id, request, order, links)
+        if placed is not None:
+            return placed, "", False
+        why = f"every replica's host is busy ({'; '.join(reasons)}){not_shared}"
         if not self.policy.supports_migration:
             return None, why, False
         with self.lock:
@@ -261,7 +269,8 @@ class ExecutionMixin:
                 self.on_capacity_wanted(request.gpus)
             return None, f"{why}, and migrating a replica failed: {exc}", True
         link = self.hosts.get(host_id)
-        device_ids, reason = (link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
+        device_ids, reason = (link.commit_gpus(kernel_id, rid, msg_id, request.gpus,
+                                               shareable=shareable)
                               if link is not None else (None, f"host {host_id} is gone"))
         if device_ids is None:
             return (None, f"{why}; the replica moved to {host_id}, which cannot bind them: "
@@ -319,6 +328,7 @@ class ExecutionMixin:
             if host is not None and replica is not None \
                     and host.commitment_of(replica.owner) is not None:
                 host.release(replica.owner)
+            self._sharing_released(kernel_id, msg_id, host_id)
             link = self.hosts.get(host_id)
         if link is not None:  # not waited for: the front forwards the idle meanwhile
             link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(

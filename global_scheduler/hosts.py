@@ -111,23 +111,34 @@ class HostLink:
         except Exception as exc:  # noqa: BLE001 - cancelled at shutdown
             log.info("release of GPUs on %s did not finish: %s", self.host_id, exc)
 
-    def commit_gpus(self, kernel_id: str, replica_id: int, request_id: str,
-                    gpus: int) -> tuple[list[int] | None, str]:
+    def commit_gpus(self, kernel_id: str, replica_id: int, request_id: str, gpus: int, *,
+                    shareable: bool = False) -> tuple[list[int] | None, str]:
         """Ask this host to commit ``gpus`` GPUs to a replica for one request, after every
         release asked for before (held releases ride on the commit): (device ids, "") or
-        (None, why not)."""
+        (None, why not). ``shareable``: one other kernel's cell may later share them."""
+        ids, _, reason = self.commit_gpus_shared(kernel_id, replica_id, request_id, gpus,
+                                                 shareable=shareable)
+        return ids, reason
+
+    def commit_gpus_shared(self, kernel_id: str, replica_id: int, request_id: str, gpus: int,
+                           *, shareable: bool = False, share: bool = False,
+                           preferred: list[int] | None = None
+                           ) -> tuple[list[int] | None, list[int], str]:
+        """``commit_gpus`` that may join devices another cell holds (``share``: the devices of
+        ``preferred``): (device ids, the ones shared, "") or (None, [], why not)."""
         held = self._take_held_releases()
         self._wait_for_sent_releases()
         try:
             resp = self.stub.CommitGpus(local_scheduler_pb2.CommitGpusRequest(
                 kernel_id=kernel_id, replica_id=replica_id, request_id=request_id, gpus=gpus,
-                release_first=held), timeout=5)
+                release_first=held, shareable=shareable, share=share,
+                preferred_device_ids=preferred or []), timeout=5)
         except grpc.RpcError as exc:
             self._send_releases(held)  # the host may not have applied them (twice is harmless)
-            return None, f"host {self.host_id}: {exc.details()}"
+            return None, [], f"host {self.host_id}: {exc.details()}"
         if not resp.committed:
-            return None, f"host {self.host_id}: {resp.reason}"
-        return list(resp.device_ids), ""
+            return None, [], f"host {self.host_id}: {resp.reason}"
+        return list(resp.device_ids), list(resp.shared_device_ids), ""
 
     def _wait_for_sent_releases(self, timeout: float = 5.0) -> None:
         """Wait until every release sent to this host so far has been answered (or failed)."""

@@ -137,7 +137,7 @@ class ReplicaStarterMixin:
                 key=entry.key, signature_scheme=entry.signature_scheme, resources=request_spec,
                 use_prewarmed=prewarmed, join_existing_group=join,
                 restore_from_checkpoint=restore, env={**entry.env, **(extra_env or {})},
-                kernel_name=entry.kernel_name)
+                kernel_name=entry.kernel_name, gpu_sharing=self._may_share(entry))
             calls[rid] = (link, raft, link.stub.StartReplica.future(req, timeout=60))
         started: dict[int, ReplicaLink] = {}
         errors = []

@@ -85,11 +85,13 @@ class StatusMixin:
             hosts = []
             for host_id, host in self.cluster.hosts.items():
                 link = self.hosts[host_id]
+                shared = self.shared_devices(host_id)
                 hosts.append(common_pb2.HostStatus(
                     host_id=host_id, address=link.address,
                     capacity=resource_spec_to_proto(host.capacity),
                     subscribed=resource_spec_to_proto(host.subscribed),
-                    gpus=[common_pb2.GpuDevice(**g) for g in link.gpus],
+                    gpus=[common_pb2.GpuDevice(**g, shared_by=shared.get(g["device_id"], []))
+                          for g in link.gpus],
                     virtual_gpus=link.virtual_gpus, gpus_committed=host.committed.gpus,
                     gpus_pending=host.pending.gpus,
                     subscription_ratio=host.subscription_ratio(self.replicas_per_kernel),

@@ -98,7 +98,7 @@ class LocalSchedulerDaemon:
         self.service = LocalSchedulerService(
             host, make_launcher, self.pool, self._report,
             stop_grace_period_s=ls.stop_grace_period_s, on_shutdown=self._shutdown_requested,
-            metrics=self.metrics,
+            metrics=self.metrics, mps_percentage=ls.mps_percentage if ls.mps else None,
         )
         self.link = GlobalSchedulerLink(self.service, ls.global_scheduler,
                                         ls.heartbeat_interval_s, ls.prewarm_pool_size,

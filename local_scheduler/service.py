@@ -15,6 +15,7 @@ from notebookos.local_scheduler.binding import GpuBinder
 from notebookos.local_scheduler.gpus import Gpu
 from notebookos.local_scheduler.launcher import LaunchedReplica, Launcher, ReplicaSpec
 from notebookos.local_scheduler.prewarm import PrewarmPool
+from notebookos.local_scheduler.sharing import replica_environment
 from notebookos.metrics import HostSnapshot, LocalSchedulerMetrics
 from notebookos.ports import free_ports
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
@@ -77,8 +78,12 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         ready_timeout_s: float = 120.0,
         on_shutdown: Callable[[str], None] | None = None,
         metrics: LocalSchedulerMetrics | None = None,
+        mps_percentage: int | None = None,
     ) -> None:
+        """``mps_percentage``: this host runs MPS; replicas of kernels that may share a GPU
+        start capped at this share of its SMs (None: no MPS, no cap)."""
         self.host = host
+        self.sharing_env = replica_environment(mps_percentage)
         self.metrics = metrics or LocalSchedulerMetrics(self.metrics_snapshot,
                                                         host_id=host.host_id)
         self.launcher = launcher_factory(self._replica_exited)
@@ -131,11 +136,13 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         h = self.host
         target, ready, _, _ = self.pool.status()
         sub = self.subscribed()
+        shared = self.binder.shared_devices()
         sr = sub.gpus / (h.capacity.gpus * 3) if h.capacity.gpus else 0.0
         return common_pb2.HostStatus(
             host_id=h.host_id, address=h.address, capacity=resource_spec_to_proto(h.capacity),
             subscribed=resource_spec_to_proto(sub),
-            gpus=[common_pb2.GpuDevice(device_id=g.device_id, name=g.name, vram_gb=g.vram_gb)
+            gpus=[common_pb2.GpuDevice(device_id=g.device_id, name=g.name, vram_gb=g.vram_gb,
+                                       shared_by=shared.get(g.device_id, []))
                   for g in h.gpus],
             virtual_gpus=h.virtual_gpus, gpus_committed=h.capacity.gpus - self.binder.idle,
             subscription_ratio=sr, prewarm_pool_size=ready, draining=self.draining,
@@ -206,7 +213,8 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             store_url=request.store_url, key=request.key, signature_scheme=scheme,
             join=request.join_existing_group,
             restore_from_checkpoint=request.restore_from_checkpoint,
-            env=dict(request.env), kernel_name=request.kernel_name,
+            env={**request.env, **(self.sharing_env if request.gpu_sharing else {})},
+            kernel_name=request.kernel_name,
         )
         with self._lock:
             for (kid, rid) in self._replicas:
@@ -359,7 +367,8 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"replica {entry.spec.owner} is not running")
         result = self.binder.commit(entry.spec.owner, request.request_id, request.gpus,
-                                    list(request.preferred_device_ids))
+                                    list(request.preferred_device_ids),
+                                    shareable=request.shareable, share=request.share)
         self.metrics.gpu_commits.labels(
             outcome="committed" if result.committed else "refused").inc()
         if result.committed:
@@ -367,7 +376,7 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             entry.last_cell_device_ids = list(result.device_ids)
         return local_scheduler_pb2.CommitGpusResponse(
             committed=result.committed, device_ids=result.device_ids, reason=result.reason,
-            gpus_idle=result.gpus_idle)
+            gpus_idle=result.gpus_idle, shared_device_ids=result.shared_ids)
 
     def ReleaseGpus(self, request, context):  # noqa: N802
         entry = self._entry(request.kernel_id, request.replica_id, context)

@@ -141,6 +141,25 @@ class GlobalSchedulerSettings:
         3, "Failed migrations (a target host was chosen but moving the replica failed) before a "
         "waiting cell fails; a cell that merely finds no host free waits (cell_queue_timeout_s).",
         _at_least(0))
+    gpu_sharing: str = setting(
+        "off", "GPU sharing between two kernels' cells where a cell's GPUs are committed on "
+        "one of its kernel's replicas (notebookos and the other policies with long-lived "
+        "replicas; not reservation's session GPUs, nor batch/lcp containers): `off`, or "
+        "`tensorshare` (when a "
+        "cell's GPUs are busy on its replicas' hosts, it may share a device with one running "
+        "cell of another kernel if both kernels' gpu_sla allow it and the slowdown predictor "
+        "says both stay within it; never three on a device). A kernel's gpu_sla comes from its "
+        "kernelspec (docs/policies.md, Live GPU sharing).",
+        lambda v: None if v in ("off", "tensorshare") else "off or tensorshare")
+    gpu_sharing_predictor: str = setting(
+        "auto", "gpu_sharing = tensorshare: the slowdown predictor for two known workloads: "
+        "`mlp` (TensorShare's network, needs torch), `ridge` (a linear model, no torch), "
+        "`oracle` (the simulator's synthetic ground truth), `blind` (no slowdown), `auto` (mlp "
+        "when torch is installed, else ridge). The model is trained when the Global Scheduler "
+        "starts (mlp: about 10 s on two cores; ridge: about 1 s). Pairs with an unknown "
+        "workload get the slowdown measured on an H100 (1.72, docs/evaluation.md).",
+        lambda v: None if v in ("auto", "mlp", "ridge", "oracle", "blind") else
+        "auto, mlp, ridge, oracle or blind")
     autoscale: bool = setting(True, "Scale hosts out and in automatically.")
     autoscale_interval_s: float = setting(15.0, "Seconds between autoscaler runs.", _at_least(0.1))
     scaling_factor: float = setting(
@@ -227,6 +246,13 @@ class LocalSchedulerSettings:
         "AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,AWS_DEFAULT_REGION,AWS_REGION",
         "docker launcher: comma-separated environment variables of this Local Scheduler handed to "
         "every replica container (the large-object store's credentials).")
+    mps: bool = setting(
+        False, "This host runs an MPS control daemon (`nvidia-cuda-mps-control -d`): replicas of "
+        "kernels that may share a GPU (gpu_sla > 1, global_scheduler.gpu_sharing on) start with "
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = mps_percentage, capping each sharer's SMs.")
+    mps_percentage: int = setting(
+        50, "mps: the share of a GPU's SMs each sharing replica may use (1-100).",
+        _between(1, 100))
 
 
 @dataclass(frozen=True)

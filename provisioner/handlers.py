@@ -82,6 +82,11 @@ class KernelHandler(NotebookOSHandler):
         entry["last_interactivity_delay_ms"] = (
             round(last.last_interactivity_delay_ms, 3) if last is not None else None
         )
+        # GPU sharing: the devices a replica of this kernel shares with another kernel now
+        entry["shared_gpus"] = [
+            {"host_id": h["id"], "device_id": g["device_id"], "replicas": g["replicas"]}
+            for h in doc["hosts"] for g in h.get("shared_gpus", [])
+            if any(r.rpartition("/")[0] == kernel_id for r in g["replicas"])]
         self.finish(json.dumps(entry))
 
 

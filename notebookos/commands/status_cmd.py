@@ -5,7 +5,9 @@ The JSON keys are a stable contract: ``hosts`` (``id``, ``address``, ``gpus`` wi
 ``replica_id``/``host_id``/``pid``/``state``, ``executor``) and ``metrics`` (``global_scheduler``:
 the URL of the Global Scheduler's Prometheus ``/metrics``, ``local_schedulers``: ``{host_id: URL}``,
 ``service_discovery``: the URL of its Prometheus HTTP service discovery; an empty string where a
-daemon serves none). Other keys may be added.
+daemon serves none). Each host's ``shared_gpus`` lists the devices two kernels' cells share now
+(GPU sharing): ``device_id`` and ``replicas`` (``"kernel_id/replica_id"``, the first holder
+first). Other keys may be added.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def status_document(status: global_scheduler_pb2.ClusterStatus,
         "subscription_ratio": round(h.subscription_ratio, 6),
         "prewarm_pool_size": h.prewarm_pool_size,
         "draining": h.draining,
+        "shared_gpus": [{"device_id": g.device_id, "replicas": list(g.shared_by)}
+                        for g in h.gpus if g.shared_by],
     } for h in status.hosts]
     kernels = [{
         "id": k.kernel_id,
@@ -86,6 +90,9 @@ def render_text(doc: dict[str, Any]) -> str:
         g = h["gpus"]
         lines.append(f"  {h['id']:<24} {h['address']:<22} {g['total']:>5} {g['committed']:>5} "
                      f"{g['pending']:>5} {h['subscription_ratio']:>6.3f}")
+        for shared in h.get("shared_gpus", []):
+            lines.append(f"    GPU {shared['device_id']} shared by "
+                         f"{' and '.join(shared['replicas'])}")
     lines += ["", "KERNELS"]
     for k in doc["kernels"]:
         delay = ""

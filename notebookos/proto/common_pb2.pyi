@@ -66,14 +66,16 @@ class ResourceSpec(_message.Message):
     def __init__(self, millicpus: _Optional[int] = ..., memory_mb: _Optional[int] = ..., gpus: _Optional[int] = ..., vram_gb: _Optional[float] = ...) -> None: ...
 
 class GpuDevice(_message.Message):
-    __slots__ = ("device_id", "name", "vram_gb")
+    __slots__ = ("device_id", "name", "vram_gb", "shared_by")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     VRAM_GB_FIELD_NUMBER: _ClassVar[int]
+    SHARED_BY_FIELD_NUMBER: _ClassVar[int]
     device_id: int
     name: str
     vram_gb: float
-    def __init__(self, device_id: _Optional[int] = ..., name: _Optional[str] = ..., vram_gb: _Optional[float] = ...) -> None: ...
+    shared_by: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, device_id: _Optional[int] = ..., name: _Optional[str] = ..., vram_gb: _Optional[float] = ..., shared_by: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ConnectionInfo(_message.Message):
     __slots__ = ("ip", "transport", "shell_port", "iopub_port", "stdin_port", "control_port", "hb_port", "key", "signature_scheme")

@@ -18,7 +18,7 @@ class RaftPeer(_message.Message):
     def __init__(self, replica_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class StartReplicaRequest(_message.Message):
-    __slots__ = ("kernel_id", "replica_id", "raft_address", "raft_peers", "store_url", "key", "signature_scheme", "resources", "use_prewarmed", "require_prewarmed", "restore_from_checkpoint", "join_existing_group", "env", "kernel_name")
+    __slots__ = ("kernel_id", "replica_id", "raft_address", "raft_peers", "store_url", "key", "signature_scheme", "resources", "use_prewarmed", "require_prewarmed", "restore_from_checkpoint", "join_existing_group", "env", "kernel_name", "gpu_sharing")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class StartReplicaRequest(_message.Message):
     JOIN_EXISTING_GROUP_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     KERNEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    GPU_SHARING_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     replica_id: int
     raft_address: str
@@ -54,7 +55,8 @@ class StartReplicaRequest(_message.Message):
     join_existing_group: bool
     env: _containers.ScalarMap[str, str]
     kernel_name: str
-    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., raft_peers: _Optional[_Iterable[_Union[RaftPeer, _Mapping]]] = ..., store_url: _Optional[str] = ..., key: _Optional[str] = ..., signature_scheme: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.ResourceSpec, _Mapping]] = ..., use_prewarmed: _Optional[bool] = ..., require_prewarmed: _Optional[bool] = ..., restore_from_checkpoint: _Optional[bool] = ..., join_existing_group: _Optional[bool] = ..., env: _Optional[_Mapping[str, str]] = ..., kernel_name: _Optional[str] = ...) -> None: ...
+    gpu_sharing: bool
+    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., raft_address: _Optional[str] = ..., raft_peers: _Optional[_Iterable[_Union[RaftPeer, _Mapping]]] = ..., store_url: _Optional[str] = ..., key: _Optional[str] = ..., signature_scheme: _Optional[str] = ..., resources: _Optional[_Union[_common_pb2.ResourceSpec, _Mapping]] = ..., use_prewarmed: _Optional[bool] = ..., require_prewarmed: _Optional[bool] = ..., restore_from_checkpoint: _Optional[bool] = ..., join_existing_group: _Optional[bool] = ..., env: _Optional[_Mapping[str, str]] = ..., kernel_name: _Optional[str] = ..., gpu_sharing: _Optional[bool] = ...) -> None: ...
 
 class StartReplicaResponse(_message.Message):
     __slots__ = ("connection", "pid", "from_prewarm_pool", "raft_address")
@@ -115,32 +117,38 @@ class PrepareReplicaToMigrateResponse(_message.Message):
     def __init__(self, checkpoint_ref: _Optional[str] = ..., raft_commit_index: _Optional[int] = ...) -> None: ...
 
 class CommitGpusRequest(_message.Message):
-    __slots__ = ("kernel_id", "replica_id", "request_id", "gpus", "preferred_device_ids", "release_first")
+    __slots__ = ("kernel_id", "replica_id", "request_id", "gpus", "preferred_device_ids", "release_first", "shareable", "share")
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIRST_FIELD_NUMBER: _ClassVar[int]
+    SHAREABLE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     replica_id: int
     request_id: str
     gpus: int
     preferred_device_ids: _containers.RepeatedScalarFieldContainer[int]
     release_first: _containers.RepeatedCompositeFieldContainer[ReleaseGpusRequest]
-    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., request_id: _Optional[str] = ..., gpus: _Optional[int] = ..., preferred_device_ids: _Optional[_Iterable[int]] = ..., release_first: _Optional[_Iterable[_Union[ReleaseGpusRequest, _Mapping]]] = ...) -> None: ...
+    shareable: bool
+    share: bool
+    def __init__(self, kernel_id: _Optional[str] = ..., replica_id: _Optional[int] = ..., request_id: _Optional[str] = ..., gpus: _Optional[int] = ..., preferred_device_ids: _Optional[_Iterable[int]] = ..., release_first: _Optional[_Iterable[_Union[ReleaseGpusRequest, _Mapping]]] = ..., shareable: _Optional[bool] = ..., share: _Optional[bool] = ...) -> None: ...
 
 class CommitGpusResponse(_message.Message):
-    __slots__ = ("committed", "device_ids", "reason", "gpus_idle")
+    __slots__ = ("committed", "device_ids", "reason", "gpus_idle", "shared_device_ids")
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     GPUS_IDLE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     committed: bool
     device_ids: _containers.RepeatedScalarFieldContainer[int]
     reason: str
     gpus_idle: int
-    def __init__(self, committed: _Optional[bool] = ..., device_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., gpus_idle: _Optional[int] = ...) -> None: ...
+    shared_device_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, committed: _Optional[bool] = ..., device_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., gpus_idle: _Optional[int] = ..., shared_device_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseGpusRequest(_message.Message):
     __slots__ = ("kernel_id", "replica_id", "request_id", "all_requests")

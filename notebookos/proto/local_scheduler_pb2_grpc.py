@@ -138,6 +138,8 @@ class LocalSchedulerServicer:
         request_id: repeating it returns the same devices. When the GPUs are not free now the answer
         is committed = false with a reason (the GS then turns the request into a yield); this is not
         an error.
+        With share, the devices may be ones another kernel's request already holds (see
+        CommitGpusRequest.share); never three holders on one device.
         INVALID_ARGUMENT: empty request_id, gpus < 0, gpus more than the host has at all.
         NOT_FOUND: no such replica on this host.
         FAILED_PRECONDITION: the replica is not running, or is MIGRATING.

@@ -77,6 +77,7 @@ def test_cluster_endpoint_serves_the_status_document(stack: Stack) -> None:
         assert {"id", "address", "gpus", "subscription_ratio"} <= set(host)
         assert {"total", "committed", "pending"} <= set(host["gpus"])
         assert host["gpus"]["total"] == 2
+        assert host["shared_gpus"] == []  # GPU sharing is off
 
 
 @pytest.mark.parametrize("path", ["/api/notebookos/cluster", "/api/notebookos/kernels/x"])
@@ -101,6 +102,7 @@ def test_kernel_endpoint_after_a_cell(stack: Stack) -> None:
     assert entry["last_cell_gpus"]["host_id"] == executor["host_id"]
     assert len(entry["last_cell_gpus"]["device_ids"]) == 2  # the 2-GPU kernelspec's request
     assert entry["last_interactivity_delay_ms"] is not None
+    assert entry["shared_gpus"] == []
 
     code, err = stack.get("/api/notebookos/kernels/no-such-kernel")
     assert code == 404 and "no-such-kernel" in err["message"]
