@@ -139,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
                              f"known: {', '.join(sorted(known))}")
         SimConfig(**sim_settings)  # refuse bad values before the run
         cluster_values = _pairs(args.cluster_set, "--cluster-set")
+        # The simulation beside the replay serves waiting cells in the live cluster's order.
+        order = cluster_values.get("global_scheduler.cell_order")
+        if order is not None and "cell_order" not in sim_settings:
+            sim_settings["cell_order"] = order
+            SimConfig(**sim_settings)
         local = parse_cluster(args.local) if args.local else None
         if args.cell_timeout <= 0 or args.immediate_threshold < 0:
             raise ValueError("--cell-timeout must be > 0 and --immediate-threshold >= 0")

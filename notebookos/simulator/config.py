@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from notebookos.policies.cell_order import CELL_ORDERS
+
 PLACEMENTS = ("pooled", "consolidated")
 
 
@@ -48,12 +50,16 @@ class SimConfig:
     standby_billing: str = "flat"  # flat per standby replica (5.5's example), or per_gpu
     reservation_billing: str = "reserved"  # reservation pays every GPU-hour it holds, or usage
     timeline_points: int = 2000  # about this many timeline samples
+    cell_order: str = "arrival"  # session policies: global_scheduler.cell_order (cell_order.py)
     seed: int = 0
     policy_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.hosts < 0 or self.gpus_per_host < 1 or self.max_hosts < max(1, self.hosts):
             raise ValueError("need hosts >= 0, gpus_per_host >= 1 and max_hosts >= hosts")
+        if self.cell_order not in CELL_ORDERS:
+            raise ValueError(f"cell_order {self.cell_order!r} must be one of "
+                             f"{', '.join(CELL_ORDERS)}")
         if self.standby_billing not in ("flat", "per_gpu"):
             raise ValueError(f"standby_billing {self.standby_billing!r} must be flat or per_gpu")
         if self.reservation_billing not in ("usage", "reserved"):

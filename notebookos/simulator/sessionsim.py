@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from notebookos.cluster import Cluster, Kernel, ReplicaState
 from notebookos.policies import placement
 from notebookos.policies.base import Policy, ScalingView
+from notebookos.policies.cell_order import ArrivalOrder, WaitingCell, cell_order_for
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.hosts import HostFactory
 from notebookos.simulator.records import RunRecord, TaskRecord
@@ -38,6 +39,7 @@ class _Run:
     host_id: str = ""
     owner: str = ""
     container: str = ""  # batch/lcp: the per-cell container's kernel id
+    cell: WaitingCell | None = None  # as the cell order sees it, from its first try
 
 
 @dataclass(slots=True)
@@ -73,6 +75,8 @@ class SessionSimulator:
         self.seq = 0
         self.provisioning = 0
         self.wait: deque[_Sess] = deque()
+        # The live Global Scheduler's cell queue order (global_scheduler.cell_order).
+        self.cell_order = cell_order_for(config.cell_order)
         self.waiting_gpus = 0
         self.waiting_subscriptions = 0
         self.warm: dict[str, int] = {}  # per host: prewarm (notebookos) or warm (lcp) containers
@@ -321,7 +325,7 @@ class SessionSimulator:
             return
         top = next(placement.most_idle_first(self.cluster, limit=1), None)
         max_idle = 0 if top is None else top.idle_gpus
-        for sess in list(self.wait):
+        for sess in self._wait_order(now):
             if not sess.waiting:
                 continue
             need = self._waiting_need(sess)
@@ -333,6 +337,18 @@ class SessionSimulator:
                 return
             top = next(placement.most_idle_first(self.cluster, limit=1), None)
             max_idle = 0 if top is None else top.idle_gpus
+
+    def _wait_order(self, now: float) -> list[_Sess]:
+        """The waiting sessions in the cell order: arrival, or (themis, qssf) the order's key
+        of each one's waiting cell; sessions waiting for their kernel's hosts keep arrival
+        order, ahead of the cells."""
+        if isinstance(self.cell_order, ArrivalOrder):
+            return list(self.wait)
+        self.cell_order.set_capacity(self.cluster.total_gpus)
+        kernels = [s for s in self.wait if not s.queue or s.queue[0].cell is None]
+        cells = [s for s in self.wait if s.queue and s.queue[0].cell is not None]
+        cells.sort(key=lambda s: self.cell_order.key(s.queue[0].cell, now))
+        return kernels + cells
 
     def _waiting_need(self, sess: _Sess) -> int:
         return self.mode.waiting_need(sess)
@@ -368,6 +384,9 @@ class SessionSimulator:
 
     def _teardown(self, sess: _Sess, now: float) -> None:
         sess.ended = True
+        for run in sess.queue:  # cells that never ran
+            if run.cell is not None:
+                self.cell_order.cell_left(run.cell, now)
         self.active_sessions -= 1
         self.live_sessions -= 1
         if sess.waiting:
@@ -400,7 +419,13 @@ class SessionSimulator:
             return True
         if not self.mode.can_run(sess):
             return True  # KERNEL_READY will call again
-        return self.mode.try_run(sess, sess.queue[0], now)
+        run = sess.queue[0]
+        if run.cell is None:
+            task = run.task
+            run.cell = WaitingCell(sess.s.session_id, task.task_id, task.user or sess.s.session_id,
+                                   sess.s.session_id, task.gpus, now, self.seq)
+            self.cell_order.cell_waiting(run.cell, now)
+        return self.mode.try_run(sess, run, now)
 
     def _push_start(self, when: float, sess: _Sess, run: _Run) -> None:
         self._push(when, TASK_START, (sess, run))
@@ -419,6 +444,8 @@ class SessionSimulator:
         """The cell's GPUs are bound on its container: its code starts after the request path
         (network hops, and the executor election for replicated kernels)."""
         sess.current = run
+        if run.cell is not None:
+            self.cell_order.cell_started(run.cell, now)
         start = now + self.path_latency
         run.rec.start = start
         run.rec.host = run.host_id
@@ -429,6 +456,8 @@ class SessionSimulator:
 
     def _end(self, sess: _Sess, run: _Run, now: float) -> None:
         run.rec.end = now
+        if run.cell is not None:
+            self.cell_order.cell_finished(run.cell, now - (run.rec.start or now), now)
         self.running_tasks -= 1
         self.running_gpus -= run.task.gpus
         sess.current = None
@@ -436,6 +465,9 @@ class SessionSimulator:
         self._books(now)
         self.mode.on_end(sess, run, now)
         self._refresh_books()
+        # As live: the freed GPUs go to the cells already waiting (in the cell order) before
+        # this session's next cell, which arrives after them.
+        self._drain(now)
         self._try_run(sess, now)
         self._maybe_teardown(sess, now)
         self._drain(now)
