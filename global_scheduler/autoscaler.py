@@ -1,12 +1,18 @@
 """The autoscaler (DESIGN section 5): every interval, ask the policy how many hosts the cluster
 needs (committed GPUs x factor plus a buffer, and enough to hold the subscriptions), then add hosts
-through the provider or release idle ones, moving their idle replicas off first."""
+through the provider or release idle ones, moving their idle replicas off first. With
+``global_scheduler.scaling = ces`` the decision is Helios's forecast-driven energy saving
+instead (``notebookos.policies.forecast_scaling``): hosts sleep when the recent trend and the
+demand forecast fall, and waiting cells wake what they lack; the history of checks the forecast
+learns from is kept in the state directory across restarts."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from pathlib import Path
 
 import grpc
 
@@ -14,6 +20,7 @@ from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.providers import HostProvider
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.policies import ScalingView
+from notebookos.policies.forecast_scaling import ForecastScaling
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +28,8 @@ log = logging.getLogger(__name__)
 class Autoscaler:
     def __init__(self, service: GlobalSchedulerService, provider: HostProvider, *,
                  interval_s: float, gpus_per_host: int, max_hosts: int,
-                 provision_timeout_s: float = 60.0) -> None:
+                 provision_timeout_s: float = 60.0, forecast: ForecastScaling | None = None,
+                 history_path: Path | None = None) -> None:
         self.service = service
         self.provider = provider
         self.interval_s = interval_s
@@ -30,6 +38,10 @@ class Autoscaler:
         self.provision_timeout_s = provision_timeout_s
         self._provisioning: dict[str, float] = {}  # host id -> when asked for
         self._waiting_gpus = 0
+        self.forecast = forecast
+        self.history_path = history_path
+        if forecast is not None and history_path is not None:
+            forecast.restore(self._load_history(history_path))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="autoscaler")
         service.on_capacity_wanted = self.capacity_wanted
@@ -83,7 +95,17 @@ class Autoscaler:
                 waiting_gpus=self._waiting_gpus, subscribed_gpus=cluster.subscribed_gpus,
                 releasable_host_ids=releasable)
             self._waiting_gpus = 0
-        decision = svc.policy.scaling(view)
+            running = sum(1 for h in active if cluster.hosts[h].committed.gpus > 0)
+        if self.forecast is not None:
+            checked = self.forecast.observe(now, running)
+            if checked:
+                self._save_history()
+            decision = self.forecast.decide(view, now, asleep=self._asleep(view),
+                                            checked=checked)
+            if decision.add_hosts or decision.release_host_ids:
+                log.info("autoscaler (ces): %s", self.forecast.report())
+        else:
+            decision = svc.policy.scaling(view)
         if decision.add_hosts > 0:
             add = min(decision.add_hosts, self.max_hosts - view.hosts)
             if add > 0:
@@ -94,6 +116,35 @@ class Autoscaler:
                     svc.metrics.scale_events.labels(direction="out").inc()
         for host_id in decision.release_host_ids:
             self.release(host_id)
+
+    def _asleep(self, view: ScalingView) -> int:
+        """Hosts the provider could wake now: a static pool's reserve, else up to max_hosts."""
+        if self.provider.name == "static":
+            with self.service.lock:
+                return sum(1 for link in self.service.hosts.values() if link.draining)
+        return max(0, self.max_hosts - view.hosts)
+
+    @staticmethod
+    def _load_history(path: Path) -> list[float]:
+        try:
+            values = json.loads(path.read_text())["running_hosts"]
+            return [float(v) for v in values]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("autoscaler: ignoring the unreadable scaling history %s: %s", path, exc)
+            return []
+
+    def _save_history(self) -> None:
+        if self.history_path is None or self.forecast is None:
+            return
+        try:
+            self.history_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.history_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"running_hosts": self.forecast.history}))
+            tmp.replace(self.history_path)
+        except OSError as exc:
+            log.warning("autoscaler: could not keep the scaling history: %s", exc)
 
     def release(self, host_id: str) -> bool:
         """Drain ``host_id``: move its replicas elsewhere, then give it back to the provider."""

@@ -26,6 +26,7 @@ from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.metrics import MetricsServer
 from notebookos.policies import get_policy
 from notebookos.policies.cell_order import cell_order_for
+from notebookos.policies.forecast_scaling import ForecastScaling
 from notebookos.policies.gpu_sharing import GpuSharing
 from notebookos.policies.live import policy_params
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
@@ -112,10 +113,15 @@ class GlobalSchedulerDaemon:
                     env=child_environment(config))
             else:
                 provider = StaticPoolProvider(self.service)
+            forecast = (ForecastScaling(check_interval_s=gs.ces_check_interval_s,
+                                        day_s=gs.ces_day_s, wake_buffer=gs.scaling_buffer_hosts,
+                                        min_hosts=gs.min_hosts)
+                        if gs.scaling == "ces" else None)
             self.autoscaler = Autoscaler(
                 self.service, provider, interval_s=gs.autoscale_interval_s,
                 gpus_per_host=max(1, config.local_scheduler.virtual_gpus),
-                max_hosts=gs.max_hosts)
+                max_hosts=gs.max_hosts, forecast=forecast,
+                history_path=Path(config.state_path) / "global_scheduler" / "scaling-history.json")
         self._monitor = threading.Thread(target=self._monitor_hosts, daemon=True,
                                          name="host-monitor")
 

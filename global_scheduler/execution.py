@@ -15,6 +15,7 @@ from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.global_scheduler.recovery import ONE_REPLICA_STAYS
 from notebookos.global_scheduler.sharing import SharingMixin
 from notebookos.policies.cell_order import WaitingCell
 from notebookos.proto import local_scheduler_pb2
@@ -251,6 +252,8 @@ class ExecutionMixin(SharingMixin):
         if not self.policy.supports_migration:
             return None, why, False
         with self.lock:
+            if len(entry.replicas) < 2:  # it waits for its own host's GPUs
+                return None, f"{why}; {ONE_REPLICA_STAYS}", False
             decision = self.policy.choose_migration(self.cluster, kernel, request)
         if decision is None or decision.target_host_id is None or decision.replica_id is None:
             if self.on_capacity_wanted is not None:

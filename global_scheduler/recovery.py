@@ -20,6 +20,9 @@ from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
 
+ONE_REPLICA_STAYS = ("a kernel of one replica cannot migrate: a new replica joins the others "
+                     "and takes their state, and it has no other (cluster.replicas_per_kernel)")
+
 RECOVERY_ATTEMPTS = 6  # a kernel with no replica left is declared failed after these
 RECOVERY_BACKOFF_MAX_S = 8.0
 
@@ -231,6 +234,10 @@ class RecoveryMixin:
             if victim is None:
                 raise StartError(grpc.StatusCode.NOT_FOUND,
                                  f"kernel {kernel_id} has no replica {replica_id}")
+            if len(entry.replicas) < 2:
+                # A migration takes the replica out of its Raft group and a new one joins the
+                # others: with no other member, the new one would start empty.
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION, ONE_REPLICA_STAYS)
             if target_host not in self.cluster.hosts:
                 raise StartError(grpc.StatusCode.NOT_FOUND, f"no host {target_host!r}")
             if any(r.host_id == target_host for r in entry.replicas.values()):

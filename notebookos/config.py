@@ -167,6 +167,19 @@ class GlobalSchedulerSettings:
         "Expected capacity = committed GPUs x this factor (plus the buffer).", _at_least(1.0))
     scaling_buffer_hosts: int = setting(1, "Spare hosts kept beyond expected capacity.",
                                         _at_least(0))
+    scaling: str = setting(
+        "policy", "How the autoscaler decides: `policy` (the policy's own scaling: committed GPUs "
+        "x scaling_factor plus a buffer) or `ces` (Helios's Cluster Energy Saving: hosts are put "
+        "to sleep through the host provider when the recent trend and a forecast of the demand, "
+        "learnt from this cluster's history, both fall; a cell that waits for GPUs wakes the "
+        "hosts it lacks plus scaling_buffer_hosts). See docs/policies.md.",
+        lambda v: None if v in ("policy", "ces") else "policy or ces")
+    ces_check_interval_s: float = setting(
+        600.0, "scaling = ces: seconds between the checks the forecast learns from and decides "
+        "at.", _at_least(0.1))
+    ces_day_s: float = setting(
+        86400.0, "scaling = ces: the demand's period (a day); nothing sleeps before one period "
+        "of history. Shorter only for compressed replays and tests.", _at_least(1.0))
     min_hosts: int = setting(policy_defaults.MIN_HOSTS,
                              "The autoscaler never goes below this many hosts.", _at_least(0))
     max_hosts: int = setting(32, "The autoscaler never goes above this many hosts.", _at_least(1))
@@ -514,6 +527,10 @@ def _cross_check(config: Config) -> None:
             f"setting global_scheduler.min_hosts = {gs.min_hosts} is not allowed: expected at most "
             f"global_scheduler.max_hosts ({gs.max_hosts})"
         )
+    if gs.ces_day_s < gs.ces_check_interval_s:
+        raise ConfigError(
+            f"setting global_scheduler.ces_day_s = {gs.ces_day_s:g} is not allowed: expected at "
+            f"least global_scheduler.ces_check_interval_s ({gs.ces_check_interval_s:g})")
 
 
 # -- documentation ---------------------------------------------------------------------------

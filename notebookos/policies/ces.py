@@ -37,10 +37,12 @@ class NodeForecast:
     LAGS = (1, 2, 3, 6)
     window_days = 14  # fit on the last two weeks of checks
 
-    def __init__(self, interval_s: float, future_bins: int, seed: int = 0) -> None:
+    def __init__(self, interval_s: float, future_bins: int, seed: int = 0,
+                 day_s: float = DAY_S) -> None:
         self.interval_s = interval_s
         self.future_bins = future_bins
-        self.day_bins = max(1, round(DAY_S / interval_s))
+        self.day_s = float(day_s)  # the demand's period (a day; shorter in compressed replays)
+        self.day_bins = max(1, round(self.day_s / interval_s))
         self.seed = seed
         self._model = None
         self._fitted_at = -math.inf
@@ -52,12 +54,12 @@ class NodeForecast:
         lags = [history[max(0, i - k)] for k in self.LAGS]
         window = history[max(0, i - 5): i + 1]
         day_ago = history[i - self.day_bins] if i >= self.day_bins else now
-        return [(t % DAY_S) / 3600.0, (t // DAY_S) % 7, now, *lags,
+        return [(t % self.day_s) / self.day_s * 24.0, (t // self.day_s) % 7, now, *lags,
                 sum(window) / len(window), day_ago]
 
     def maybe_fit(self, history: Sequence[float], now: float) -> None:
         n = len(history) - self.future_bins
-        if now - self._fitted_at < DAY_S or n < self.day_bins:
+        if now - self._fitted_at < self.day_s or n < self.day_bins:
             return
         from sklearn.ensemble import HistGradientBoostingRegressor
 
@@ -91,7 +93,7 @@ class CESPolicy(Policy):
                  check_interval_s: float = 600.0, history_bins: int = 6, future_bins: int = 18,
                  his_threshold: float = 1.0, fut_threshold: float = 1.0, de_threshold: int = 1,
                  wake_buffer: int = 2, wake_s: float = 300.0, keep_awake_s: float = 7200.0,
-                 seed: int = 0, **kwargs) -> None:
+                 day_s: float = DAY_S, seed: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         from notebookos.policies.registry import get_policy
 
@@ -117,7 +119,9 @@ class CESPolicy(Policy):
         self.wake_buffer = int(wake_buffer)
         self.wake_s = float(wake_s)
         self.keep_awake_s = float(keep_awake_s)
-        self.forecast = NodeForecast(self.check_interval_s, int(future_bins), seed)
+        if day_s < check_interval_s:
+            raise ValueError("day_s (the demand's period) must be at least check_interval_s")
+        self.forecast = NodeForecast(self.check_interval_s, int(future_bins), seed, day_s)
         self.last_wake = -math.inf
         self.last_decision: dict[str, float] = {}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import pytest
 from sched_cluster import (  # noqa: F401 - fixture
     ls_gpus_committed,
@@ -14,7 +15,7 @@ from sched_cluster import (  # noqa: F401 - fixture
     run_cell,
 )
 
-from notebookos.proto import common_pb2, local_scheduler_pb2
+from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 from notebookos.testing.credentials import connect
 
@@ -83,3 +84,30 @@ def test_all_hosts_busy_migrates_to_a_prewarmed_replica_and_keeps_state(make_clu
     assert "prewarmed=True" in cluster.log("host-3")
     for channel in channels:
         channel.close()
+
+
+def test_a_kernel_of_one_replica_is_not_migrated_and_keeps_its_state(make_cluster):
+    """A migration takes a replica out of its Raft group and a new one joins the others: a
+    kernel of one replica has no other, so it is refused with the reason before anything is
+    touched (it used to stop the replica and rebuild the kernel from its checkpoint, losing the
+    cells since), and a cell that finds its host busy waits for it."""
+    cluster = make_cluster({"NOTEBOOKOS_CLUSTER_REPLICAS_PER_KERNEL": "1",
+                            "NOTEBOOKOS_CLUSTER_MAX_SUBSCRIPTION_RATIO": "7"})
+    cluster.start_gs()
+    for i in range(2):
+        cluster.start_ls(f"host-{i}", gpus=1, prewarm=0)
+    cluster.wait_hosts(2)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert result_text(run_cell(kc, "kept = 41 + 1\nkept")) == "42"
+    replica = cluster.kernel(kernel_id).replicas[0]
+    other = next(h.host_id for h in cluster.status().hosts if h.host_id != replica.host_id)
+    with pytest.raises(grpc.RpcError) as refused:
+        cluster.stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
+            kernel_id=kernel_id, replica_id=replica.replica_id, target_host_id=other),
+            timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "a kernel of one replica cannot migrate" in refused.value.details()
+    after = cluster.kernel(kernel_id).replicas
+    assert [(r.replica_id, r.host_id, r.pid) for r in after] == [
+        (replica.replica_id, replica.host_id, replica.pid)]
+    assert result_text(run_cell(kc, "kept")) == "42"
