@@ -5,7 +5,8 @@
  *   active notebook's last cell, its GPUs and its interactivity delay.
  * - A side panel ("NotebookOS"): the notebook's cell history (executor, host, GPUs, wait and
  *   why, interactivity delay, run time), what happened to the kernel's replicas (lost,
- *   replaced, rebuilt from a checkpoint), and the cluster (hosts, GPUs, kernels).
+ *   replaced, rebuilt from a checkpoint), and the cluster (hosts, GPUs and who shares them,
+ *   kernels).
  * - A tooltip on each cell's prompt with the same facts for that cell.
  *
  * Data: the `notebookos` block of each `execute_reply`'s metadata (the Global Scheduler's
@@ -371,15 +372,20 @@ class NotebookOSPanel extends Widget {
     const table = document.createElement('table');
     table.className = 'jp-NotebookOS-Hosts';
     table.innerHTML =
-      '<tr><th>host</th><th>GPUs</th><th>committed</th><th>pending</th><th>SR</th></tr>';
+      '<tr><th>host</th><th>GPUs</th><th>committed</th><th>pending</th><th>SR</th>' +
+      '<th title="GPUs two kernels\' cells share now">shared</th></tr>';
     for (const h of doc.hosts) {
       const row = table.insertRow();
+      const shared = (h.shared_gpus || [])
+        .map((g: any) => `GPU ${g.device_id}: ${g.replicas.join(' + ')}`)
+        .join('; ');
       for (const text of [
         h.id,
         String(h.gpus.total),
         String(h.gpus.committed),
         String(h.gpus.pending),
-        Number(h.subscription_ratio).toFixed(2)
+        Number(h.subscription_ratio).toFixed(2),
+        shared || '-'
       ]) {
         row.insertCell().textContent = text;
       }

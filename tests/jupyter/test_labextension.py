@@ -156,6 +156,9 @@ def test_status_item_names_the_executor_and_follows_it_after_a_sigkill(
                           "lost").wait_for(state="visible", timeout=30_000)
     panel.locator(".jp-NotebookOS-Hosts").wait_for(state="visible")
     assert panel.locator(".jp-NotebookOS-Hosts tr").count() == 5  # heading + four hosts
+    # Who shares a GPU (GPU sharing is off here: nobody, "-" on every host).
+    assert panel.locator(".jp-NotebookOS-Hosts th").last.inner_text() == "shared"
+    assert panel.locator(".jp-NotebookOS-Hosts tr").nth(1).locator("td").last.inner_text() == "-"
     lab.screenshot(str(tmp_path / "panel.png"))
 
 
