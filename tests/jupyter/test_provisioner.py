@@ -157,3 +157,29 @@ def test_unreachable_scheduler_is_reported(kernelspec_dir: Path) -> None:
             await km.start_kernel()
 
     asyncio.run(body())
+
+
+def test_the_start_request_says_who_runs_which_notebook(kernelspec_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernel hints (notebookos/kernel_hints.py) as Jupyter starts a kernel: the user from the
+    kernel's environment (NOTEBOOKOS_USER), else JupyterHub's, else the OS user; the notebook
+    from JPY_SESSION_NAME; the GPU sharing SLA and workload from the kernelspec's config."""
+    monkeypatch.setenv("JUPYTERHUB_USER", "hub-user")
+
+    async def body(gs: ScriptedGlobalScheduler, address: str) -> None:
+        km = manager("notebookos", address)
+        km.kernel_spec.metadata["kernel_provisioner"]["config"].update(
+            {"gpu_sla": 1.5, "gpu_workload": "resnet18"})
+        await km.start_kernel(env={"NOTEBOOKOS_USER": "alice",
+                                   "JPY_SESSION_NAME": "/home/alice/train.ipynb"})
+        default = manager("notebookos", address)
+        await default.start_kernel()
+        starts = [c[1] for c in gs.calls if c[0] == "StartKernel"]
+        assert dict(starts[0].hints.extra) == {"user": "alice", "gpu_sla": "1.5",
+                                               "gpu_workload": "resnet18",
+                                               "notebook": "/home/alice/train.ipynb"}
+        assert dict(starts[1].hints.extra) == {"user": "hub-user"}
+        for k in (km, default):
+            await k.shutdown_kernel(now=True)
+
+    asyncio.run(run_with_scheduler(body))

@@ -122,6 +122,13 @@ def test_subscription_limit_and_bad_input_get_clear_errors(make_cluster):
     with pytest.raises(grpc.RpcError) as err:
         stub.StartKernel(global_scheduler_pb2.StartKernelRequest(kernel_id="nokey"), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for sla, why in (("fast", "is not a number"), ("0.5", "must be between 1")):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
+                kernel_id="bad-sla", key="k", resources=common_pb2.ResourceSpec(gpus=1),
+                hints=common_pb2.PolicyHints(extra={"gpu_sla": sla})), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "hints.extra['gpu_sla']" in err.value.details() and why in err.value.details()
     for call, request in (
         (stub.GetKernelStatus, global_scheduler_pb2.GetKernelStatusRequest(kernel_id="nope")),
         (stub.StopKernel, global_scheduler_pb2.StopKernelRequest(kernel_id="nope")),
