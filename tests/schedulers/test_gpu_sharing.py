@@ -76,10 +76,12 @@ def test_two_kernels_share_one_gpu_never_three_and_sla_1_never_shares(make_clust
     def cell(name: str, seconds: float) -> None:
         runs[name] = _run(kernels[name][1], CELL.format(s=seconds), timeout=150)
 
-    threads = {"a": threading.Thread(target=cell, args=("a", 7))}
+    # b runs well past a (b may start within milliseconds of a), so c, which waits for a's
+    # place, runs beside b.
+    threads = {"a": threading.Thread(target=cell, args=("a", 5))}
     threads["a"].start()
     cluster.wait(lambda: cluster.status().hosts[0].gpus_committed == 1, 20, "a's cell running")
-    threads["b"] = threading.Thread(target=cell, args=("b", 7))
+    threads["b"] = threading.Thread(target=cell, args=("b", 10))
     threads["b"].start()
     cluster.wait(lambda: list(cluster.status().hosts[0].gpus[0].shared_by)
                  == [owner["a"], owner["b"]], 20, "a and b sharing GPU 0")
