@@ -146,6 +146,7 @@ class StateSync:
                 namespace.pop(name, None)
                 self._state.entries.pop(name, None)
                 self._state.entry_tokens.pop(name, None)
+                self._state.identity.unregister(name)
 
     def is_light(self, update: bytes, limit: int = 64 * 1024) -> bool:
         """Small and with nothing to fetch from the store: cheap enough to apply inline."""

@@ -30,6 +30,7 @@ been checked. See docs/state-sync.md.
 from __future__ import annotations
 
 import copyreg
+import gc
 import hashlib
 import importlib
 import io
@@ -53,6 +54,17 @@ import cloudpickle
 import cloudpickle.cloudpickle as cloudpickle_internals
 
 from notebookos.kernel.ast_effects import CellEffects
+from notebookos.kernel.shared_objects import (
+    SHARED_PID,
+    IdentityTable,
+    fill_object,
+    is_object_root,
+    make_shell,
+    object_root,
+    reduction,
+    token_of_root,
+    untracked_type,
+)
 from notebookos.store.base import LargeObjectStore
 
 log = logging.getLogger(__name__)
@@ -66,6 +78,7 @@ UPDATE_MAGIC = b"NBSYNC\x01"
 CHECKPOINT_MAGIC = b"NBCKPT\x01"
 _PLAIN_PAYLOAD = b"P"  # payload = the cloudpickle bytes
 _BUNDLE_PAYLOAD = b"B"  # payload = restricted pickle {"p": bytes, "t": {token: tensor bytes}}
+_OBJECT_PAYLOAD = b"O"  # a shared object: restricted pickle {"s": shell pickle, "f": a P/B payload}
 _TENSOR_PID = "nbos-tensor"
 
 INTERNAL_NAMES = frozenset(
@@ -294,6 +307,8 @@ class SyncState:
         self._tokens = _WeakIdMap()
         self._counter = 0
         self._token_prefix = uuid.uuid4().hex[:16]  # tokens must not collide across replicas
+        # shared objects (reachable from two roots) and which root holds which object inline
+        self.identity = IdentityTable(self._token_prefix)
 
     def token_for(self, tensor: Any) -> str:
         token = self._tokens.get(tensor)
@@ -521,13 +536,105 @@ class _ValuePickler(cloudpickle.CloudPickler):
         )
 
 
+class _TrackingPickler(_ValuePickler):
+    """The value pickler that keeps identity across roots (kernel/shared_objects.py).
+
+    A shared object (one with a token) is written as a reference to its token (``refs``); every
+    other trackable object pickled is recorded in ``inline``, so that a later root that reaches
+    the same object can find out that it is shared.
+    """
+
+    def __init__(
+        self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None,
+        token_by_id: Mapping[int, str],
+    ) -> None:
+        super().__init__(file, namespace, on_tensor)
+        self._token_by_id = token_by_id
+        self.inline: list[Any] = []  # in pickling order: a container before what it holds
+        self.refs: set[str] = set()
+        self._skip: dict[type, bool] = {}
+        self._class_members: set[int] = set()
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        skip = self._skip.get(kind)
+        if skip is None:
+            skip = self._skip[kind] = _untracked(kind)
+        if skip:
+            return None
+        token = self._token_by_id.get(id(obj))
+        if token is not None:
+            self.refs.add(token)
+            return (SHARED_PID, token)
+        if id(obj) not in self._class_members:
+            self.inline.append(obj)
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
+            # A notebook class travels by value inside every value that holds an instance; its
+            # members are not tracked (the class keeps its identity through cloudpickle's class
+            # tracker, and its methods would otherwise look shared by every such value).
+            for member in vars(obj).values():
+                self._class_members.add(id(member))
+                for inner in ("__func__", "fget", "fset", "fdel"):
+                    wrapped = getattr(member, inner, None)
+                    if wrapped is not None:
+                        self._class_members.add(id(wrapped))
+                        member = wrapped
+                if isinstance(member, types.FunctionType):
+                    for part in (member.__dict__, member.__defaults__, member.__kwdefaults__,
+                                 member.__annotations__):
+                        self._class_members.add(id(part))
+        return super().reducer_override(obj)
+
+
+def _untracked(kind: type) -> bool:
+    """Never shared through the identity table: immutable values, classes, and tensors and numpy
+    arrays (large ones have their own table, small arrays are copied per name)."""
+    if untracked_type(kind) or kind is _NamespaceRef:
+        return True
+    torch = _torch()
+    if torch is not None and issubclass(kind, torch.Tensor):
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic)
+
+
+def _tracked_objects(objects: Iterable[Any]) -> list[Any]:
+    skip: dict[type, bool] = {}
+    tracked = []
+    for obj in objects:
+        kind = type(obj)
+        untracked = skip.get(kind)
+        if untracked is None:
+            untracked = skip[kind] = _untracked(kind)
+        if not untracked:
+            tracked.append(obj)
+    return tracked
+
+
 class _ValueUnpickler(pickle.Unpickler):
     def __init__(
-        self, file: io.BytesIO, namespace: Any, resolve: Callable[[str, str], Any]
+        self, file: io.BytesIO, namespace: Any, resolve: Callable[[str, str], Any],
+        resolve_shared: Callable[[str], Any] | None = None,
     ) -> None:
         super().__init__(file)
         self._namespace = namespace if isinstance(namespace, dict) else {}
         self._resolve = resolve
+        self._resolve_shared = resolve_shared
+        self.refs: set[str] = set()
+
+    def persistent_load(self, pid: Any) -> Any:
+        if (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == SHARED_PID
+                and isinstance(pid[1], str) and self._resolve_shared is not None):
+            self.refs.add(pid[1])
+            return self._resolve_shared(pid[1])
+        raise pickle.UnpicklingError(f"unsupported persistent id {pid!r}")
+
+    def inline_objects(self) -> list[Any]:
+        """The trackable objects this load created (call after ``load``)."""
+        return _tracked_objects(obj for obj in self.memo.copy().values())
 
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__:
@@ -615,7 +722,7 @@ class StateEncoder:
     def candidate_names(self, namespace: Mapping[str, Any], effects: CellEffects) -> list[str]:
         """The names to check: those the cell may have changed, plus what called functions use."""
         if effects.rescan:
-            names = set(namespace) | set(self.state.entries)
+            names = set(namespace) | {n for n in self.state.entries if not is_object_root(n)}
         else:
             names = set(effects.bound | effects.deleted | effects.mutated)
             # Functions passed as arguments (map(step, xs)) may be called too.
@@ -625,6 +732,11 @@ class StateEncoder:
     def encode(self, namespace: Mapping[str, Any], effects: CellEffects) -> SyncUpdate:
         """Entries for every candidate name whose value changed, was deleted or became unsyncable.
 
+        Shared objects the candidates reach are checked too (each is its own entry, see
+        kernel/shared_objects.py); names the cell did not touch are not looked at, unless one of
+        them holds an object that a touched name now shares (it is then pickled once more, with
+        the object's token in place of the object).
+
         Never raises for a bad value: an unserialisable one yields a warning naming it instead.
         Raises ``StoreError`` when large objects cannot be stored; nothing is then recorded as
         synced, so the next encode sends those names again.
@@ -633,20 +745,33 @@ class StateEncoder:
         uploads: dict[str, _Upload] = {}
         changed_tokens: set[str] = set()  # tensors/arrays whose bytes changed in this encode
         tokens_of: dict[str, frozenset[str]] = {}
+        entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
         with self.state.lock:
-            pending = self.candidate_names(namespace, effects)
+            todo = dict.fromkeys(self.candidate_names(namespace, effects))
             done: set[str] = set()
-            while pending:
-                for name in pending:
-                    done.add(name)
-                    self._encode_name(name, namespace, update, uploads, changed_tokens, tokens_of)
+            while todo:
+                while todo:
+                    root = next(iter(todo))
+                    del todo[root]
+                    done.add(root)
+                    follow, redo = self._encode_root(
+                        root, namespace, entries, update, uploads, changed_tokens, tokens_of)
+                    # roots holding an object that has just become shared go first: until they
+                    # are pickled again they still count as its owner
+                    todo = {**dict.fromkeys(redo), **todo}
+                    for other in follow:  # shared objects a touched root reaches
+                        if other not in done:
+                            todo[other] = None
                 # An entry synced earlier that holds a tensor whose bytes just changed (opt.step()
                 # changes model's parameters) is stale: refresh it, so that every entry names the
                 # current bytes of each tensor (checkpoints and snapshots then restore consistently).
-                pending = sorted(
+                todo = dict.fromkeys(sorted(
                     name for name, tokens in self.state.entry_tokens.items()
-                    if name not in done and name in namespace and tokens & changed_tokens
-                )
+                    if name not in done and self._root_exists(name, namespace)
+                    and tokens & changed_tokens
+                ))
+            self._drop_orphans(entries)
+            update.entries = list(entries.values())
             try:
                 self._upload(uploads)
             except Exception:
@@ -663,40 +788,135 @@ class StateEncoder:
             self.state.prune()
         return update
 
-    def _encode_name(
-        self, name: str, namespace: Mapping[str, Any], update: SyncUpdate,
-        uploads: dict[str, _Upload], changed_tokens: set[str],
+    def _root_exists(self, root: str, namespace: Mapping[str, Any]) -> bool:
+        if is_object_root(root):
+            return token_of_root(root) in self.state.identity.shared
+        return root in namespace
+
+    def _drop_orphans(self, entries: dict[str, SyncEntry]) -> None:
+        """Delete the shared objects that no root references any more (and, in turn, those
+        only they referenced)."""
+        identity = self.state.identity
+        while orphans := identity.take_orphans():
+            for token in orphans:
+                root = object_root(token)
+                identity.drop(token)
+                self.state.entry_tokens.pop(root, None)
+                if root in self.state.entries:
+                    entries[root] = SyncEntry(root, "deleted", "")
+                else:
+                    entries.pop(root, None)
+
+    def _encode_root(
+        self, root: str, namespace: Mapping[str, Any], entries: dict[str, SyncEntry],
+        update: SyncUpdate, uploads: dict[str, _Upload], changed_tokens: set[str],
         tokens_of: dict[str, frozenset[str]],
-    ) -> None:
-        previous = self.state.entries.get(name)
-        if name not in namespace:
+    ) -> tuple[set[str], set[str]]:
+        """Encode one name or shared object; return (object roots it references, roots to
+        encode again because an object they hold has just become shared)."""
+        identity = self.state.identity
+        previous = self.state.entries.get(root)
+        if not self._root_exists(root, namespace):
+            identity.unregister(root)
             if previous is not None:
-                update.entries.append(SyncEntry(name, "deleted", ""))
-            return
+                entries[root] = SyncEntry(root, "deleted", "")
+            else:
+                entries.pop(root, None)
+            return set(), set()
         tokens: set[str] = set()
+        redo: set[str] = set()
         try:
-            entry = self._encode_value(name, namespace[name], namespace, uploads,
-                                       changed_tokens, tokens)
+            while True:
+                tokens.clear()
+                entry, inline, refs = self._encode_value(
+                    root, namespace, uploads, changed_tokens, tokens)
+                owners = self._share_new(root, inline, namespace)
+                if not owners:
+                    break
+                redo |= owners  # and pickle this root again, with the new tokens
         except Exception as exc:  # noqa: BLE001 - user values fail in any way
-            update.warnings.append(_unsyncable_warning(name, exc))
+            identity.unregister(root)
+            update.warnings.append(_unsyncable_warning(root, exc))
             if previous is not None:  # standbys must not keep a stale value
-                update.entries.append(SyncEntry(name, "deleted", ""))
-            return
-        tokens_of[name] = frozenset(tokens)
+                entries[root] = SyncEntry(root, "deleted", "")
+            else:
+                entries.pop(root, None)
+            return set(), redo
+        identity.register(root, inline, refs)
+        tokens_of[root] = frozenset(tokens)
         if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
-            update.entries.append(entry)
+            entries[root] = entry
+        else:
+            entries.pop(root, None)
+        return {object_root(token) for token in refs}, redo
+
+    def _share_new(self, root: str, inline: list[Any], namespace: Mapping[str, Any]) -> set[str]:
+        """Give a token to each outermost object ``root`` holds inline that another root holds
+        too; return those other roots (they must be pickled again).
+
+        Only the outermost: ``alias = big`` shares ``big``, not each object inside it (those stay
+        inline in ``big``'s own entry). ``inline`` is in pickling order (containers first); an
+        object reachable from one shared in this pass waits for the next pass (the root is
+        pickled again and only what is still inline and held elsewhere is considered).
+        """
+        identity = self.state.identity
+        owners: set[str] = set()
+        reducer = None
+        below = _Reach(namespace, identity.token_by_id())
+        for obj in inline:
+            owner = identity.owner_of(obj)
+            if owner is None or owner == root or below.reaches(obj):
+                continue
+            if reducer is None:
+                reducer = _ValuePickler(io.BytesIO(), namespace, None).reducer_override
+            if reduction(obj, reducer) is None:
+                continue  # cannot be updated in place: each root keeps its own copy
+            identity.share(obj)
+            below.add(obj)
+            owners.add(owner)
+        return owners
 
     # ---- one value
 
     def _encode_value(
-        self, name: str, value: Any, namespace: Mapping[str, Any],
-        uploads: dict[str, _Upload], changed_tokens: set[str], tokens: set[str],
-    ) -> SyncEntry:
+        self, root: str, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
+        changed_tokens: set[str], tokens: set[str],
+    ) -> tuple[SyncEntry, list[Any], set[str]]:
+        """The root's entry, the objects its payload holds inline, and the tokens it references."""
+        if is_object_root(root):
+            return self._encode_object(root, namespace, uploads, changed_tokens, tokens)
+        value = namespace[root]
         if isinstance(value, types.ModuleType):
             module = _importable_module_name(value)
             if module is None:
                 raise TypeError(f"module {getattr(value, '__name__', '?')!r} is not importable")
-            return SyncEntry(name, "module", _sha256(b"module:", module.encode()), module=module)
+            return (SyncEntry(root, "module", _sha256(b"module:", module.encode()), module=module),
+                    [], set())
+        payload, large, inline, refs = self._pickle(value, namespace, uploads, changed_tokens,
+                                                    tokens)
+        return self._entry(root, value, payload, large, uploads), inline, refs
+
+    def _encode_object(
+        self, root: str, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
+        changed_tokens: set[str], tokens: set[str],
+    ) -> tuple[SyncEntry, list[Any], set[str]]:
+        obj = self.state.identity.shared[token_of_root(root)]
+        found = reduction(obj, _ValuePickler(io.BytesIO(), namespace, None).reducer_override)
+        if found is None:
+            raise TypeError(f"shared {type(obj).__name__} object can no longer be reduced")
+        shell, fill = found
+        shell_buffer = io.BytesIO()
+        _ValuePickler(shell_buffer, namespace, None).dump(shell)
+        fill_payload, large, inline, refs = self._pickle(fill, namespace, uploads,
+                                                         changed_tokens, tokens)
+        payload = _OBJECT_PAYLOAD + pickle.dumps(
+            {"s": shell_buffer.getvalue(), "f": fill_payload}, protocol=5)
+        return self._entry(root, obj, payload, large, uploads), inline, refs
+
+    def _pickle(
+        self, value: Any, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
+        changed_tokens: set[str], tokens: set[str],
+    ) -> tuple[bytes, dict[str, str], list[Any], set[str]]:
         small: dict[str, bytes] = {}
         large: dict[str, str] = {}
         buffer = io.BytesIO()
@@ -710,16 +930,23 @@ class StateEncoder:
                 large[token] = record.store_key  # type: ignore[assignment]
             return token
 
-        _ValuePickler(buffer, namespace, on_tensor).dump(value)
-        payload = _pack(buffer.getvalue(), small)
+        pickler = _TrackingPickler(buffer, namespace, on_tensor,
+                                   self.state.identity.token_by_id())
+        pickler.dump(value)
+        return _pack(buffer.getvalue(), small), large, pickler.inline, pickler.refs
+
+    def _entry(
+        self, root: str, value: Any, payload: bytes, large: dict[str, str],
+        uploads: dict[str, _Upload],
+    ) -> SyncEntry:
         digest = _entry_digest(payload, large)
         size = len(payload)
         if size > self.threshold_bytes or _forced_pointer(value):
             key = object_key(self.kernel_id, _sha256(payload))  # the stored bytes' own digest
             if key not in self._known_objects:
                 uploads[key] = payload
-            return SyncEntry(name, "pointer", digest, store_key=key, size=size, tensors=large)
-        return SyncEntry(name, "inline", digest, payload=payload, size=size, tensors=large)
+            return SyncEntry(root, "pointer", digest, store_key=key, size=size, tensors=large)
+        return SyncEntry(root, "inline", digest, payload=payload, size=size, tensors=large)
 
     def _tensor(
         self, tensor: Any, uploads: dict[str, _Upload], changed_tokens: set[str]
@@ -761,6 +988,31 @@ class StateEncoder:
             return
         with ThreadPoolExecutor(min(self._upload_threads, len(uploads))) as pool:
             self._known_objects.update(pool.map(put, uploads.items()))
+
+
+class _Reach:
+    """The objects reachable from those added (``gc.get_referents``), without crossing into the
+    namespace, modules, classes or shared objects; bounded (beyond ``limit`` objects, anything
+    not yet seen counts as not reachable, which can only make an extra token)."""
+
+    def __init__(self, namespace: Any, token_by_id: Mapping[int, str],
+                 limit: int = 200_000) -> None:
+        self._stop = {id(namespace), *token_by_id}
+        self._seen: set[int] = set()
+        self._limit = limit
+
+    def reaches(self, obj: Any) -> bool:
+        return id(obj) in self._seen
+
+    def add(self, obj: Any) -> None:
+        stack = list(gc.get_referents(obj))
+        while stack and len(self._seen) < self._limit:
+            item = stack.pop()
+            key = id(item)
+            if key in self._seen or key in self._stop or _untracked(type(item)):
+                continue
+            self._seen.add(key)
+            stack.extend(gc.get_referents(item))
 
 
 def _unsyncable_warning(name: str, exc: BaseException) -> str:
@@ -865,22 +1117,122 @@ class StateApplier:
     def apply(self, namespace: MutableMapping[str, Any], update: SyncUpdate) -> None:
         """Apply every entry that can be applied; then raise ``SyncApplyError`` naming the others.
 
-        A failed entry leaves that name's previous value in place.
+        A failed entry leaves that name's previous value in place. Shared objects are applied
+        first, in two steps (an empty object for each new one, then every object's contents, in
+        place for those this replica holds already), so that values referencing them, and cycles
+        among them, resolve to the one object each token names.
         """
         failures: dict[str, str] = {}
+        objects = [e for e in update.entries if is_object_root(e.name)]
+        names = [e for e in update.entries if not is_object_root(e.name)]
         try:
             with self.state.lock:
-                for entry in update.entries:
+                fills = []
+                for entry in objects:
+                    try:
+                        fill = self._object_shell(namespace, entry)
+                    except Exception as exc:  # noqa: BLE001 - report per entry
+                        self._failed(failures, entry, exc)
+                    else:
+                        if fill is not None:
+                            fills.append(fill)
+                for entry, obj, existing, payload in fills:
+                    try:
+                        self._fill_object(namespace, entry, obj, existing, payload)
+                    except Exception as exc:  # noqa: BLE001 - report per entry
+                        self._failed(failures, entry, exc)
+                for entry in names:
                     try:
                         self._apply_entry(namespace, entry)
                     except Exception as exc:  # noqa: BLE001 - report per variable
-                        failures[entry.name] = f"{type(exc).__name__}: {exc}"
-                        log.warning("state sync: could not apply %r: %s", entry.name, exc)
+                        self._failed(failures, entry, exc)
+                for entry in objects:
+                    if entry.kind == "deleted":
+                        self.state.identity.drop(token_of_root(entry.name))
+                        self.state.entries.pop(entry.name, None)
+                        self.state.entry_tokens.pop(entry.name, None)
                 self.state.prune()
         finally:
             self._forget_fetches(update)
         if failures:
             raise SyncApplyError(failures)
+
+    @staticmethod
+    def _failed(failures: dict[str, str], entry: SyncEntry, exc: Exception) -> None:
+        failures[entry.name] = f"{type(exc).__name__}: {exc}"
+        log.warning("state sync: could not apply %r: %s", entry.name, exc)
+
+    def _unchanged(self, entry: SyncEntry, present: bool) -> bool:
+        """This replica already holds exactly this value (it encoded it itself, or the update
+        is replayed): it keeps the object, and with it every alias of it."""
+        current = self.state.entries.get(entry.name)
+        return (current is not None and current.kind == entry.kind
+                and current.digest == entry.digest and present)
+
+    def _payload(self, entry: SyncEntry) -> bytes:
+        if entry.kind == "inline":
+            payload = entry.payload
+        else:
+            assert entry.store_key is not None
+            payload = self._object(entry.store_key)
+        assert payload is not None
+        if _entry_digest(payload, entry.tensors) != entry.digest:
+            raise ValueError("payload does not match the entry's digest (corrupted or tampered)")
+        return payload
+
+    def _object_shell(
+        self, namespace: MutableMapping[str, Any], entry: SyncEntry
+    ) -> tuple[SyncEntry, Any, bool, bytes] | None:
+        """Step one for a shared object: the object to fill (this replica's, or a new empty one)."""
+        if entry.kind == "deleted":
+            return None
+        token = token_of_root(entry.name)
+        identity = self.state.identity
+        if self._unchanged(entry, token in identity.shared):
+            return None
+        if entry.kind not in ("inline", "pointer"):
+            raise ValueError(f"a shared object cannot be a {entry.kind!r} entry")
+        payload = self._payload(entry)
+        if payload[:1] != _OBJECT_PAYLOAD:
+            raise ValueError("payload is not a shared object")
+        plain = _PlainUnpickler(io.BytesIO(payload[1:])).load()
+        if not (isinstance(plain, dict) and isinstance(plain.get("s"), bytes)
+                and isinstance(plain.get("f"), bytes)):
+            raise ValueError("malformed shared object payload")
+        obj = identity.shared.get(token)
+        existing = obj is not None
+        if obj is None:
+            shell = _ValueUnpickler(io.BytesIO(plain["s"]), namespace, _no_tensors).load()
+            obj = make_shell(shell)
+            identity.adopt(token, obj)
+        return entry, obj, existing, plain["f"]
+
+    def _fill_object(
+        self, namespace: MutableMapping[str, Any], entry: SyncEntry, obj: Any, existing: bool,
+        payload: bytes,
+    ) -> None:
+        """Step two: give the object its contents (in place when this replica held it)."""
+        fill, inline, refs, tokens = self._load(namespace, entry, payload)
+        fill_object(obj, fill, existing=existing)
+        self.state.identity.register(entry.name, inline, refs)
+        self.state.entries[entry.name] = entry
+        self.state.entry_tokens[entry.name] = frozenset(tokens)
+
+    def _load(
+        self, namespace: MutableMapping[str, Any], entry: SyncEntry, payload: bytes
+    ) -> tuple[Any, list[Any], set[str], set[str]]:
+        """Unpickle a value payload: (value, its inline objects, shared tokens, tensor tokens)."""
+        skeleton, small = _unpack(payload)
+        resolve = _TensorResolver(self, entry, small)
+        unpickler = _ValueUnpickler(io.BytesIO(skeleton), namespace, resolve, self._shared)
+        value = unpickler.load()
+        return value, unpickler.inline_objects(), unpickler.refs, resolve.tokens
+
+    def _shared(self, token: str) -> Any:
+        obj = self.state.identity.shared.get(token)
+        if obj is None:
+            raise ValueError(f"shared object {token} is not available on this replica")
+        return obj
 
     def discard(self, update: SyncUpdate) -> None:
         """Drop the prefetched objects of an update that will not be applied."""
@@ -894,37 +1246,27 @@ class StateApplier:
                         self._fetches.pop(key, None)
 
     def _apply_entry(self, namespace: MutableMapping[str, Any], entry: SyncEntry) -> None:
+        identity = self.state.identity
         if entry.kind == "deleted":
             namespace.pop(entry.name, None)
             self.state.entries.pop(entry.name, None)
             self.state.entry_tokens.pop(entry.name, None)
+            identity.unregister(entry.name)
             return
-        current = self.state.entries.get(entry.name)
-        if (current is not None and current.kind == entry.kind and current.digest == entry.digest
-                and entry.name in namespace):
-            # This replica already holds exactly this value (it encoded it itself, or the update
-            # is replayed): keep the object, and with it every alias of it.
+        if self._unchanged(entry, entry.name in namespace):
             return
         if entry.kind == "module":
             assert entry.module is not None
             namespace[entry.name] = importlib.import_module(entry.module)
             self.state.entries[entry.name] = entry
             self.state.entry_tokens.pop(entry.name, None)
+            identity.register(entry.name, (), ())
             return
-        if entry.kind == "inline":
-            payload = entry.payload
-        else:
-            assert entry.store_key is not None
-            payload = self._object(entry.store_key)
-        assert payload is not None
-        if _entry_digest(payload, entry.tensors) != entry.digest:
-            raise ValueError("payload does not match the entry's digest (corrupted or tampered)")
-        skeleton, small = _unpack(payload)
-        resolve = _TensorResolver(self, entry, small)
-        value = _ValueUnpickler(io.BytesIO(skeleton), namespace, resolve).load()
+        value, inline, refs, tokens = self._load(namespace, entry, self._payload(entry))
         namespace[entry.name] = value
         self.state.entries[entry.name] = entry
-        self.state.entry_tokens[entry.name] = frozenset(resolve.tokens)
+        self.state.entry_tokens[entry.name] = frozenset(tokens)
+        identity.register(entry.name, inline, refs)
 
     def close(self) -> None:
         """Stop the fetch threads (pending fetches are abandoned). Safe to call twice."""
@@ -940,6 +1282,10 @@ class StateApplier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _no_tensors(token: str, kind: str) -> Any:
+    raise ValueError(f"a shared object's constructor cannot hold a tensor ({token})")
 
 
 class _TensorResolver:
