@@ -572,20 +572,22 @@ class _TrackingPickler(_ValuePickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
-            # A notebook class travels by value inside every value that holds an instance; its
-            # members are not tracked (the class keeps its identity through cloudpickle's class
-            # tracker, and its methods would otherwise look shared by every such value).
-            for member in vars(obj).values():
-                self._class_members.add(id(member))
+            # A notebook class travels by value inside every value that holds an instance: its
+            # methods and dunders are not tracked (the class keeps its identity through
+            # cloudpickle's class tracker, and they would look shared by every such value). Its
+            # data attributes are (``class K: items = []`` then ``alias = K.items``).
+            for key, member in vars(obj).items():
                 for inner in ("__func__", "fget", "fset", "fdel"):
                     wrapped = getattr(member, inner, None)
                     if wrapped is not None:
-                        self._class_members.add(id(wrapped))
+                        self._class_members.add(id(member))
                         member = wrapped
                 if isinstance(member, types.FunctionType):
-                    for part in (member.__dict__, member.__defaults__, member.__kwdefaults__,
-                                 member.__annotations__):
+                    for part in (member, member.__dict__, member.__defaults__,
+                                 member.__kwdefaults__, member.__annotations__):
                         self._class_members.add(id(part))
+                elif key.startswith("__") and key.endswith("__"):
+                    self._class_members.add(id(member))
         return super().reducer_override(obj)
 
 
