@@ -771,7 +771,7 @@ class StateEncoder:
                     name for name, tokens in self.state.entry_tokens.items()
                     if name not in done and self._root_exists(name, namespace)
                     and tokens & changed_tokens
-                ))
+                )) if changed_tokens else {}
             self._drop_orphans(entries)
             update.entries = list(entries.values())
             try:
@@ -864,10 +864,14 @@ class StateEncoder:
         identity = self.state.identity
         owners: set[str] = set()
         reducer = None
-        below = _Reach(namespace, identity.token_by_id())
+        below = None
         for obj in inline:
             owner = identity.owner_of(obj)
-            if owner is None or owner == root or below.reaches(obj):
+            if owner is None or owner == root:
+                continue
+            if below is None:
+                below = _Reach(namespace, identity.token_by_id())
+            elif below.reaches(obj):
                 continue
             if reducer is None:
                 reducer = _ValuePickler(io.BytesIO(), namespace, None).reducer_override
@@ -999,7 +1003,8 @@ class _Reach:
 
     def __init__(self, namespace: Any, token_by_id: Mapping[int, str],
                  limit: int = 200_000) -> None:
-        self._stop = {id(namespace), *token_by_id}
+        self._namespace = id(namespace)
+        self._shared = token_by_id
         self._seen: set[int] = set()
         self._limit = limit
 
@@ -1011,7 +1016,8 @@ class _Reach:
         while stack and len(self._seen) < self._limit:
             item = stack.pop()
             key = id(item)
-            if key in self._seen or key in self._stop or _untracked(type(item)):
+            if (key in self._seen or key == self._namespace or key in self._shared
+                    or _untracked(type(item))):
                 continue
             self._seen.add(key)
             stack.extend(gc.get_referents(item))
