@@ -814,17 +814,22 @@ class StateEncoder:
         update: SyncUpdate, uploads: dict[str, _Upload], changed_tokens: set[str],
         tokens_of: dict[str, frozenset[str]],
     ) -> tuple[set[str], set[str]]:
-        """Encode one name or shared object; return (object roots it references, roots to
-        encode again because an object they hold has just become shared)."""
+        """Encode one name or shared object; return (object roots to check next, roots to encode
+        again because an object they hold has just become shared).
+
+        The shared objects to check are those the root references now *and* those it referenced
+        before: ``b.append(1); b = []`` changed the list that another name still holds.
+        """
         identity = self.state.identity
         previous = self.state.entries.get(root)
+        before = {object_root(token) for token in identity.refs.get(root, ())}
         if not self._root_exists(root, namespace):
             identity.unregister(root)
             if previous is not None:
                 entries[root] = SyncEntry(root, "deleted", "")
             else:
                 entries.pop(root, None)
-            return set(), set()
+            return before, set()
         tokens: set[str] = set()
         redo: set[str] = set()
         try:
@@ -843,14 +848,14 @@ class StateEncoder:
                 entries[root] = SyncEntry(root, "deleted", "")
             else:
                 entries.pop(root, None)
-            return set(), redo
+            return before, redo
         identity.register(root, inline, refs)
         tokens_of[root] = frozenset(tokens)
         if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
             entries[root] = entry
         else:
             entries.pop(root, None)
-        return {object_root(token) for token in refs}, redo
+        return before | {object_root(token) for token in refs}, redo
 
     def _share_new(self, root: str, inline: list[Any], namespace: Mapping[str, Any]) -> set[str]:
         """Give a token to each outermost object ``root`` holds inline that another root holds

@@ -249,3 +249,14 @@ def test_random_programs_match_plain_python_across_failovers(
     finally:
         group.close()
         store.close()
+
+
+def test_a_shared_object_changed_then_left_by_the_name_is_still_synced(pair: Pair) -> None:
+    """Found by the differential test: b mutates the list a holds too, then b is rebound in the
+    same cell; a is not touched, but the list's new contents must reach the standby."""
+    pair.run("a = []\nb = a")
+    pair.run("b.append(b)\nb = []")
+    assert pair.standby["a"][0] is pair.standby["a"] and pair.standby["b"] == []
+    pair.run("c = [1]\nd = c")
+    pair.run("d.append(2)\ndel d")
+    assert pair.standby["c"] == [1, 2]
