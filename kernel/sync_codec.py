@@ -76,6 +76,7 @@ TENSOR_INLINE_LIMIT = 64 * 1024  # serialised tensors above this are separate st
 KINDS = ("inline", "pointer", "deleted", "module")
 UPDATE_MAGIC = b"NBSYNC\x01"
 CHECKPOINT_MAGIC = b"NBCKPT\x01"
+CHECKPOINT_MANIFEST_MAGIC = b"NBCKPM\x01"
 _PLAIN_PAYLOAD = b"P"  # payload = the cloudpickle bytes
 _BUNDLE_PAYLOAD = b"B"  # payload = restricted pickle {"p": bytes, "t": {token: tensor bytes}}
 _OBJECT_PAYLOAD = b"O"  # a shared object: restricted pickle {"s": shell pickle, "f": a P/B payload}
@@ -303,6 +304,7 @@ class SyncState:
         self.lock = threading.RLock()
         self.entries: dict[str, SyncEntry] = {}
         self.entry_tokens: dict[str, frozenset[str]] = {}  # name -> tensors/arrays its value holds
+        self.dirty: set[str] = set()  # entries set or deleted since the last checkpoint segment
         self._records: dict[str, _TensorRecord] = {}
         self._tokens = _WeakIdMap()
         self._counter = 0
@@ -781,6 +783,7 @@ class StateEncoder:
                 self.state.forget_objects(set(uploads) - self._known_objects)
                 raise
             for entry in update.entries:
+                self.state.dirty.add(entry.name)
                 if entry.kind == "deleted":
                     self.state.entries.pop(entry.name, None)
                     self.state.entry_tokens.pop(entry.name, None)
@@ -1162,6 +1165,7 @@ class StateApplier:
                 for entry in objects:
                     if entry.kind == "deleted":
                         self.state.identity.drop(token_of_root(entry.name))
+                        self.state.dirty.add(entry.name)
                         self.state.entries.pop(entry.name, None)
                         self.state.entry_tokens.pop(entry.name, None)
                 self.state.prune()
@@ -1229,6 +1233,7 @@ class StateApplier:
         fill_object(obj, fill, existing=existing)
         self.state.identity.register(entry.name, inline, refs)
         self.state.entries[entry.name] = entry
+        self.state.dirty.add(entry.name)
         self.state.entry_tokens[entry.name] = frozenset(tokens)
 
     def _load(
@@ -1260,6 +1265,7 @@ class StateApplier:
 
     def _apply_entry(self, namespace: MutableMapping[str, Any], entry: SyncEntry) -> None:
         identity = self.state.identity
+        self.state.dirty.add(entry.name)
         if entry.kind == "deleted":
             namespace.pop(entry.name, None)
             self.state.entries.pop(entry.name, None)
@@ -1376,26 +1382,65 @@ def write_checkpoint(
     store: LargeObjectStore, kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int
 ) -> None:
     """Store the synced namespace (inline values, pointers to objects already in the store)."""
+    store.put(checkpoint_key(kernel_id), checkpoint_bytes(kernel_id, entries, execution_count))
+
+
+def checkpoint_bytes(
+    kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int,
+    *, keep_deleted: bool = False,
+) -> bytes:
+    """A checkpoint record (also a part of a segmented one: then ``keep_deleted``)."""
     if not isinstance(execution_count, int) or execution_count < 0:
         raise ValueError(f"execution_count must be a non-negative int, not {execution_count!r}")
     plain = {
         "v": 1,
         "kernel_id": kernel_id,
         "execution_count": execution_count,
-        "e": [entry.to_plain() for entry in entries.values() if entry.kind != "deleted"],
+        "e": [entry.to_plain() for entry in entries.values()
+              if keep_deleted or entry.kind != "deleted"],
     }
-    store.put(checkpoint_key(kernel_id), CHECKPOINT_MAGIC + pickle.dumps(plain, protocol=5))
+    return CHECKPOINT_MAGIC + pickle.dumps(plain, protocol=5)
 
 
-def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
-    """The kernel's last checkpoint; ``KeyNotFound`` if it has none, ValueError if malformed."""
-    plain = _load_plain(store.get(checkpoint_key(kernel_id)), CHECKPOINT_MAGIC, "checkpoint")
+def manifest_bytes(kernel_id: str, base: str, segments: list[str], execution_count: int) -> bytes:
+    """A segmented checkpoint: the store keys of a full part and of the changes since, in order."""
+    plain = {"v": 1, "kernel_id": kernel_id, "execution_count": execution_count,
+             "base": base, "segments": list(segments)}
+    return CHECKPOINT_MANIFEST_MAGIC + pickle.dumps(plain, protocol=5)
+
+
+def _checkpoint_part(data: bytes) -> tuple[list[SyncEntry], int, str]:
+    plain = _load_plain(data, CHECKPOINT_MAGIC, "checkpoint")
     entries = plain.get("e")
     count = plain.get("execution_count")
     if not isinstance(entries, list) or not isinstance(count, int):
         raise ValueError("malformed checkpoint: entries must be a list, execution_count an int")
-    decoded = [SyncEntry.from_plain(e) for e in entries]
-    return Checkpoint({e.name: e for e in decoded}, count, str(plain.get("kernel_id")))
+    return [SyncEntry.from_plain(e) for e in entries], count, str(plain.get("kernel_id"))
+
+
+def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
+    """The kernel's last checkpoint; ``KeyNotFound`` if it has none, ValueError if malformed.
+
+    Either one record, or a manifest naming a full part and the segments written since (each the
+    names changed in between, deletions included), applied in order.
+    """
+    data = store.get(checkpoint_key(kernel_id))
+    if not bytes(data[:len(CHECKPOINT_MANIFEST_MAGIC)]) == CHECKPOINT_MANIFEST_MAGIC:
+        decoded, count, kid = _checkpoint_part(data)
+        return Checkpoint({e.name: e for e in decoded if e.kind != "deleted"}, count, kid)
+    plain = _load_plain(data, CHECKPOINT_MANIFEST_MAGIC, "checkpoint manifest")
+    base, segments, count = plain.get("base"), plain.get("segments"), plain.get("execution_count")
+    if not (isinstance(base, str) and isinstance(segments, list) and isinstance(count, int)
+            and all(isinstance(key, str) for key in segments)):
+        raise ValueError("malformed checkpoint manifest")
+    entries: dict[str, SyncEntry] = {}
+    for key in [base, *segments]:
+        for entry in _checkpoint_part(store.get(key))[0]:
+            if entry.kind == "deleted":
+                entries.pop(entry.name, None)
+            else:
+                entries[entry.name] = entry
+    return Checkpoint(entries, count, str(plain.get("kernel_id")))
 
 
 def restore_namespace(

@@ -19,6 +19,7 @@ from programs import SETUP, canon, cells
 from test_sync_codec import HMAC_KEY, Pair, new_namespace
 
 from notebookos.kernel.ast_effects import analyze_cell
+from notebookos.kernel.checkpoint_log import CheckpointLog
 from notebookos.kernel.shared_objects import is_object_root
 from notebookos.kernel.sync_codec import (
     StateApplier,
@@ -194,7 +195,8 @@ class Group:
         state = SyncState()
         return {"ns": new_namespace(), "state": state,
                 "encoder": StateEncoder(self.store, self.kernel_id, state=state),
-                "applier": StateApplier(self.store, state=state)}
+                "applier": StateApplier(self.store, state=state),
+                "log": CheckpointLog(self.store, self.kernel_id, max_segments=4)}
 
     def run(self, code: str) -> None:
         executor = self.replicas[self.executor]
@@ -205,8 +207,7 @@ class Group:
             replica["applier"].prefetch(update)
             replica["applier"].apply(replica["ns"], update)
         self.cells += 1
-        write_checkpoint(self.store, self.kernel_id, executor["encoder"].snapshot_entries(),
-                         self.cells)
+        executor["log"].write(executor["state"], self.cells)  # segments, as the replica does
 
     def fail_over(self) -> None:
         """Kill the executor; the next replica executes; a replacement restores the checkpoint."""
