@@ -21,6 +21,10 @@ the same update, so entries never disagree about a tensor's bytes). A tensor who
 device are unchanged since it was last serialised is not serialised or hashed again. Tensors over
 ``TENSOR_INLINE_LIMIT`` bytes are their own store objects; smaller ones ride in the value's bundle.
 
+Every other mutable object that two roots (names, or shared objects) hold keeps its identity too:
+it becomes a shared object with a token and its own entry, updated in place on the standbys
+(``kernel/shared_objects.py``; only the roots a cell touched are pickled to find them).
+
 The ``SyncUpdate`` record that goes through Raft is a restricted pickle of builtin containers only:
 decoding it never imports a class or runs user code. User payloads are unpickled only in
 ``StateApplier.apply``, after their SHA-256 digest (and, for store objects, the store's HMAC) has
