@@ -849,8 +849,17 @@ class StateEncoder:
                     break
                 redo |= owners  # and pickle this root again, with the new tokens
         except Exception as exc:  # noqa: BLE001 - user values fail in any way
+            if is_object_root(root):
+                # Names still hold it: standbys keep its last contents (and its identity), and
+                # the next cell that reaches it tries again.
+                holders = sorted(n for n in identity.referrers(token_of_root(root))
+                                 if not is_object_root(n))
+                update.warnings.append(_unsyncable_warning(
+                    f"the object shared by {', '.join(holders) or 'other objects'}", exc))
+                entries.pop(root, None)
+                return before, redo
             identity.unregister(root)
-            update.warnings.append(_unsyncable_warning(root, exc))
+            update.warnings.append(_unsyncable_warning(f"variable {root!r}", exc))
             if previous is not None:  # standbys must not keep a stale value
                 entries[root] = SyncEntry(root, "deleted", "")
             else:
@@ -1035,12 +1044,13 @@ class _Reach:
             stack.extend(gc.get_referents(item))
 
 
-def _unsyncable_warning(name: str, exc: BaseException) -> str:
+def _unsyncable_warning(what: str, exc: BaseException) -> str:
+    """The cell-output warning for a value that cannot be serialised (``what``: which one)."""
     reason = f"{type(exc).__name__}: {exc}"
     if len(reason) > 300:
         reason = reason[:297] + "..."
     return (
-        f"NotebookOS: variable {name!r} could not be serialised and is not replicated to the "
+        f"NotebookOS: {what} could not be serialised and is not replicated to the "
         f"standby replicas ({reason}). It will be lost if this replica fails."
     )
 

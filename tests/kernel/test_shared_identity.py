@@ -261,3 +261,14 @@ def test_a_shared_object_changed_then_left_by_the_name_is_still_synced(pair: Pai
     pair.run("c = [1]\nd = c")
     pair.run("d.append(2)\ndel d")
     assert pair.standby["c"] == [1, 2]
+
+
+def test_a_shared_object_that_cannot_be_serialised_warns_and_keeps_its_identity(
+    pair: Pair,
+) -> None:
+    pair.run("a = {'v': 1}\nb = a")
+    update = pair.run("import threading\nb['lock'] = threading.Lock()")
+    assert any("the object shared by a, b could not be serialised" in w for w in update.warnings)
+    assert pair.standby["a"] == {"v": 1} and pair.standby["a"] is pair.standby["b"]
+    pair.run("del b['lock']\nb['v'] = 2")  # serialisable again: updated in place
+    assert pair.standby["a"] == {"v": 2} and pair.standby["a"] is pair.standby["b"]
