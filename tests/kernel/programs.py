@@ -48,6 +48,8 @@ TEMPLATES = (
     "del {n}",
     "def grow():\n    {n}.append(7)\ngrow()",
     "def rebind():\n    global {n}\n    {n} = [{m}]\nrebind()",
+    "def make(box={m}):\n    def get():\n        return box\n    return get\n{n} = make()",
+    "{n} = {m}()",
 )
 
 
@@ -92,14 +94,16 @@ CANON_SOURCE = textwrap.dedent("""
             if isinstance(obj, set):
                 return label + "set(" + ",".join(sorted(walk(x) for x in obj)) + ")"
             if isinstance(obj, types.FunctionType):
-                return label + "<fn " + obj.__name__ + ">"
+                cells = [c.cell_contents for c in obj.__closure__ or ()]
+                return (label + "<fn " + obj.__name__ + " closure=" + walk(tuple(cells))
+                        + " defaults=" + walk(obj.__defaults__) + ">")
             if hasattr(obj, "__dict__"):
                 attrs = sorted(vars(obj).items())
                 return (label + type(obj).__name__ + "("
                         + ",".join(k + "=" + walk(v) for k, v in attrs) + ")")
             return label + repr(obj)
         names = sorted(n for n in namespace
-                       if n in ("a", "b", "c", "d", "grow", "rebind"))
+                       if n in ("a", "b", "c", "d", "grow", "rebind", "make"))
         return "; ".join(n + ": " + walk(namespace[n]) for n in names)
 """)
 
