@@ -33,6 +33,7 @@ been checked. See docs/state-sync.md.
 
 from __future__ import annotations
 
+import collections
 import copyreg
 import gc
 import hashlib
@@ -755,29 +756,34 @@ class StateEncoder:
         tokens_of: dict[str, frozenset[str]] = {}
         entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
         with self.state.lock:
-            todo = dict.fromkeys(self.candidate_names(namespace, effects))
+            todo = collections.deque(self.candidate_names(namespace, effects))
+            queued = set(todo)
             done: set[str] = set()
             while todo:
                 while todo:
-                    root = next(iter(todo))
-                    del todo[root]
+                    root = todo.popleft()
+                    queued.discard(root)
                     done.add(root)
                     follow, redo = self._encode_root(
                         root, namespace, entries, update, uploads, changed_tokens, tokens_of)
                     # roots holding an object that has just become shared go first: until they
                     # are pickled again they still count as its owner
-                    todo = {**dict.fromkeys(redo), **todo}
-                    for other in follow:  # shared objects a touched root reaches
-                        if other not in done:
-                            todo[other] = None
+                    for other in redo - queued:
+                        todo.appendleft(other)
+                        queued.add(other)
+                    for other in follow - done - queued:  # shared objects a touched root reaches
+                        todo.append(other)
+                        queued.add(other)
                 # An entry synced earlier that holds a tensor whose bytes just changed (opt.step()
                 # changes model's parameters) is stale: refresh it, so that every entry names the
                 # current bytes of each tensor (checkpoints and snapshots then restore consistently).
-                todo = dict.fromkeys(sorted(
-                    name for name, tokens in self.state.entry_tokens.items()
-                    if name not in done and self._root_exists(name, namespace)
-                    and tokens & changed_tokens
-                )) if changed_tokens else {}
+                if changed_tokens:
+                    todo.extend(sorted(
+                        name for name, tokens in self.state.entry_tokens.items()
+                        if name not in done and self._root_exists(name, namespace)
+                        and tokens & changed_tokens
+                    ))
+                    queued.update(todo)
             self._drop_orphans(entries)
             update.entries = list(entries.values())
             try:
