@@ -4,10 +4,12 @@ Each synced name is pickled on its own, so an object held by two names (``alias 
 become two copies on a standby. This module keeps identity without giving an id to every value:
 
 - every synced *root* (a name, or a shared object, see below) records the objects its pickle holds
-  inline (``IdentityTable.register``); an object is owned by the one root that holds it inline;
-- when a root being encoded holds inline an object another root already owns, that object is
-  *shared*: it gets a token (``share``), becomes a root of its own (``object_root(token)``, synced
-  as a separate entry), and both roots are pickled again with the token in its place;
+  inline (``IdentityTable.register``: the pickler's memo, a C-level copy);
+- when a root being encoded holds inline an object another root holds too (``held_elsewhere``),
+  that object is *shared*: it gets a token (``share``), becomes a root of its own
+  (``object_root(token)``, synced as a separate entry), and both roots are pickled again with
+  the object pre-loaded in the pickler's memo, so the pickle refers to it by memo index and the
+  token list travels with the payload;
 - a standby keeps token -> object (``adopt``); an update to a shared object's contents is applied
   *in place* (``make_shell`` / ``fill``), so every holder of it sees the change.
 
@@ -27,7 +29,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 OBJECT_ROOT_PREFIX = "\x00obj:"  # entries of shared objects; never a name a notebook binds
-SHARED_PID = "nbos-obj"  # persistent id of a shared object inside a pickled value
 
 # Never tracked nor shared: immutable values (identity unobservable) and objects pickled by name.
 _UNTRACKED: frozenset[type] = frozenset({
@@ -60,13 +61,17 @@ def untracked_type(kind: type) -> bool:
     return kind in _UNTRACKED or issubclass(kind, type)
 
 
+Held = dict[int, tuple[int, Any]]  # a pickle memo: id(object) -> (memo index, object)
+
+
 class IdentityTable:
     """Shared objects (token -> object) and which root holds which object inline.
 
-    Holds strong references: plain lists and dicts cannot be weakly referenced. A root's inline
-    objects stay alive until that root is encoded again or deleted; a shared object until no root
-    references it (the encoder then deletes its entry). Not thread-safe: callers hold the
-    ``SyncState`` lock.
+    A root's inline objects are the memo of the pickler that serialised it (or of the unpickler
+    that loaded it): collecting them costs one C-level dict copy, no Python call per object. They
+    are kept (strong references: plain lists and dicts cannot be weakly referenced) until that
+    root is encoded again or deleted; a shared object until no root references it (the encoder
+    then deletes its entry). Not thread-safe: callers hold the ``SyncState`` lock.
     """
 
     def __init__(self, token_prefix: str) -> None:
@@ -74,15 +79,16 @@ class IdentityTable:
         self._counter = 0
         self.shared: dict[str, Any] = {}  # token -> object
         self._token_by_id: dict[int, str] = {}  # valid: the table keeps the objects alive
-        self._owner: dict[int, tuple[Any, str]] = {}  # id -> (object, the root holding it inline)
-        self._inline: dict[str, list[Any]] = {}  # root -> objects it holds inline
+        self._held: dict[str, Held] = {}  # root -> the objects its payload holds inline
+        self._owner: dict[int, str] = {}  # id -> a root holding it (checked against _held)
+        self._stale = 0  # _owner entries that may no longer be held
         self.refs: dict[str, frozenset[str]] = {}  # root -> tokens its payload references
         self._referrers: dict[str, set[str]] = {}  # token -> roots referencing it
         self._orphans: set[str] = set()  # tokens that may have lost their last referrer
 
     # ---- tokens
     def token_by_id(self) -> dict[int, str]:
-        """id(object) -> token, for the pickler's hook (read-only use)."""
+        """id(object) -> token, for the pickler (read-only use)."""
         return self._token_by_id
 
     def token_for(self, obj: Any) -> str | None:
@@ -103,9 +109,6 @@ class IdentityTable:
             self._token_by_id.pop(id(old), None)
         self.shared[token] = obj
         self._token_by_id[id(obj)] = token
-        owned = self._owner.get(id(obj))
-        if owned is not None and owned[0] is obj:
-            del self._owner[id(obj)]  # a root of its own now
         self._orphans.add(token)  # until a root registers a reference to it
 
     def drop(self, token: str) -> None:
@@ -119,36 +122,67 @@ class IdentityTable:
 
     # ---- roots
     def owner_of(self, obj: Any) -> str | None:
-        owned = self._owner.get(id(obj))
-        return owned[1] if owned is not None and owned[0] is obj else None
+        """A root (other than as a shared object) that holds ``obj`` inline, if any."""
+        key = id(obj)
+        root = self._owner.get(key)
+        if root is None or key in self._token_by_id:
+            return None
+        held = self._held.get(root, {}).get(key)
+        return root if held is not None and held[1] is obj else None
 
-    def register(self, root: str, inline: Iterable[Any], refs: Iterable[str]) -> None:
-        """``root`` now holds ``inline`` objects in its payload and references tokens ``refs``."""
+    def held_elsewhere(
+        self, root: str, held: Held, untracked: Callable[[type], bool] = untracked_type
+    ) -> list[tuple[int, Any, str]]:
+        """``(memo index, object, other root)`` for each object ``held`` by ``root`` that another
+        root holds inline too, in pickling order (a container before what it holds).
+
+        Set operations on the ids first: only objects new to ``root`` are looked at (one it held
+        already was checked when the later of the two roots was encoded)."""
+        before = self._held.get(root, {})
+        shared = self._token_by_id
+        found = []
+        for key in held.keys() & self._owner.keys():  # iterates the smaller of the two
+            if key in before or key in shared:
+                continue
+            index, obj = held[key]
+            if untracked(type(obj)):
+                continue
+            owner = self.owner_of(obj)
+            if owner is not None and owner != root:
+                found.append((index, obj, owner))
+        found.sort(key=lambda item: item[0])
+        return found
+
+    def register(self, root: str, held: Held, refs: Iterable[str]) -> None:
+        """``root`` now holds ``held`` objects inline and references the tokens ``refs``."""
         self.unregister(root)
-        kept = []
-        for obj in inline:
-            if id(obj) in self._token_by_id or self._owner.get(id(obj)) is not None:
-                continue  # shared, or owned by another root (a copy: it cannot be shared)
-            self._owner[id(obj)] = (obj, root)
-            kept.append(obj)
-        self._inline[root] = kept
+        self._held[root] = held
+        self._owner.update(dict.fromkeys(held, root))
         frozen = frozenset(refs)
         self.refs[root] = frozen
         for token in frozen:
             self._referrers.setdefault(token, set()).add(root)
             self._orphans.discard(token)
+        if self._stale > 2 * len(self._owner) + 100_000:
+            self._rebuild_owners()
 
     def unregister(self, root: str) -> None:
-        for obj in self._inline.pop(root, ()):
-            owned = self._owner.get(id(obj))
-            if owned is not None and owned[1] == root:
-                del self._owner[id(obj)]
+        held = self._held.pop(root, None)
+        if held is not None:
+            self._stale += len(held)
         for token in self.refs.pop(root, ()):
             referrers = self._referrers.get(token)
             if referrers is not None:
                 referrers.discard(root)
                 if not referrers:
                     self._orphans.add(token)
+
+    def _rebuild_owners(self) -> None:
+        owners: dict[int, str] = {}
+        for root, held in self._held.items():
+            owners.update(dict.fromkeys(held, root))
+        self._owner = owners
+        self._stale = 0
 
     def referrers(self, token: str) -> frozenset[str]:
         return frozenset(self._referrers.get(token, ()))

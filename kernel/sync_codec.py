@@ -60,7 +60,7 @@ import cloudpickle.cloudpickle as cloudpickle_internals
 
 from notebookos.kernel.ast_effects import CellEffects
 from notebookos.kernel.shared_objects import (
-    SHARED_PID,
+    Held,
     IdentityTable,
     fill_object,
     is_object_root,
@@ -514,8 +514,11 @@ class _ValuePickler(cloudpickle.CloudPickler):
         numpy = sys.modules.get("numpy")
         self._tensor_type = torch.Tensor if (torch is not None and on_tensor) else None
         self._array_type = numpy.ndarray if (numpy is not None and on_tensor) else None
+        self.class_members: set[int] = set()  # ids never tracked for sharing (see below)
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
+            self._skip_class_members(obj)
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
             return (_tensor_ref, (self._on_tensor(obj),))  # type: ignore[misc]
         if (type(obj) is self._array_type and obj.nbytes > TENSOR_INLINE_LIMIT
@@ -527,6 +530,24 @@ class _ValuePickler(cloudpickle.CloudPickler):
             # notebook class serialises the same before and after its first instance is synced.
             copyreg._slotnames(obj)
         return super().reducer_override(obj)
+
+    def _skip_class_members(self, cls: type) -> None:
+        """A notebook class travels by value inside every value that holds an instance: its
+        methods and dunders are not tracked (the class keeps its identity through cloudpickle's
+        class tracker, and they would look shared by every such value). Its data attributes are
+        (``class K: items = []`` then ``alias = K.items``)."""
+        for key, member in vars(cls).items():
+            for inner in ("__func__", "fget", "fset", "fdel"):
+                wrapped = getattr(member, inner, None)
+                if wrapped is not None:
+                    self.class_members.add(id(member))
+                    member = wrapped
+            if isinstance(member, types.FunctionType):
+                for part in (member, member.__dict__, member.__defaults__,
+                             member.__kwdefaults__, member.__annotations__):
+                    self.class_members.add(id(part))
+            elif key.startswith("__") and key.endswith("__"):
+                self.class_members.add(id(member))
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         if func.__globals__ is not self._namespace:
@@ -543,13 +564,10 @@ class _ValuePickler(cloudpickle.CloudPickler):
         )
 
 
-class _TrackingPickler(_ValuePickler):
-    """The value pickler that keeps identity across roots (kernel/shared_objects.py).
-
-    A shared object (one with a token) is written as a reference to its token (``refs``); every
-    other trackable object pickled is recorded in ``inline``, so that a later root that reaches
-    the same object can find out that it is shared.
-    """
+class _SharedRefPickler(_ValuePickler):
+    """The slow way to refer to shared objects (a Python call per pickled object): as persistent
+    ids, numbered in order of first use. Used when pickling a value *with* its shared objects'
+    contents fails (a shared dict now holds a lock): the value itself may still be fine."""
 
     def __init__(
         self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None,
@@ -557,45 +575,18 @@ class _TrackingPickler(_ValuePickler):
     ) -> None:
         super().__init__(file, namespace, on_tensor)
         self._token_by_id = token_by_id
-        self.inline: list[Any] = []  # in pickling order: a container before what it holds
-        self.refs: set[str] = set()
-        self._skip: dict[type, bool] = {}
-        self._class_members: set[int] = set()
+        self.order: list[str] = []
+        self._index: dict[str, int] = {}
 
-    def persistent_id(self, obj: Any) -> Any:
-        kind = type(obj)
-        skip = self._skip.get(kind)
-        if skip is None:
-            skip = self._skip[kind] = _untracked(kind)
-        if skip:
-            return None
+    def persistent_id(self, obj: Any) -> int | None:
         token = self._token_by_id.get(id(obj))
-        if token is not None:
-            self.refs.add(token)
-            return (SHARED_PID, token)
-        if id(obj) not in self._class_members:
-            self.inline.append(obj)
-        return None
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
-            # A notebook class travels by value inside every value that holds an instance: its
-            # methods and dunders are not tracked (the class keeps its identity through
-            # cloudpickle's class tracker, and they would look shared by every such value). Its
-            # data attributes are (``class K: items = []`` then ``alias = K.items``).
-            for key, member in vars(obj).items():
-                for inner in ("__func__", "fget", "fset", "fdel"):
-                    wrapped = getattr(member, inner, None)
-                    if wrapped is not None:
-                        self._class_members.add(id(member))
-                        member = wrapped
-                if isinstance(member, types.FunctionType):
-                    for part in (member, member.__dict__, member.__defaults__,
-                                 member.__kwdefaults__, member.__annotations__):
-                        self._class_members.add(id(part))
-                elif key.startswith("__") and key.endswith("__"):
-                    self._class_members.add(id(member))
-        return super().reducer_override(obj)
+        if token is None:
+            return None
+        index = self._index.get(token)
+        if index is None:
+            index = self._index[token] = len(self.order)
+            self.order.append(token)
+        return index
 
 
 def _untracked(kind: type) -> bool:
@@ -610,40 +601,37 @@ def _untracked(kind: type) -> bool:
     return numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic)
 
 
-def _tracked_objects(objects: Iterable[Any]) -> list[Any]:
-    skip: dict[type, bool] = {}
-    tracked = []
-    for obj in objects:
-        kind = type(obj)
-        untracked = skip.get(kind)
-        if untracked is None:
-            untracked = skip[kind] = _untracked(kind)
-        if not untracked:
-            tracked.append(obj)
-    return tracked
-
-
 class _ValueUnpickler(pickle.Unpickler):
     def __init__(
-        self, file: io.BytesIO, namespace: Any, resolve: Callable[[str, str], Any],
-        resolve_shared: Callable[[str], Any] | None = None,
+        self, data: bytes, namespace: Any, resolve: Callable[[str, str], Any],
+        shared: list[Any] | None = None, by_pid: bool = False,
     ) -> None:
-        super().__init__(file)
+        self._shared = list(shared or ())
+        self._by_pid = by_pid
+        # The pickler was given the shared objects in its memo (indices 0, 1, ...); a prologue
+        # puts them at the same indices here (Unpickler.memo cannot be preset in CPython 3.11).
+        # With ``by_pid`` the pickle refers to them by persistent id instead.
+        prologue = b"".join(
+            pickle.BININT + struct.pack("<i", index) + pickle.BINPERSID + pickle.MEMOIZE
+            + pickle.POP for index in range(0 if by_pid else len(self._shared))
+        )
+        super().__init__(io.BytesIO(prologue + data if prologue else data))
         self._namespace = namespace if isinstance(namespace, dict) else {}
         self._resolve = resolve
-        self._resolve_shared = resolve_shared
-        self.refs: set[str] = set()
 
     def persistent_load(self, pid: Any) -> Any:
-        if (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == SHARED_PID
-                and isinstance(pid[1], str) and self._resolve_shared is not None):
-            self.refs.add(pid[1])
-            return self._resolve_shared(pid[1])
-        raise pickle.UnpicklingError(f"unsupported persistent id {pid!r}")
+        if type(pid) is int and 0 <= pid < len(self._shared):
+            return self._shared[pid]
+        raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
 
-    def inline_objects(self) -> list[Any]:
-        """The trackable objects this load created (call after ``load``)."""
-        return _tracked_objects(obj for obj in self.memo.copy().values())
+    def held(self) -> Held:
+        """The objects this load created, as ``IdentityTable.register`` takes them."""
+        memo = self.memo.copy()  # index -> object
+        held = dict(zip(map(id, memo.values()), memo.items(), strict=True))
+        if not self._by_pid:
+            for obj in self._shared:
+                held.pop(id(obj), None)
+        return held
 
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__:
@@ -656,20 +644,33 @@ class _ValueUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _pack(skeleton: bytes, small_tensors: Mapping[str, bytes]) -> bytes:
-    if not small_tensors:
+def _pack(
+    skeleton: bytes, small_tensors: Mapping[str, bytes], shared: list[str], by_pid: bool = False
+) -> bytes:
+    """The payload: the pickle, its small tensors, and the tokens of the shared objects it refers
+    to: memo indices 0, 1, ... of the pickle in this order, or (``by_pid``) persistent ids."""
+    if not small_tensors and not shared:
         return _PLAIN_PAYLOAD + skeleton
-    return _BUNDLE_PAYLOAD + pickle.dumps({"p": skeleton, "t": dict(small_tensors)}, protocol=5)
+    plain: dict[str, Any] = {"p": skeleton, "t": dict(small_tensors)}
+    if shared:
+        plain["s"] = list(shared)
+    if by_pid:
+        plain["m"] = "pid"
+    return _BUNDLE_PAYLOAD + pickle.dumps(plain, protocol=5)
 
 
-def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes]]:
+def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes], list[str], bool]:
+    """(pickle, small tensors, shared tokens, whether they are persistent ids)."""
     if payload[:1] == _PLAIN_PAYLOAD:
-        return payload[1:], {}
+        return payload[1:], {}, [], False
     if payload[:1] == _BUNDLE_PAYLOAD:
         plain = _PlainUnpickler(io.BytesIO(payload[1:])).load()
+        shared = plain.get("s", []) if isinstance(plain, dict) else None
         if (isinstance(plain, dict) and isinstance(plain.get("p"), bytes)
-                and isinstance(plain.get("t"), dict)):
-            return plain["p"], plain["t"]
+                and isinstance(plain.get("t"), dict) and isinstance(shared, list)
+                and all(isinstance(token, str) for token in shared)
+                and plain.get("m") in (None, "pid")):
+            return plain["p"], plain["t"], shared, plain.get("m") == "pid"
     raise ValueError("payload is not a NotebookOS value bundle")
 
 
@@ -756,24 +757,29 @@ class StateEncoder:
         tokens_of: dict[str, frozenset[str]] = {}
         entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
         with self.state.lock:
+            # Three queues, taken in this order: the names to check (and entries to refresh);
+            # roots holding an object that has just become shared (until pickled again they still
+            # count as its owner, so they go before shared objects; once each, however many of
+            # their objects became shared); the shared objects the checked roots reach.
             todo = collections.deque(self.candidate_names(namespace, effects))
-            queued = set(todo)
+            redo: dict[str, None] = {}
+            objects: dict[str, None] = {}
             done: set[str] = set()
-            while todo:
-                while todo:
-                    root = todo.popleft()
-                    queued.discard(root)
+            while todo or redo or objects:
+                while todo or redo or objects:
+                    if todo:
+                        root = todo.popleft()
+                    elif redo:
+                        root = next(iter(redo))
+                        del redo[root]
+                    else:
+                        root = next(iter(objects))
+                        del objects[root]
                     done.add(root)
-                    follow, redo = self._encode_root(
+                    follow, owners = self._encode_root(
                         root, namespace, entries, update, uploads, changed_tokens, tokens_of)
-                    # roots holding an object that has just become shared go first: until they
-                    # are pickled again they still count as its owner
-                    for other in redo - queued:
-                        todo.appendleft(other)
-                        queued.add(other)
-                    for other in follow - done - queued:  # shared objects a touched root reaches
-                        todo.append(other)
-                        queued.add(other)
+                    redo.update(dict.fromkeys(owners))
+                    objects.update(dict.fromkeys(follow - done))
                 # An entry synced earlier that holds a tensor whose bytes just changed (opt.step()
                 # changes model's parameters) is stale: refresh it, so that every entry names the
                 # current bytes of each tensor (checkpoints and snapshots then restore consistently).
@@ -783,7 +789,6 @@ class StateEncoder:
                         if name not in done and self._root_exists(name, namespace)
                         and tokens & changed_tokens
                     ))
-                    queued.update(todo)
             self._drop_orphans(entries)
             update.entries = list(entries.values())
             try:
@@ -848,9 +853,9 @@ class StateEncoder:
         try:
             while True:
                 tokens.clear()
-                entry, inline, refs = self._encode_value(
+                entry, held, refs = self._encode_value(
                     root, namespace, uploads, changed_tokens, tokens)
-                owners = self._share_new(root, inline, namespace)
+                owners = self._share_new(root, held, namespace)
                 if not owners:
                     break
                 redo |= owners  # and pickle this root again, with the new tokens
@@ -871,7 +876,7 @@ class StateEncoder:
             else:
                 entries.pop(root, None)
             return before, redo
-        identity.register(root, inline, refs)
+        identity.register(root, held, refs)
         tokens_of[root] = frozenset(tokens)
         if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
             entries[root] = entry
@@ -879,30 +884,26 @@ class StateEncoder:
             entries.pop(root, None)
         return before | {object_root(token) for token in refs}, redo
 
-    def _share_new(self, root: str, inline: list[Any], namespace: Mapping[str, Any]) -> set[str]:
+    def _share_new(self, root: str, held: Held, namespace: Mapping[str, Any]) -> set[str]:
         """Give a token to each outermost object ``root`` holds inline that another root holds
         too; return those other roots (they must be pickled again).
 
         Only the outermost: ``alias = big`` shares ``big``, not each object inside it (those stay
-        inline in ``big``'s own entry). ``inline`` is in pickling order (containers first); an
-        object reachable from one shared in this pass waits for the next pass (the root is
-        pickled again and only what is still inline and held elsewhere is considered).
+        inline in ``big``'s own entry). An object reachable from one shared in this pass waits
+        for the next pass (the root is pickled again and only what is still inline and held
+        elsewhere is considered).
         """
         identity = self.state.identity
         owners: set[str] = set()
         reducer = None
         below = None
-        for obj in inline:
-            owner = identity.owner_of(obj)
-            if owner is None or owner == root:
-                continue
+        for _index, obj, owner in identity.held_elsewhere(root, held, _untracked):
             if below is None:
                 below = _Reach(namespace, identity.token_by_id())
+                reducer = _ValuePickler(io.BytesIO(), namespace, None).reducer_override
             elif below.reaches(obj):
                 continue
-            if reducer is None:
-                reducer = _ValuePickler(io.BytesIO(), namespace, None).reducer_override
-            if reduction(obj, reducer) is None:
+            if reduction(obj, reducer) is None:  # type: ignore[arg-type]
                 continue  # cannot be updated in place: each root keeps its own copy
             identity.share(obj)
             below.add(obj)
@@ -914,7 +915,7 @@ class StateEncoder:
     def _encode_value(
         self, root: str, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
         changed_tokens: set[str], tokens: set[str],
-    ) -> tuple[SyncEntry, list[Any], set[str]]:
+    ) -> tuple[SyncEntry, Held, set[str]]:
         """The root's entry, the objects its payload holds inline, and the tokens it references."""
         if is_object_root(root):
             return self._encode_object(root, namespace, uploads, changed_tokens, tokens)
@@ -924,15 +925,15 @@ class StateEncoder:
             if module is None:
                 raise TypeError(f"module {getattr(value, '__name__', '?')!r} is not importable")
             return (SyncEntry(root, "module", _sha256(b"module:", module.encode()), module=module),
-                    [], set())
-        payload, large, inline, refs = self._pickle(value, namespace, uploads, changed_tokens,
-                                                    tokens)
-        return self._entry(root, value, payload, large, uploads), inline, refs
+                    {}, set())
+        payload, large, held, refs = self._pickle(value, namespace, uploads, changed_tokens,
+                                                  tokens)
+        return self._entry(root, value, payload, large, uploads), held, refs
 
     def _encode_object(
         self, root: str, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
         changed_tokens: set[str], tokens: set[str],
-    ) -> tuple[SyncEntry, list[Any], set[str]]:
+    ) -> tuple[SyncEntry, Held, set[str]]:
         obj = self.state.identity.shared[token_of_root(root)]
         found = reduction(obj, _ValuePickler(io.BytesIO(), namespace, None).reducer_override)
         if found is None:
@@ -940,19 +941,25 @@ class StateEncoder:
         shell, fill = found
         shell_buffer = io.BytesIO()
         _ValuePickler(shell_buffer, namespace, None).dump(shell)
-        fill_payload, large, inline, refs = self._pickle(fill, namespace, uploads,
-                                                         changed_tokens, tokens)
+        fill_payload, large, held, refs = self._pickle(fill, namespace, uploads,
+                                                       changed_tokens, tokens)
         payload = _OBJECT_PAYLOAD + pickle.dumps(
             {"s": shell_buffer.getvalue(), "f": fill_payload}, protocol=5)
-        return self._entry(root, obj, payload, large, uploads), inline, refs
+        return self._entry(root, obj, payload, large, uploads), held, refs
 
     def _pickle(
         self, value: Any, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
         changed_tokens: set[str], tokens: set[str],
-    ) -> tuple[bytes, dict[str, str], list[Any], set[str]]:
+    ) -> tuple[bytes, dict[str, str], Held, set[str]]:
+        """Pickle ``value``: (payload, large tensors, objects held inline, shared tokens used).
+
+        At C speed, twice when ``value`` reaches shared objects: the first pickle's memo says which
+        ones; the second is given them in its memo up front, so it refers to each by memo index
+        (their tokens go in the payload, in that order) instead of pickling it again.
+        """
+        token_by_id = self.state.identity.token_by_id()
         small: dict[str, bytes] = {}
         large: dict[str, str] = {}
-        buffer = io.BytesIO()
 
         def on_tensor(tensor: Any) -> str:
             token, record = self._tensor(tensor, uploads, changed_tokens)
@@ -963,10 +970,42 @@ class StateEncoder:
                 large[token] = record.store_key  # type: ignore[assignment]
             return token
 
-        pickler = _TrackingPickler(buffer, namespace, on_tensor,
-                                   self.state.identity.token_by_id())
-        pickler.dump(value)
-        return _pack(buffer.getvalue(), small), large, pickler.inline, pickler.refs
+        def dump(shared: list[tuple[str, Any]]) -> tuple[bytes, Held, set[int]]:
+            small.clear()
+            large.clear()
+            buffer = io.BytesIO()
+            pickler = _ValuePickler(buffer, namespace, on_tensor)
+            if shared:
+                pickler.memo = {id(obj): (index, obj) for index, (_, obj) in enumerate(shared)}
+            pickler.dump(value)
+            return buffer.getvalue(), pickler.memo.copy(), pickler.class_members
+
+        try:
+            skeleton, held, members = dump([])
+        except Exception:
+            if not token_by_id:
+                raise
+            # Maybe a shared object inside cannot be pickled: refer to those without descending.
+            small.clear()
+            large.clear()
+            buffer = io.BytesIO()
+            slow = _SharedRefPickler(buffer, namespace, on_tensor, token_by_id)
+            slow.dump(value)
+            held = slow.memo.copy()
+            for key in slow.class_members:
+                held.pop(key, None)
+            return (_pack(buffer.getvalue(), small, slow.order, by_pid=True), large, held,
+                    set(slow.order))
+        hits = held.keys() & token_by_id.keys()
+        shared = sorted((token_by_id[key], held[key][1]) for key in hits)
+        if shared:
+            skeleton, held, members = dump(shared)
+            for _, obj in shared:
+                held.pop(id(obj), None)
+        for key in members:
+            held.pop(key, None)
+        refs = [token for token, _ in shared]
+        return _pack(skeleton, small, refs), large, held, set(refs)
 
     def _entry(
         self, root: str, value: Any, payload: bytes, large: dict[str, str],
@@ -1239,7 +1278,7 @@ class StateApplier:
         obj = identity.shared.get(token)
         existing = obj is not None
         if obj is None:
-            shell = _ValueUnpickler(io.BytesIO(plain["s"]), namespace, _no_tensors).load()
+            shell = _ValueUnpickler(plain["s"], namespace, _no_tensors).load()
             obj = make_shell(shell)
             identity.adopt(token, obj)
         return entry, obj, existing, plain["f"]
@@ -1249,22 +1288,23 @@ class StateApplier:
         payload: bytes,
     ) -> None:
         """Step two: give the object its contents (in place when this replica held it)."""
-        fill, inline, refs, tokens = self._load(namespace, entry, payload)
+        fill, held, refs, tokens = self._load(namespace, entry, payload)
         fill_object(obj, fill, existing=existing)
-        self.state.identity.register(entry.name, inline, refs)
+        self.state.identity.register(entry.name, held, refs)
         self.state.entries[entry.name] = entry
         self.state.dirty.add(entry.name)
         self.state.entry_tokens[entry.name] = frozenset(tokens)
 
     def _load(
         self, namespace: MutableMapping[str, Any], entry: SyncEntry, payload: bytes
-    ) -> tuple[Any, list[Any], set[str], set[str]]:
+    ) -> tuple[Any, Held, set[str], set[str]]:
         """Unpickle a value payload: (value, its inline objects, shared tokens, tensor tokens)."""
-        skeleton, small = _unpack(payload)
+        skeleton, small, refs, by_pid = _unpack(payload)
         resolve = _TensorResolver(self, entry, small)
-        unpickler = _ValueUnpickler(io.BytesIO(skeleton), namespace, resolve, self._shared)
+        shared = [self._shared(token) for token in refs]
+        unpickler = _ValueUnpickler(skeleton, namespace, resolve, shared, by_pid)
         value = unpickler.load()
-        return value, unpickler.inline_objects(), unpickler.refs, resolve.tokens
+        return value, unpickler.held(), set(refs), resolve.tokens
 
     def _shared(self, token: str) -> Any:
         obj = self.state.identity.shared.get(token)
@@ -1299,13 +1339,13 @@ class StateApplier:
             namespace[entry.name] = importlib.import_module(entry.module)
             self.state.entries[entry.name] = entry
             self.state.entry_tokens.pop(entry.name, None)
-            identity.register(entry.name, (), ())
+            identity.register(entry.name, {}, ())
             return
-        value, inline, refs, tokens = self._load(namespace, entry, self._payload(entry))
+        value, held, refs, tokens = self._load(namespace, entry, self._payload(entry))
         namespace[entry.name] = value
         self.state.entries[entry.name] = entry
         self.state.entry_tokens[entry.name] = frozenset(tokens)
-        identity.register(entry.name, inline, refs)
+        identity.register(entry.name, held, refs)
 
     def close(self) -> None:
         """Stop the fetch threads (pending fetches are abandoned). Safe to call twice."""
