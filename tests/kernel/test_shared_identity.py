@@ -272,3 +272,12 @@ def test_a_shared_object_that_cannot_be_serialised_warns_and_keeps_its_identity(
     assert pair.standby["a"] == {"v": 1} and pair.standby["a"] is pair.standby["b"]
     pair.run("del b['lock']\nb['v'] = 2")  # serialisable again: updated in place
     assert pair.standby["a"] == {"v": 2} and pair.standby["a"] is pair.standby["b"]
+
+
+def test_large_arrays_inside_a_shared_object_keep_both_identities(pair: Pair) -> None:
+    pair.run("import numpy as np\nX = np.ones(100_000)\ndata = {'X': X, 'meta': []}\nview = data")
+    s = pair.standby
+    assert s["view"] is s["data"] and s["data"]["X"] is s["X"]
+    update = pair.run("X += 1\nview['meta'].append(1)")
+    assert s["data"]["X"] is s["X"] and float(s["view"]["X"][0]) == 2.0
+    assert s["data"]["meta"] == [1] and "data" not in sent(update)
