@@ -1,6 +1,8 @@
 """Benchmark the distributed kernel against a plain ipykernel, in the same run, same client.
 
     python benchmarks/kernel.py [--json] [--cells 200] [--large-mib 1024] [--skip-large]
+                                [--namespace-sizes 100,1000,10000] [--namespace-mib 256]
+                                [--only-namespace]
 
 Measures (see docs/performance.md, "Distributed kernel"):
 - roundtrip_p50/p99_ms: a trivial cell on a 3-replica group, from sending the execute/yield
@@ -13,6 +15,10 @@ Measures (see docs/performance.md, "Distributed kernel"):
   last standby reply (fetch, deserialise). raw_write_s / raw_read_s: boto3 alone, same bytes.
 - failover_s: SIGKILL the executor, then send the next cell to a survivor: kill -> that cell's
   execute_input.
+- sync_1name_p50_ms[N] / encode_1name_p50_ms[N]: a cell that changes one name (``v0['n'] += 1``)
+  in a namespace of N names (small dicts, a tenth of them sharing a list with another name) plus
+  one --namespace-mib MiB numpy array: sync as above on a 3-replica group; encode = the executor's
+  StateEncoder.encode alone, in this process. Flat in N means untouched names cost nothing.
 """
 
 from __future__ import annotations
@@ -177,18 +183,95 @@ def large_objects(workdir: Path, mib: int) -> dict[str, float]:
         server.stop()
 
 
+NAMESPACE_SETUP = """
+import numpy as np
+for i in range({n}):
+    globals()[f"v{{i}}"] = {{"n": 0, "l": [i], "name": f"v{{i}}"}}
+for i in range(0, {n}, 10):
+    globals()[f"s{{i}}"] = globals()[f"v{{i}}"]["l"]
+big = np.ones({elements})
+"""
+ONE_NAME_CELL = "v0['n'] += 1"
+
+
+def namespace_sync(workdir: Path, sizes: list[int], mib: int, cells: int) -> dict[str, float]:
+    """Sync and encode time of a one-name cell against the namespace's size (see docstring)."""
+    results: dict[str, float] = {}
+    elements = mib * (1 << 20) // 8
+    for n in sizes:
+        setup = NAMESPACE_SETUP.format(n=n, elements=elements)
+        group = ReplicaGroup(workdir / f"ns-{n}", store_url=f"file://{workdir}/ns-{n}-store")
+        try:
+            group.start()
+            done = group.execute(setup, target=1, timeout=600)
+            assert done.reply(1)["content"]["status"] == "ok", done.summary()
+            sync = []
+            executor = group.replicas[1].client
+            for i in range(cells + 3):
+                msg_id = group.send_execute(ONE_NAME_CELL, target=1)
+                wait_reply(executor.get_shell_msg, msg_id)
+                t_reply = time.perf_counter()
+                for rid in (2, 3):
+                    wait_reply(group.replicas[rid].client.get_shell_msg, msg_id)
+                if i >= 3:
+                    sync.append(time.perf_counter() - t_reply)
+                wait_idle(executor, msg_id)
+            check = group.execute("print(v0['n'])", target=1, timeout=600)
+            assert check.stdout().strip() == str(cells + 3), (check.summary(), check.stderr())
+        finally:
+            group.stop()
+        results[f"sync_1name_p50_ms[{n}]"] = percentile(sync, 50) * 1e3
+        results[f"encode_1name_p50_ms[{n}]"] = encode_one_name(workdir, setup, cells) * 1e3
+    return results
+
+
+def encode_one_name(workdir: Path, setup: str, cells: int) -> float:
+    """p50 seconds of the executor's encode of ONE_NAME_CELL, after the setup is synced."""
+    from notebookos.kernel.ast_effects import analyze_cell
+    from notebookos.kernel.sync_codec import StateEncoder
+    from notebookos.store import open_store
+
+    store = open_store(f"file://{workdir}/encode-store", b"0123456789abcdef0123456789abcdef")
+    encoder = StateEncoder(store, "k-bench")
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(setup, namespace)
+    encoder.encode(namespace, analyze_cell(setup))
+    effects = analyze_cell(ONE_NAME_CELL)
+    samples = []
+    for _ in range(cells):
+        exec(ONE_NAME_CELL, namespace)
+        t0 = time.perf_counter()
+        encoder.encode(namespace, effects)
+        samples.append(time.perf_counter() - t0)
+    store.close()
+    return percentile(samples, 50)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--large-mib", type=int, default=1024)
     parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--namespace-sizes", default="100,1000,10000",
+                        help="comma-separated namespace sizes for the one-name-cell sync")
+    parser.add_argument("--namespace-mib", type=int, default=256,
+                        help="MiB of an untouched numpy array in those namespaces")
+    parser.add_argument("--namespace-cells", type=int, default=30)
+    parser.add_argument("--only-namespace", action="store_true",
+                        help="measure only the one-name-cell sync against namespace size")
     args = parser.parse_args()
     # SIGTERM must run the finally blocks that stop the replicas and the S3 server
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="nbos-bench-") as tmp:
         workdir = Path(tmp)
+        sizes = [int(n) for n in args.namespace_sizes.split(",") if n]
+        results.update(namespace_sync(workdir, sizes, args.namespace_mib, args.namespace_cells))
+        if args.only_namespace:
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                              for k, v in results.items()}))
+            return 0
         plain = plain_kernel(workdir, args.cells)
         group = ReplicaGroup(workdir / "group", store_url=f"file://{workdir}/store")
         try:

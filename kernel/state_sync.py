@@ -47,6 +47,7 @@ class StateSync:
         try:
             from notebookos.store import open_store
 
+            from .checkpoint_log import CheckpointLog
             from .sync_codec import StateApplier, StateEncoder, SyncState
 
             self.store = open_store(store_url, hmac_key)
@@ -57,6 +58,8 @@ class StateSync:
                 self.store, kernel_id, threshold_bytes=threshold_bytes, state=self._state
             )
             self._applier = StateApplier(self.store, state=self._state)
+            # a checkpoint writes what changed since the last one (docs/state-sync.md)
+            self._checkpoints = CheckpointLog(self.store, kernel_id)
         except Exception as exc:  # noqa: BLE001 - reported on every cell, never silent
             self.disabled_reason = f"could not set up state sync: {exc}"
             log.error("state sync disabled: %s", exc)
@@ -146,6 +149,8 @@ class StateSync:
                 namespace.pop(name, None)
                 self._state.entries.pop(name, None)
                 self._state.entry_tokens.pop(name, None)
+                self._state.identity.unregister(name)
+                self._state.dirty.add(name)
 
     def is_light(self, update: bytes, limit: int = 64 * 1024) -> bool:
         """Small and with nothing to fetch from the store: cheap enough to apply inline."""
@@ -220,8 +225,6 @@ class StateSync:
             self.checkpoint_in_background(0, on_done)
 
     def _write_checkpoints(self) -> None:
-        from .sync_codec import write_checkpoint
-
         while True:
             with self._checkpoint_lock:
                 count, on_done = self._checkpoint_wanted, self._checkpoint_on_done
@@ -232,8 +235,7 @@ class StateSync:
                     self._checkpoint_running = False
                     return
             try:
-                entries = self._encoder.snapshot_entries()
-                write_checkpoint(self.store, self.kernel_id, entries, count)
+                self._checkpoints.write(self._state, count)
             except Exception:  # noqa: BLE001 - the next cell's checkpoint retries
                 self.log.exception("checkpoint after cell %d failed", count)
                 with self._checkpoint_lock:

@@ -21,6 +21,10 @@ the same update, so entries never disagree about a tensor's bytes). A tensor who
 device are unchanged since it was last serialised is not serialised or hashed again. Tensors over
 ``TENSOR_INLINE_LIMIT`` bytes are their own store objects; smaller ones ride in the value's bundle.
 
+Every other mutable object that two roots (names, or shared objects) hold keeps its identity too:
+it becomes a shared object with a token and its own entry, updated in place on the standbys
+(``kernel/shared_objects.py``; only the roots a cell touched are pickled to find them).
+
 The ``SyncUpdate`` record that goes through Raft is a restricted pickle of builtin containers only:
 decoding it never imports a class or runs user code. User payloads are unpickled only in
 ``StateApplier.apply``, after their SHA-256 digest (and, for store objects, the store's HMAC) has
@@ -29,7 +33,9 @@ been checked. See docs/state-sync.md.
 
 from __future__ import annotations
 
+import collections
 import copyreg
+import gc
 import hashlib
 import importlib
 import io
@@ -53,6 +59,17 @@ import cloudpickle
 import cloudpickle.cloudpickle as cloudpickle_internals
 
 from notebookos.kernel.ast_effects import CellEffects
+from notebookos.kernel.shared_objects import (
+    Held,
+    IdentityTable,
+    fill_object,
+    is_object_root,
+    make_shell,
+    object_root,
+    reduction,
+    token_of_root,
+    untracked_type,
+)
 from notebookos.store.base import LargeObjectStore
 
 log = logging.getLogger(__name__)
@@ -64,8 +81,10 @@ TENSOR_INLINE_LIMIT = 64 * 1024  # serialised tensors above this are separate st
 KINDS = ("inline", "pointer", "deleted", "module")
 UPDATE_MAGIC = b"NBSYNC\x01"
 CHECKPOINT_MAGIC = b"NBCKPT\x01"
+CHECKPOINT_MANIFEST_MAGIC = b"NBCKPM\x01"
 _PLAIN_PAYLOAD = b"P"  # payload = the cloudpickle bytes
 _BUNDLE_PAYLOAD = b"B"  # payload = restricted pickle {"p": bytes, "t": {token: tensor bytes}}
+_OBJECT_PAYLOAD = b"O"  # a shared object: restricted pickle {"s": shell pickle, "f": a P/B payload}
 _TENSOR_PID = "nbos-tensor"
 
 INTERNAL_NAMES = frozenset(
@@ -290,10 +309,13 @@ class SyncState:
         self.lock = threading.RLock()
         self.entries: dict[str, SyncEntry] = {}
         self.entry_tokens: dict[str, frozenset[str]] = {}  # name -> tensors/arrays its value holds
+        self.dirty: set[str] = set()  # entries set or deleted since the last checkpoint segment
         self._records: dict[str, _TensorRecord] = {}
         self._tokens = _WeakIdMap()
         self._counter = 0
         self._token_prefix = uuid.uuid4().hex[:16]  # tokens must not collide across replicas
+        # shared objects (reachable from two roots) and which root holds which object inline
+        self.identity = IdentityTable(self._token_prefix)
 
     def token_for(self, tensor: Any) -> str:
         token = self._tokens.get(tensor)
@@ -492,8 +514,11 @@ class _ValuePickler(cloudpickle.CloudPickler):
         numpy = sys.modules.get("numpy")
         self._tensor_type = torch.Tensor if (torch is not None and on_tensor) else None
         self._array_type = numpy.ndarray if (numpy is not None and on_tensor) else None
+        self.class_members: set[int] = set()  # ids never tracked for sharing (see below)
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
+            self._skip_class_members(obj)
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
             return (_tensor_ref, (self._on_tensor(obj),))  # type: ignore[misc]
         if (type(obj) is self._array_type and obj.nbytes > TENSOR_INLINE_LIMIT
@@ -505,6 +530,24 @@ class _ValuePickler(cloudpickle.CloudPickler):
             # notebook class serialises the same before and after its first instance is synced.
             copyreg._slotnames(obj)
         return super().reducer_override(obj)
+
+    def _skip_class_members(self, cls: type) -> None:
+        """A notebook class travels by value inside every value that holds an instance: its
+        methods and dunders are not tracked (the class keeps its identity through cloudpickle's
+        class tracker, and they would look shared by every such value). Its data attributes are
+        (``class K: items = []`` then ``alias = K.items``)."""
+        for key, member in vars(cls).items():
+            for inner in ("__func__", "fget", "fset", "fdel"):
+                wrapped = getattr(member, inner, None)
+                if wrapped is not None:
+                    self.class_members.add(id(member))
+                    member = wrapped
+            if isinstance(member, types.FunctionType):
+                for part in (member, member.__dict__, member.__defaults__,
+                             member.__kwdefaults__, member.__annotations__):
+                    self.class_members.add(id(part))
+            elif key.startswith("__") and key.endswith("__"):
+                self.class_members.add(id(member))
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         if func.__globals__ is not self._namespace:
@@ -521,13 +564,74 @@ class _ValuePickler(cloudpickle.CloudPickler):
         )
 
 
+class _SharedRefPickler(_ValuePickler):
+    """The slow way to refer to shared objects (a Python call per pickled object): as persistent
+    ids, numbered in order of first use. Used when pickling a value *with* its shared objects'
+    contents fails (a shared dict now holds a lock): the value itself may still be fine."""
+
+    def __init__(
+        self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None,
+        token_by_id: Mapping[int, str],
+    ) -> None:
+        super().__init__(file, namespace, on_tensor)
+        self._token_by_id = token_by_id
+        self.order: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def persistent_id(self, obj: Any) -> int | None:
+        token = self._token_by_id.get(id(obj))
+        if token is None:
+            return None
+        index = self._index.get(token)
+        if index is None:
+            index = self._index[token] = len(self.order)
+            self.order.append(token)
+        return index
+
+
+def _untracked(kind: type) -> bool:
+    """Never shared through the identity table: immutable values, classes, and tensors and numpy
+    arrays (large ones have their own table, small arrays are copied per name)."""
+    if untracked_type(kind) or kind is _NamespaceRef:
+        return True
+    torch = _torch()
+    if torch is not None and issubclass(kind, torch.Tensor):
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic)
+
+
 class _ValueUnpickler(pickle.Unpickler):
     def __init__(
-        self, file: io.BytesIO, namespace: Any, resolve: Callable[[str, str], Any]
+        self, data: bytes, namespace: Any, resolve: Callable[[str, str], Any],
+        shared: list[Any] | None = None, by_pid: bool = False,
     ) -> None:
-        super().__init__(file)
+        self._shared = list(shared or ())
+        self._by_pid = by_pid
+        # The pickler was given the shared objects in its memo (indices 0, 1, ...); a prologue
+        # puts them at the same indices here (Unpickler.memo cannot be preset in CPython 3.11).
+        # With ``by_pid`` the pickle refers to them by persistent id instead.
+        prologue = b"".join(
+            pickle.BININT + struct.pack("<i", index) + pickle.BINPERSID + pickle.MEMOIZE
+            + pickle.POP for index in range(0 if by_pid else len(self._shared))
+        )
+        super().__init__(io.BytesIO(prologue + data if prologue else data))
         self._namespace = namespace if isinstance(namespace, dict) else {}
         self._resolve = resolve
+
+    def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is int and 0 <= pid < len(self._shared):
+            return self._shared[pid]
+        raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+
+    def held(self) -> Held:
+        """The objects this load created, as ``IdentityTable.register`` takes them."""
+        memo = self.memo.copy()  # index -> object
+        held = dict(zip(map(id, memo.values()), memo.items(), strict=True))
+        if not self._by_pid:
+            for obj in self._shared:
+                held.pop(id(obj), None)
+        return held
 
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__:
@@ -540,20 +644,33 @@ class _ValueUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _pack(skeleton: bytes, small_tensors: Mapping[str, bytes]) -> bytes:
-    if not small_tensors:
+def _pack(
+    skeleton: bytes, small_tensors: Mapping[str, bytes], shared: list[str], by_pid: bool = False
+) -> bytes:
+    """The payload: the pickle, its small tensors, and the tokens of the shared objects it refers
+    to: memo indices 0, 1, ... of the pickle in this order, or (``by_pid``) persistent ids."""
+    if not small_tensors and not shared:
         return _PLAIN_PAYLOAD + skeleton
-    return _BUNDLE_PAYLOAD + pickle.dumps({"p": skeleton, "t": dict(small_tensors)}, protocol=5)
+    plain: dict[str, Any] = {"p": skeleton, "t": dict(small_tensors)}
+    if shared:
+        plain["s"] = list(shared)
+    if by_pid:
+        plain["m"] = "pid"
+    return _BUNDLE_PAYLOAD + pickle.dumps(plain, protocol=5)
 
 
-def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes]]:
+def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes], list[str], bool]:
+    """(pickle, small tensors, shared tokens, whether they are persistent ids)."""
     if payload[:1] == _PLAIN_PAYLOAD:
-        return payload[1:], {}
+        return payload[1:], {}, [], False
     if payload[:1] == _BUNDLE_PAYLOAD:
         plain = _PlainUnpickler(io.BytesIO(payload[1:])).load()
+        shared = plain.get("s", []) if isinstance(plain, dict) else None
         if (isinstance(plain, dict) and isinstance(plain.get("p"), bytes)
-                and isinstance(plain.get("t"), dict)):
-            return plain["p"], plain["t"]
+                and isinstance(plain.get("t"), dict) and isinstance(shared, list)
+                and all(isinstance(token, str) for token in shared)
+                and plain.get("m") in (None, "pid")):
+            return plain["p"], plain["t"], shared, plain.get("m") == "pid"
     raise ValueError("payload is not a NotebookOS value bundle")
 
 
@@ -615,7 +732,7 @@ class StateEncoder:
     def candidate_names(self, namespace: Mapping[str, Any], effects: CellEffects) -> list[str]:
         """The names to check: those the cell may have changed, plus what called functions use."""
         if effects.rescan:
-            names = set(namespace) | set(self.state.entries)
+            names = set(namespace) | {n for n in self.state.entries if not is_object_root(n)}
         else:
             names = set(effects.bound | effects.deleted | effects.mutated)
             # Functions passed as arguments (map(step, xs)) may be called too.
@@ -625,6 +742,11 @@ class StateEncoder:
     def encode(self, namespace: Mapping[str, Any], effects: CellEffects) -> SyncUpdate:
         """Entries for every candidate name whose value changed, was deleted or became unsyncable.
 
+        Shared objects the candidates reach are checked too (each is its own entry, see
+        kernel/shared_objects.py); names the cell did not touch are not looked at, unless one of
+        them holds an object that a touched name now shares (it is then pickled once more, with
+        the object's token in place of the object).
+
         Never raises for a bad value: an unserialisable one yields a warning naming it instead.
         Raises ``StoreError`` when large objects cannot be stored; nothing is then recorded as
         synced, so the next encode sends those names again.
@@ -633,20 +755,42 @@ class StateEncoder:
         uploads: dict[str, _Upload] = {}
         changed_tokens: set[str] = set()  # tensors/arrays whose bytes changed in this encode
         tokens_of: dict[str, frozenset[str]] = {}
+        entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
         with self.state.lock:
-            pending = self.candidate_names(namespace, effects)
+            # Three queues, taken in this order: the names to check (and entries to refresh);
+            # roots holding an object that has just become shared (until pickled again they still
+            # count as its owner, so they go before shared objects; once each, however many of
+            # their objects became shared); the shared objects the checked roots reach.
+            todo = collections.deque(self.candidate_names(namespace, effects))
+            redo: dict[str, None] = {}
+            objects: dict[str, None] = {}
             done: set[str] = set()
-            while pending:
-                for name in pending:
-                    done.add(name)
-                    self._encode_name(name, namespace, update, uploads, changed_tokens, tokens_of)
+            while todo or redo or objects:
+                while todo or redo or objects:
+                    if todo:
+                        root = todo.popleft()
+                    elif redo:
+                        root = next(iter(redo))
+                        del redo[root]
+                    else:
+                        root = next(iter(objects))
+                        del objects[root]
+                    done.add(root)
+                    follow, owners = self._encode_root(
+                        root, namespace, entries, update, uploads, changed_tokens, tokens_of)
+                    redo.update(dict.fromkeys(owners))
+                    objects.update(dict.fromkeys(follow - done))
                 # An entry synced earlier that holds a tensor whose bytes just changed (opt.step()
                 # changes model's parameters) is stale: refresh it, so that every entry names the
                 # current bytes of each tensor (checkpoints and snapshots then restore consistently).
-                pending = sorted(
-                    name for name, tokens in self.state.entry_tokens.items()
-                    if name not in done and name in namespace and tokens & changed_tokens
-                )
+                if changed_tokens:
+                    todo.extend(sorted(
+                        name for name, tokens in self.state.entry_tokens.items()
+                        if name not in done and self._root_exists(name, namespace)
+                        and tokens & changed_tokens
+                    ))
+            self._drop_orphans(entries)
+            update.entries = list(entries.values())
             try:
                 self._upload(uploads)
             except Exception:
@@ -654,6 +798,7 @@ class StateEncoder:
                 self.state.forget_objects(set(uploads) - self._known_objects)
                 raise
             for entry in update.entries:
+                self.state.dirty.add(entry.name)
                 if entry.kind == "deleted":
                     self.state.entries.pop(entry.name, None)
                     self.state.entry_tokens.pop(entry.name, None)
@@ -663,43 +808,158 @@ class StateEncoder:
             self.state.prune()
         return update
 
-    def _encode_name(
-        self, name: str, namespace: Mapping[str, Any], update: SyncUpdate,
-        uploads: dict[str, _Upload], changed_tokens: set[str],
+    def _root_exists(self, root: str, namespace: Mapping[str, Any]) -> bool:
+        if is_object_root(root):
+            return token_of_root(root) in self.state.identity.shared
+        return root in namespace
+
+    def _drop_orphans(self, entries: dict[str, SyncEntry]) -> None:
+        """Delete the shared objects that no root references any more (and, in turn, those
+        only they referenced)."""
+        identity = self.state.identity
+        while orphans := identity.take_orphans():
+            for token in orphans:
+                root = object_root(token)
+                identity.drop(token)
+                self.state.entry_tokens.pop(root, None)
+                if root in self.state.entries:
+                    entries[root] = SyncEntry(root, "deleted", "")
+                else:
+                    entries.pop(root, None)
+
+    def _encode_root(
+        self, root: str, namespace: Mapping[str, Any], entries: dict[str, SyncEntry],
+        update: SyncUpdate, uploads: dict[str, _Upload], changed_tokens: set[str],
         tokens_of: dict[str, frozenset[str]],
-    ) -> None:
-        previous = self.state.entries.get(name)
-        if name not in namespace:
+    ) -> tuple[set[str], set[str]]:
+        """Encode one name or shared object; return (object roots to check next, roots to encode
+        again because an object they hold has just become shared).
+
+        The shared objects to check are those the root references now *and* those it referenced
+        before: ``b.append(1); b = []`` changed the list that another name still holds.
+        """
+        identity = self.state.identity
+        previous = self.state.entries.get(root)
+        before = {object_root(token) for token in identity.refs.get(root, ())}
+        if not self._root_exists(root, namespace):
+            identity.unregister(root)
             if previous is not None:
-                update.entries.append(SyncEntry(name, "deleted", ""))
-            return
+                entries[root] = SyncEntry(root, "deleted", "")
+            else:
+                entries.pop(root, None)
+            return before, set()
         tokens: set[str] = set()
+        redo: set[str] = set()
         try:
-            entry = self._encode_value(name, namespace[name], namespace, uploads,
-                                       changed_tokens, tokens)
+            while True:
+                tokens.clear()
+                entry, held, refs = self._encode_value(
+                    root, namespace, uploads, changed_tokens, tokens)
+                owners = self._share_new(root, held, namespace)
+                if not owners:
+                    break
+                redo |= owners  # and pickle this root again, with the new tokens
         except Exception as exc:  # noqa: BLE001 - user values fail in any way
-            update.warnings.append(_unsyncable_warning(name, exc))
+            if is_object_root(root):
+                # Names still hold it: standbys keep its last contents (and its identity), and
+                # the next cell that reaches it tries again.
+                holders = sorted(n for n in identity.referrers(token_of_root(root))
+                                 if not is_object_root(n))
+                update.warnings.append(_unsyncable_warning(
+                    f"the object shared by {', '.join(holders) or 'other objects'}", exc))
+                entries.pop(root, None)
+                return before, redo
+            identity.unregister(root)
+            update.warnings.append(_unsyncable_warning(f"variable {root!r}", exc))
             if previous is not None:  # standbys must not keep a stale value
-                update.entries.append(SyncEntry(name, "deleted", ""))
-            return
-        tokens_of[name] = frozenset(tokens)
+                entries[root] = SyncEntry(root, "deleted", "")
+            else:
+                entries.pop(root, None)
+            return before, redo
+        identity.register(root, held, refs)
+        tokens_of[root] = frozenset(tokens)
         if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
-            update.entries.append(entry)
+            entries[root] = entry
+        else:
+            entries.pop(root, None)
+        return before | {object_root(token) for token in refs}, redo
+
+    def _share_new(self, root: str, held: Held, namespace: Mapping[str, Any]) -> set[str]:
+        """Give a token to each outermost object ``root`` holds inline that another root holds
+        too; return those other roots (they must be pickled again).
+
+        Only the outermost: ``alias = big`` shares ``big``, not each object inside it (those stay
+        inline in ``big``'s own entry). An object reachable from one shared in this pass waits
+        for the next pass (the root is pickled again and only what is still inline and held
+        elsewhere is considered).
+        """
+        identity = self.state.identity
+        owners: set[str] = set()
+        reducer = None
+        below = None
+        for _index, obj, owner in identity.held_elsewhere(root, held, _untracked):
+            if below is None:
+                below = _Reach(namespace, identity.token_by_id())
+                reducer = _ValuePickler(io.BytesIO(), namespace, None).reducer_override
+            elif below.reaches(obj):
+                continue
+            if reduction(obj, reducer) is None:  # type: ignore[arg-type]
+                continue  # cannot be updated in place: each root keeps its own copy
+            identity.share(obj)
+            below.add(obj)
+            owners.add(owner)
+        return owners
 
     # ---- one value
 
     def _encode_value(
-        self, name: str, value: Any, namespace: Mapping[str, Any],
-        uploads: dict[str, _Upload], changed_tokens: set[str], tokens: set[str],
-    ) -> SyncEntry:
+        self, root: str, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
+        changed_tokens: set[str], tokens: set[str],
+    ) -> tuple[SyncEntry, Held, set[str]]:
+        """The root's entry, the objects its payload holds inline, and the tokens it references."""
+        if is_object_root(root):
+            return self._encode_object(root, namespace, uploads, changed_tokens, tokens)
+        value = namespace[root]
         if isinstance(value, types.ModuleType):
             module = _importable_module_name(value)
             if module is None:
                 raise TypeError(f"module {getattr(value, '__name__', '?')!r} is not importable")
-            return SyncEntry(name, "module", _sha256(b"module:", module.encode()), module=module)
+            return (SyncEntry(root, "module", _sha256(b"module:", module.encode()), module=module),
+                    {}, set())
+        payload, large, held, refs = self._pickle(value, namespace, uploads, changed_tokens,
+                                                  tokens)
+        return self._entry(root, value, payload, large, uploads), held, refs
+
+    def _encode_object(
+        self, root: str, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
+        changed_tokens: set[str], tokens: set[str],
+    ) -> tuple[SyncEntry, Held, set[str]]:
+        obj = self.state.identity.shared[token_of_root(root)]
+        found = reduction(obj, _ValuePickler(io.BytesIO(), namespace, None).reducer_override)
+        if found is None:
+            raise TypeError(f"shared {type(obj).__name__} object can no longer be reduced")
+        shell, fill = found
+        shell_buffer = io.BytesIO()
+        _ValuePickler(shell_buffer, namespace, None).dump(shell)
+        fill_payload, large, held, refs = self._pickle(fill, namespace, uploads,
+                                                       changed_tokens, tokens)
+        payload = _OBJECT_PAYLOAD + pickle.dumps(
+            {"s": shell_buffer.getvalue(), "f": fill_payload}, protocol=5)
+        return self._entry(root, obj, payload, large, uploads), held, refs
+
+    def _pickle(
+        self, value: Any, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
+        changed_tokens: set[str], tokens: set[str],
+    ) -> tuple[bytes, dict[str, str], Held, set[str]]:
+        """Pickle ``value``: (payload, large tensors, objects held inline, shared tokens used).
+
+        At C speed, twice when ``value`` reaches shared objects: the first pickle's memo says which
+        ones; the second is given them in its memo up front, so it refers to each by memo index
+        (their tokens go in the payload, in that order) instead of pickling it again.
+        """
+        token_by_id = self.state.identity.token_by_id()
         small: dict[str, bytes] = {}
         large: dict[str, str] = {}
-        buffer = io.BytesIO()
 
         def on_tensor(tensor: Any) -> str:
             token, record = self._tensor(tensor, uploads, changed_tokens)
@@ -710,16 +970,55 @@ class StateEncoder:
                 large[token] = record.store_key  # type: ignore[assignment]
             return token
 
-        _ValuePickler(buffer, namespace, on_tensor).dump(value)
-        payload = _pack(buffer.getvalue(), small)
+        def dump(shared: list[tuple[str, Any]]) -> tuple[bytes, Held, set[int]]:
+            small.clear()
+            large.clear()
+            buffer = io.BytesIO()
+            pickler = _ValuePickler(buffer, namespace, on_tensor)
+            if shared:
+                pickler.memo = {id(obj): (index, obj) for index, (_, obj) in enumerate(shared)}
+            pickler.dump(value)
+            return buffer.getvalue(), pickler.memo.copy(), pickler.class_members
+
+        try:
+            skeleton, held, members = dump([])
+        except Exception:
+            if not token_by_id:
+                raise
+            # Maybe a shared object inside cannot be pickled: refer to those without descending.
+            small.clear()
+            large.clear()
+            buffer = io.BytesIO()
+            slow = _SharedRefPickler(buffer, namespace, on_tensor, token_by_id)
+            slow.dump(value)
+            held = slow.memo.copy()
+            for key in slow.class_members:
+                held.pop(key, None)
+            return (_pack(buffer.getvalue(), small, slow.order, by_pid=True), large, held,
+                    set(slow.order))
+        hits = held.keys() & token_by_id.keys()
+        shared = sorted((token_by_id[key], held[key][1]) for key in hits)
+        if shared:
+            skeleton, held, members = dump(shared)
+            for _, obj in shared:
+                held.pop(id(obj), None)
+        for key in members:
+            held.pop(key, None)
+        refs = [token for token, _ in shared]
+        return _pack(skeleton, small, refs), large, held, set(refs)
+
+    def _entry(
+        self, root: str, value: Any, payload: bytes, large: dict[str, str],
+        uploads: dict[str, _Upload],
+    ) -> SyncEntry:
         digest = _entry_digest(payload, large)
         size = len(payload)
         if size > self.threshold_bytes or _forced_pointer(value):
             key = object_key(self.kernel_id, _sha256(payload))  # the stored bytes' own digest
             if key not in self._known_objects:
                 uploads[key] = payload
-            return SyncEntry(name, "pointer", digest, store_key=key, size=size, tensors=large)
-        return SyncEntry(name, "inline", digest, payload=payload, size=size, tensors=large)
+            return SyncEntry(root, "pointer", digest, store_key=key, size=size, tensors=large)
+        return SyncEntry(root, "inline", digest, payload=payload, size=size, tensors=large)
 
     def _tensor(
         self, tensor: Any, uploads: dict[str, _Upload], changed_tokens: set[str]
@@ -763,12 +1062,40 @@ class StateEncoder:
             self._known_objects.update(pool.map(put, uploads.items()))
 
 
-def _unsyncable_warning(name: str, exc: BaseException) -> str:
+class _Reach:
+    """The objects reachable from those added (``gc.get_referents``), without crossing into the
+    namespace, modules, classes or shared objects; bounded (beyond ``limit`` objects, anything
+    not yet seen counts as not reachable, which can only make an extra token)."""
+
+    def __init__(self, namespace: Any, token_by_id: Mapping[int, str],
+                 limit: int = 200_000) -> None:
+        self._namespace = id(namespace)
+        self._shared = token_by_id
+        self._seen: set[int] = set()
+        self._limit = limit
+
+    def reaches(self, obj: Any) -> bool:
+        return id(obj) in self._seen
+
+    def add(self, obj: Any) -> None:
+        stack = list(gc.get_referents(obj))
+        while stack and len(self._seen) < self._limit:
+            item = stack.pop()
+            key = id(item)
+            if (key in self._seen or key == self._namespace or key in self._shared
+                    or _untracked(type(item))):
+                continue
+            self._seen.add(key)
+            stack.extend(gc.get_referents(item))
+
+
+def _unsyncable_warning(what: str, exc: BaseException) -> str:
+    """The cell-output warning for a value that cannot be serialised (``what``: which one)."""
     reason = f"{type(exc).__name__}: {exc}"
     if len(reason) > 300:
         reason = reason[:297] + "..."
     return (
-        f"NotebookOS: variable {name!r} could not be serialised and is not replicated to the "
+        f"NotebookOS: {what} could not be serialised and is not replicated to the "
         f"standby replicas ({reason}). It will be lost if this replica fails."
     )
 
@@ -865,22 +1192,125 @@ class StateApplier:
     def apply(self, namespace: MutableMapping[str, Any], update: SyncUpdate) -> None:
         """Apply every entry that can be applied; then raise ``SyncApplyError`` naming the others.
 
-        A failed entry leaves that name's previous value in place.
+        A failed entry leaves that name's previous value in place. Shared objects are applied
+        first, in two steps (an empty object for each new one, then every object's contents, in
+        place for those this replica holds already), so that values referencing them, and cycles
+        among them, resolve to the one object each token names.
         """
         failures: dict[str, str] = {}
+        objects = [e for e in update.entries if is_object_root(e.name)]
+        names = [e for e in update.entries if not is_object_root(e.name)]
         try:
             with self.state.lock:
-                for entry in update.entries:
+                fills = []
+                for entry in objects:
+                    try:
+                        fill = self._object_shell(namespace, entry)
+                    except Exception as exc:  # noqa: BLE001 - report per entry
+                        self._failed(failures, entry, exc)
+                    else:
+                        if fill is not None:
+                            fills.append(fill)
+                for entry, obj, existing, payload in fills:
+                    try:
+                        self._fill_object(namespace, entry, obj, existing, payload)
+                    except Exception as exc:  # noqa: BLE001 - report per entry
+                        self._failed(failures, entry, exc)
+                for entry in names:
                     try:
                         self._apply_entry(namespace, entry)
                     except Exception as exc:  # noqa: BLE001 - report per variable
-                        failures[entry.name] = f"{type(exc).__name__}: {exc}"
-                        log.warning("state sync: could not apply %r: %s", entry.name, exc)
+                        self._failed(failures, entry, exc)
+                for entry in objects:
+                    if entry.kind == "deleted":
+                        self.state.identity.drop(token_of_root(entry.name))
+                        self.state.dirty.add(entry.name)
+                        self.state.entries.pop(entry.name, None)
+                        self.state.entry_tokens.pop(entry.name, None)
                 self.state.prune()
         finally:
             self._forget_fetches(update)
         if failures:
             raise SyncApplyError(failures)
+
+    @staticmethod
+    def _failed(failures: dict[str, str], entry: SyncEntry, exc: Exception) -> None:
+        failures[entry.name] = f"{type(exc).__name__}: {exc}"
+        log.warning("state sync: could not apply %r: %s", entry.name, exc)
+
+    def _unchanged(self, entry: SyncEntry, present: bool) -> bool:
+        """This replica already holds exactly this value (it encoded it itself, or the update
+        is replayed): it keeps the object, and with it every alias of it."""
+        current = self.state.entries.get(entry.name)
+        return (current is not None and current.kind == entry.kind
+                and current.digest == entry.digest and present)
+
+    def _payload(self, entry: SyncEntry) -> bytes:
+        if entry.kind == "inline":
+            payload = entry.payload
+        else:
+            assert entry.store_key is not None
+            payload = self._object(entry.store_key)
+        assert payload is not None
+        if _entry_digest(payload, entry.tensors) != entry.digest:
+            raise ValueError("payload does not match the entry's digest (corrupted or tampered)")
+        return payload
+
+    def _object_shell(
+        self, namespace: MutableMapping[str, Any], entry: SyncEntry
+    ) -> tuple[SyncEntry, Any, bool, bytes] | None:
+        """Step one for a shared object: the object to fill (this replica's, or a new empty one)."""
+        if entry.kind == "deleted":
+            return None
+        token = token_of_root(entry.name)
+        identity = self.state.identity
+        if self._unchanged(entry, token in identity.shared):
+            return None
+        if entry.kind not in ("inline", "pointer"):
+            raise ValueError(f"a shared object cannot be a {entry.kind!r} entry")
+        payload = self._payload(entry)
+        if payload[:1] != _OBJECT_PAYLOAD:
+            raise ValueError("payload is not a shared object")
+        plain = _PlainUnpickler(io.BytesIO(payload[1:])).load()
+        if not (isinstance(plain, dict) and isinstance(plain.get("s"), bytes)
+                and isinstance(plain.get("f"), bytes)):
+            raise ValueError("malformed shared object payload")
+        obj = identity.shared.get(token)
+        existing = obj is not None
+        if obj is None:
+            shell = _ValueUnpickler(plain["s"], namespace, _no_tensors).load()
+            obj = make_shell(shell)
+            identity.adopt(token, obj)
+        return entry, obj, existing, plain["f"]
+
+    def _fill_object(
+        self, namespace: MutableMapping[str, Any], entry: SyncEntry, obj: Any, existing: bool,
+        payload: bytes,
+    ) -> None:
+        """Step two: give the object its contents (in place when this replica held it)."""
+        fill, held, refs, tokens = self._load(namespace, entry, payload)
+        fill_object(obj, fill, existing=existing)
+        self.state.identity.register(entry.name, held, refs)
+        self.state.entries[entry.name] = entry
+        self.state.dirty.add(entry.name)
+        self.state.entry_tokens[entry.name] = frozenset(tokens)
+
+    def _load(
+        self, namespace: MutableMapping[str, Any], entry: SyncEntry, payload: bytes
+    ) -> tuple[Any, Held, set[str], set[str]]:
+        """Unpickle a value payload: (value, its inline objects, shared tokens, tensor tokens)."""
+        skeleton, small, refs, by_pid = _unpack(payload)
+        resolve = _TensorResolver(self, entry, small)
+        shared = [self._shared(token) for token in refs]
+        unpickler = _ValueUnpickler(skeleton, namespace, resolve, shared, by_pid)
+        value = unpickler.load()
+        return value, unpickler.held(), set(refs), resolve.tokens
+
+    def _shared(self, token: str) -> Any:
+        obj = self.state.identity.shared.get(token)
+        if obj is None:
+            raise ValueError(f"shared object {token} is not available on this replica")
+        return obj
 
     def discard(self, update: SyncUpdate) -> None:
         """Drop the prefetched objects of an update that will not be applied."""
@@ -894,37 +1324,28 @@ class StateApplier:
                         self._fetches.pop(key, None)
 
     def _apply_entry(self, namespace: MutableMapping[str, Any], entry: SyncEntry) -> None:
+        identity = self.state.identity
+        self.state.dirty.add(entry.name)
         if entry.kind == "deleted":
             namespace.pop(entry.name, None)
             self.state.entries.pop(entry.name, None)
             self.state.entry_tokens.pop(entry.name, None)
+            identity.unregister(entry.name)
             return
-        current = self.state.entries.get(entry.name)
-        if (current is not None and current.kind == entry.kind and current.digest == entry.digest
-                and entry.name in namespace):
-            # This replica already holds exactly this value (it encoded it itself, or the update
-            # is replayed): keep the object, and with it every alias of it.
+        if self._unchanged(entry, entry.name in namespace):
             return
         if entry.kind == "module":
             assert entry.module is not None
             namespace[entry.name] = importlib.import_module(entry.module)
             self.state.entries[entry.name] = entry
             self.state.entry_tokens.pop(entry.name, None)
+            identity.register(entry.name, {}, ())
             return
-        if entry.kind == "inline":
-            payload = entry.payload
-        else:
-            assert entry.store_key is not None
-            payload = self._object(entry.store_key)
-        assert payload is not None
-        if _entry_digest(payload, entry.tensors) != entry.digest:
-            raise ValueError("payload does not match the entry's digest (corrupted or tampered)")
-        skeleton, small = _unpack(payload)
-        resolve = _TensorResolver(self, entry, small)
-        value = _ValueUnpickler(io.BytesIO(skeleton), namespace, resolve).load()
+        value, held, refs, tokens = self._load(namespace, entry, self._payload(entry))
         namespace[entry.name] = value
         self.state.entries[entry.name] = entry
-        self.state.entry_tokens[entry.name] = frozenset(resolve.tokens)
+        self.state.entry_tokens[entry.name] = frozenset(tokens)
+        identity.register(entry.name, held, refs)
 
     def close(self) -> None:
         """Stop the fetch threads (pending fetches are abandoned). Safe to call twice."""
@@ -940,6 +1361,10 @@ class StateApplier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _no_tensors(token: str, kind: str) -> Any:
+    raise ValueError(f"a shared object's constructor cannot hold a tensor ({token})")
 
 
 class _TensorResolver:
@@ -1017,26 +1442,65 @@ def write_checkpoint(
     store: LargeObjectStore, kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int
 ) -> None:
     """Store the synced namespace (inline values, pointers to objects already in the store)."""
+    store.put(checkpoint_key(kernel_id), checkpoint_bytes(kernel_id, entries, execution_count))
+
+
+def checkpoint_bytes(
+    kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int,
+    *, keep_deleted: bool = False,
+) -> bytes:
+    """A checkpoint record (also a part of a segmented one: then ``keep_deleted``)."""
     if not isinstance(execution_count, int) or execution_count < 0:
         raise ValueError(f"execution_count must be a non-negative int, not {execution_count!r}")
     plain = {
         "v": 1,
         "kernel_id": kernel_id,
         "execution_count": execution_count,
-        "e": [entry.to_plain() for entry in entries.values() if entry.kind != "deleted"],
+        "e": [entry.to_plain() for entry in entries.values()
+              if keep_deleted or entry.kind != "deleted"],
     }
-    store.put(checkpoint_key(kernel_id), CHECKPOINT_MAGIC + pickle.dumps(plain, protocol=5))
+    return CHECKPOINT_MAGIC + pickle.dumps(plain, protocol=5)
 
 
-def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
-    """The kernel's last checkpoint; ``KeyNotFound`` if it has none, ValueError if malformed."""
-    plain = _load_plain(store.get(checkpoint_key(kernel_id)), CHECKPOINT_MAGIC, "checkpoint")
+def manifest_bytes(kernel_id: str, base: str, segments: list[str], execution_count: int) -> bytes:
+    """A segmented checkpoint: the store keys of a full part and of the changes since, in order."""
+    plain = {"v": 1, "kernel_id": kernel_id, "execution_count": execution_count,
+             "base": base, "segments": list(segments)}
+    return CHECKPOINT_MANIFEST_MAGIC + pickle.dumps(plain, protocol=5)
+
+
+def _checkpoint_part(data: bytes) -> tuple[list[SyncEntry], int, str]:
+    plain = _load_plain(data, CHECKPOINT_MAGIC, "checkpoint")
     entries = plain.get("e")
     count = plain.get("execution_count")
     if not isinstance(entries, list) or not isinstance(count, int):
         raise ValueError("malformed checkpoint: entries must be a list, execution_count an int")
-    decoded = [SyncEntry.from_plain(e) for e in entries]
-    return Checkpoint({e.name: e for e in decoded}, count, str(plain.get("kernel_id")))
+    return [SyncEntry.from_plain(e) for e in entries], count, str(plain.get("kernel_id"))
+
+
+def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
+    """The kernel's last checkpoint; ``KeyNotFound`` if it has none, ValueError if malformed.
+
+    Either one record, or a manifest naming a full part and the segments written since (each the
+    names changed in between, deletions included), applied in order.
+    """
+    data = store.get(checkpoint_key(kernel_id))
+    if not bytes(data[:len(CHECKPOINT_MANIFEST_MAGIC)]) == CHECKPOINT_MANIFEST_MAGIC:
+        decoded, count, kid = _checkpoint_part(data)
+        return Checkpoint({e.name: e for e in decoded if e.kind != "deleted"}, count, kid)
+    plain = _load_plain(data, CHECKPOINT_MANIFEST_MAGIC, "checkpoint manifest")
+    base, segments, count = plain.get("base"), plain.get("segments"), plain.get("execution_count")
+    if not (isinstance(base, str) and isinstance(segments, list) and isinstance(count, int)
+            and all(isinstance(key, str) for key in segments)):
+        raise ValueError("malformed checkpoint manifest")
+    entries: dict[str, SyncEntry] = {}
+    for key in [base, *segments]:
+        for entry in _checkpoint_part(store.get(key))[0]:
+            if entry.kind == "deleted":
+                entries.pop(entry.name, None)
+            else:
+                entries[entry.name] = entry
+    return Checkpoint(entries, count, str(plain.get("kernel_id")))
 
 
 def restore_namespace(

@@ -190,3 +190,17 @@ def test_a_replica_that_cannot_bind_its_ports_exits_at_once(tmp_path: Path) -> N
     finally:
         taken.close()
         group.stop()
+
+
+def test_shared_references_survive_an_executor_failover(group: ReplicaGroup):
+    """Issue 20: after the failover the standby's alias is still the list inside d."""
+    group.execute("d = {'k': []}\nalias = d['k']\nalias.append('x')", target=1)
+    group.execute("cfg = {'optim': {'lr': 0.1}}", target=1)
+    group.execute("opt_cfg = cfg['optim']", target=1)  # cfg is not touched by this cell
+    group.kill(1)
+    result = group.execute("alias.append('y')\nopt_cfg['lr'] = 0.01\n"
+                           "print(alias is d['k'], d, opt_cfg is cfg['optim'], cfg)", target=2)
+    assert result.stdout() == ("True {'k': ['x', 'y']} True {'optim': {'lr': 0.01}}\n"), \
+        result.summary()
+    again = group.execute("print(alias is d['k'], d, cfg)", target=3)
+    assert again.stdout() == "True {'k': ['x', 'y']} {'optim': {'lr': 0.01}}\n"

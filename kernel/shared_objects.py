@@ -1,0 +1,301 @@
+"""Object identity across names: the table of shared objects every replica resolves the same way.
+
+Each synced name is pickled on its own, so an object held by two names (``alias = d['k']``) would
+become two copies on a standby. This module keeps identity without giving an id to every value:
+
+- every synced *root* (a name, or a shared object, see below) records the objects its pickle holds
+  inline (``IdentityTable.register``: the pickler's memo, a C-level copy);
+- when a root being encoded holds inline an object another root holds too (``held_elsewhere``),
+  that object is *shared*: it gets a token (``share``), becomes a root of its own
+  (``object_root(token)``, synced as a separate entry), and both roots are pickled again with
+  the object pre-loaded in the pickler's memo, so the pickle refers to it by memo index and the
+  token list travels with the payload;
+- a standby keeps token -> object (``adopt``); an update to a shared object's contents is applied
+  *in place* (``make_shell`` / ``fill``), so every holder of it sees the change.
+
+Only the roots a cell touched are pickled (and the shared objects they reach); untouched names are
+neither pickled nor hashed. Immutable values (numbers, strings, tuples, frozensets) and classes are
+never given tokens (their identity is not observable through mutation; notebook classes keep theirs
+through cloudpickle's class tracker); tensors and large arrays have their own table in sync_codec.
+See docs/state-sync.md, "Shared objects".
+"""
+
+from __future__ import annotations
+
+import collections
+import copyreg
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+OBJECT_ROOT_PREFIX = "\x00obj:"  # entries of shared objects; never a name a notebook binds
+
+# Never tracked nor shared: immutable values (identity unobservable) and objects pickled by name.
+_UNTRACKED: frozenset[type] = frozenset({
+    int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range, slice,
+    type(Ellipsis), type(NotImplemented), types.CodeType, types.CellType, types.ModuleType,
+    types.BuiltinFunctionType, types.MethodType, types.MethodWrapperType,
+    types.WrapperDescriptorType, types.MappingProxyType,
+})
+# Objects whose contents are reset before an update is applied in place (``fill``).
+_CLEARABLE = (list, dict, set, bytearray, collections.deque)
+
+
+def object_root(token: str) -> str:
+    """The entry name under which a shared object's contents are synced."""
+    return OBJECT_ROOT_PREFIX + token
+
+
+def is_object_root(root: str) -> bool:
+    return root.startswith(OBJECT_ROOT_PREFIX)
+
+
+def token_of_root(root: str) -> str:
+    if not is_object_root(root):
+        raise ValueError(f"{root!r} is not a shared object's entry")
+    return root[len(OBJECT_ROOT_PREFIX):]
+
+
+def untracked_type(kind: type) -> bool:
+    """Values of this type are never shared (immutable, or pickled by reference)."""
+    return kind in _UNTRACKED or issubclass(kind, type)
+
+
+Held = dict[int, tuple[int, Any]]  # a pickle memo: id(object) -> (memo index, object)
+
+
+class IdentityTable:
+    """Shared objects (token -> object) and which root holds which object inline.
+
+    A root's inline objects are the memo of the pickler that serialised it (or of the unpickler
+    that loaded it): collecting them costs one C-level dict copy, no Python call per object. They
+    are kept (strong references: plain lists and dicts cannot be weakly referenced) until that
+    root is encoded again or deleted; a shared object until no root references it (the encoder
+    then deletes its entry). Not thread-safe: callers hold the ``SyncState`` lock.
+    """
+
+    def __init__(self, token_prefix: str) -> None:
+        self._prefix = token_prefix
+        self._counter = 0
+        self.shared: dict[str, Any] = {}  # token -> object
+        self._token_by_id: dict[int, str] = {}  # valid: the table keeps the objects alive
+        self._held: dict[str, Held] = {}  # root -> the objects its payload holds inline
+        self._owner: dict[int, str] = {}  # id -> a root holding it (checked against _held)
+        self._stale = 0  # _owner entries that may no longer be held
+        self.refs: dict[str, frozenset[str]] = {}  # root -> tokens its payload references
+        self._referrers: dict[str, set[str]] = {}  # token -> roots referencing it
+        self._orphans: set[str] = set()  # tokens that may have lost their last referrer
+
+    # ---- tokens
+    def token_by_id(self) -> dict[int, str]:
+        """id(object) -> token, for the pickler (read-only use)."""
+        return self._token_by_id
+
+    def token_for(self, obj: Any) -> str | None:
+        token = self._token_by_id.get(id(obj))
+        return token if token is not None and self.shared.get(token) is obj else None
+
+    def share(self, obj: Any) -> str:
+        """Give ``obj`` a new token (the executor, when a second root reaches it)."""
+        self._counter += 1
+        token = f"{self._prefix}.o{self._counter}"
+        self.adopt(token, obj)
+        return token
+
+    def adopt(self, token: str, obj: Any) -> None:
+        """Record ``token`` -> ``obj`` (a standby, for a token made by another replica)."""
+        old = self.shared.get(token)
+        if old is not None:
+            self._token_by_id.pop(id(old), None)
+        self.shared[token] = obj
+        self._token_by_id[id(obj)] = token
+        self._orphans.add(token)  # until a root registers a reference to it
+
+    def drop(self, token: str) -> None:
+        """Forget a shared object no root references any more."""
+        obj = self.shared.pop(token, None)
+        if obj is not None and self._token_by_id.get(id(obj)) == token:
+            del self._token_by_id[id(obj)]
+        self._referrers.pop(token, None)
+        self._orphans.discard(token)
+        self.unregister(object_root(token))
+
+    # ---- roots
+    def owner_of(self, obj: Any) -> str | None:
+        """A root (other than as a shared object) that holds ``obj`` inline, if any."""
+        key = id(obj)
+        root = self._owner.get(key)
+        if root is None or key in self._token_by_id:
+            return None
+        held = self._held.get(root, {}).get(key)
+        return root if held is not None and held[1] is obj else None
+
+    def held_elsewhere(
+        self, root: str, held: Held, untracked: Callable[[type], bool] = untracked_type
+    ) -> list[tuple[int, Any, str]]:
+        """``(memo index, object, other root)`` for each object ``held`` by ``root`` that another
+        root holds inline too, in pickling order (a container before what it holds).
+
+        Set operations on the ids first: only objects new to ``root`` are looked at (one it held
+        already was checked when the later of the two roots was encoded)."""
+        before = self._held.get(root, {})
+        shared = self._token_by_id
+        found = []
+        for key in held.keys() & self._owner.keys():  # iterates the smaller of the two
+            if key in before or key in shared:
+                continue
+            index, obj = held[key]
+            if untracked(type(obj)):
+                continue
+            owner = self.owner_of(obj)
+            if owner is not None and owner != root:
+                found.append((index, obj, owner))
+        found.sort(key=lambda item: item[0])
+        return found
+
+    def register(self, root: str, held: Held, refs: Iterable[str]) -> None:
+        """``root`` now holds ``held`` objects inline and references the tokens ``refs``."""
+        self.unregister(root)
+        self._held[root] = held
+        self._owner.update(dict.fromkeys(held, root))
+        frozen = frozenset(refs)
+        self.refs[root] = frozen
+        for token in frozen:
+            self._referrers.setdefault(token, set()).add(root)
+            self._orphans.discard(token)
+        if self._stale > 2 * len(self._owner) + 100_000:
+            self._rebuild_owners()
+
+    def unregister(self, root: str) -> None:
+        held = self._held.pop(root, None)
+        if held is not None:
+            self._stale += len(held)
+        for token in self.refs.pop(root, ()):
+            referrers = self._referrers.get(token)
+            if referrers is not None:
+                referrers.discard(root)
+                if not referrers:
+                    self._orphans.add(token)
+
+    def _rebuild_owners(self) -> None:
+        owners: dict[int, str] = {}
+        for root, held in self._held.items():
+            owners.update(dict.fromkeys(held, root))
+        self._owner = owners
+        self._stale = 0
+
+    def referrers(self, token: str) -> frozenset[str]:
+        return frozenset(self._referrers.get(token, ()))
+
+    def take_orphans(self) -> list[str]:
+        """Tokens that no root references (their objects can be dropped)."""
+        orphans = sorted(t for t in self._orphans
+                         if t in self.shared and not self._referrers.get(t))
+        self._orphans.clear()
+        return orphans
+
+
+# ------------------------------------------------------------------- shells and in-place fills
+
+
+def _content_free(value: Any) -> bool:
+    """True when ``value`` (a reduction's constructor arguments) holds no mutable contents."""
+    if isinstance(value, tuple):
+        return all(_content_free(item) for item in value)
+    return (
+        type(value) in (int, float, complex, str, bytes, bool, type(None))
+        or isinstance(value, type | types.FunctionType | types.BuiltinFunctionType
+                      | types.CodeType | types.CellType)
+        or type(value).__name__ == "_NamespaceRef"
+    )
+
+
+def reduction(obj: Any, reducer_override: Callable[[Any], Any]) -> tuple[tuple, tuple] | None:
+    """``(shell, fill)`` for a shareable object, None when it cannot be shared.
+
+    ``shell`` = ``(constructor, args)`` makes an empty object of the right type; ``fill`` =
+    ``(kind, state, listitems, dictitems, setter)`` sets its contents (``fill_object``). An object
+    whose constructor arguments carry its contents (``Counter``, custom ``__reduce__``) cannot be
+    updated in place and is not shared: each name that holds it keeps its own copy.
+    """
+    kind = type(obj)
+    if untracked_type(kind):
+        return None
+    if kind is set:
+        return (set, ()), ("set", None, tuple(obj), None, None)
+    if kind is bytearray:
+        return (bytearray, ()), ("bytes", bytes(obj), None, None, None)
+    try:
+        reduced = reducer_override(obj)
+        if reduced is NotImplemented:
+            reducer = copyreg.dispatch_table.get(kind)
+            reduced = reducer(obj) if reducer is not None else obj.__reduce_ex__(5)
+    except Exception:  # noqa: BLE001 - cannot be reduced: not shareable
+        return None
+    if not isinstance(reduced, tuple) or not 2 <= len(reduced) <= 6:
+        return None  # a string: pickled by reference (a singleton)
+    constructor, args, *rest = reduced
+    rest += [None] * (4 - len(rest))
+    state, listitems, dictitems, setter = rest
+    if not callable(constructor) or not isinstance(args, tuple) or not _content_free(args):
+        return None
+    return (
+        (constructor, args),
+        ("reduce", state, None if listitems is None else tuple(listitems),
+         None if dictitems is None else tuple(dictitems), setter),
+    )
+
+
+def make_shell(shell: Any) -> Any:
+    """A new, empty object from a ``(constructor, args)`` pair."""
+    if not isinstance(shell, tuple) or len(shell) != 2 or not callable(shell[0]):
+        raise ValueError("malformed shared object shell")
+    constructor, args = shell
+    return constructor(*args)
+
+
+def fill_object(obj: Any, fill: Any, *, existing: bool) -> None:
+    """Give ``obj`` the contents ``fill``; an ``existing`` object is cleared first (in place)."""
+    if not isinstance(fill, tuple) or len(fill) != 5:
+        raise ValueError("malformed shared object contents")
+    kind, state, listitems, dictitems, setter = fill
+    if existing and isinstance(obj, _CLEARABLE):
+        if isinstance(obj, list | bytearray):
+            del obj[:]
+        else:
+            obj.clear()
+    if kind == "set":
+        obj.update(listitems)
+        return
+    if kind == "bytes":
+        obj[:] = state
+        return
+    if kind != "reduce":
+        raise ValueError(f"unknown shared object kind {kind!r}")
+    if listitems:
+        if isinstance(obj, list):
+            obj.extend(listitems)
+        else:
+            for item in listitems:
+                obj.append(item)
+    if dictitems:
+        for key, value in dictitems:
+            obj[key] = value
+    if setter is not None:
+        setter(obj, state)
+        return
+    setstate = getattr(obj, "__setstate__", None)
+    if setstate is not None and getattr(type(obj), "__setstate__", None) is not None \
+            and state is not None:
+        setstate(state)
+        return
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if existing and hasattr(obj, "__dict__") and not isinstance(obj, type):
+        obj.__dict__.clear()
+    if state:
+        obj.__dict__.update(state)
+    if slots:
+        for name, value in slots.items():
+            setattr(obj, name, value)
