@@ -81,3 +81,25 @@ def test_standby_killed_while_the_group_rests(group: ReplicaGroup):
     assert result.reply(2)["content"]["status"] == "ok", result.summary()
     # the survivors' follower rests although pysyncobj keeps trying to reach replica 3
     group.wait_status(lambda s: s[2]["raft_resting"] or s[1]["raft_resting"], timeout=30)
+
+
+def test_times_written_into_pysyncobj_are_on_its_clock():
+    """pysyncobj times everything on CLOCK_MONOTONIC_RAW, which drifts from time.monotonic()
+    (0.25 s after 43 minutes of uptime on the 2-core VM, about 8 s a day): a woken follower's
+    election deadline written on the other clock fired late by the drift."""
+    from pysyncobj.monotonic import monotonic as raft_clock
+
+    from notebookos.kernel.raft_log import RaftLog
+    from notebookos.ports import free_ports
+
+    log = RaftLog(f"127.0.0.1:{free_ports(1)[0]}", [], {1: "x"}, b"key",
+                  on_commit=lambda _r, _a: None, raft_min_timeout=5.0, raft_max_timeout=5.01)
+    try:
+        rest = log.rest
+        assert rest is not None and rest.enabled
+        rest.resting = True  # as if it rested: waking restores the 5 s election timeout
+        rest.wake("test")
+        left = log._sync._SyncObj__raftElectionDeadline - raft_clock()
+        assert 4.9 < left <= 5.01, left
+    finally:
+        log.close()
