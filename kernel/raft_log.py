@@ -26,6 +26,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 
 from .election import Applied, ElectionBook
 from .raft_rest import RaftRest, RestingTransport, RestTimings
+from .raft_start import QuickStart
 from .records import Record
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,10 @@ class RaftLog:
         raft_max_timeout: float = 0.6,
         compaction_entries: int = 5000,
         rest: RestTimings | None = DEFAULT_REST,
+        quick_start: bool = False,
     ) -> None:
+        """``quick_start``: this replica founds a new group (not ``--join``): its first
+        election need not wait pysyncobj's timeouts (raft_start.py)."""
         check_bindable(self_address)
         self.self_address = self_address
         self._closed = False
@@ -138,6 +142,9 @@ class RaftLog:
         if rest is not None:
             self.rest = RaftRest(self._sync, rest)
             self._sync._SyncObj__transport.rest = self.rest
+        self.quick_start: QuickStart | None = None
+        if quick_start:
+            self.quick_start = QuickStart(self._sync, self_address, peer_addresses)
 
     @property
     def lock(self) -> threading.RLock:

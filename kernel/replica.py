@@ -222,6 +222,7 @@ class ReplicaKernel(IPythonKernel):
             on_restore=self._on_snapshot,
             on_ready=self._raft_ready.set,
             compaction_entries=self.raft_compaction_entries,
+            quick_start=not self.join,
         )
         self.log.info(
             "NotebookOS replica %s of kernel %s: raft %s, peers %s",
