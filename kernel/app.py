@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import zmq
 from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
-from traitlets import Dict, DottedObjectName, Int, Type
+from traitlets import Bool, Dict, DottedObjectName, Int, Type
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
 
@@ -68,7 +69,20 @@ class ReplicaKernelApp(IPKernelApp):
         # %history and In still list the cells this replica ran.
         if "hist_file" not in self.config.HistoryManager:
             self.config.HistoryManager.hist_file = MEMORY_HISTORY
-        super().init_kernel()
+        # ipykernel loads debugpy for Jupyter's debugger when the kernel is made: 8.8 MB and
+        # ~50 ms of CPU per replica (three per kernel; docs/performance.md, issue 18). It would
+        # follow the front's preferred replica, not the cell's elected executor, so replicas do
+        # not offer it (kernel_info says "debugger": false, as the front says while starting).
+        # debugpy is hidden only while the kernel is made: notebook code can still import it.
+        hide = not self.debugger and "debugpy" not in sys.modules \
+            and "ipykernel.debugger" not in sys.modules
+        if hide:
+            sys.modules["debugpy"] = None  # type: ignore[assignment] - import fails: no debugger
+        try:
+            super().init_kernel()
+        finally:
+            if hide and "debugpy" in sys.modules and sys.modules["debugpy"] is None:
+                del sys.modules["debugpy"]
 
     aliases = Dict({
         **kernel_aliases,
@@ -95,6 +109,11 @@ class ReplicaKernelApp(IPKernelApp):
             "The container of one cell (batch, lcp): a restore is planned, not a loss.",
         ),
     })
+    debugger = Bool(
+        False,
+        help="Offer Jupyter's debugger (loads debugpy). Off: breakpoints would be set on the "
+        "front's preferred replica, while a cell runs on whichever replica is elected.",
+    ).tag(config=True)
     iopub_backlog_messages = Int(
         DEFAULT_MAX_MESSAGES,
         help="IOPub messages kept while no scheduler subscribes (oldest dropped beyond).",

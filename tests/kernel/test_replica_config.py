@@ -89,3 +89,24 @@ def test_requested_gpu_ids_validates():
     for bad in ("0", [-1], [True], [1.5]):
         with pytest.raises(ValueError, match="gpu_device_ids"):
             requested_gpu_ids({"gpu_device_ids": bad})
+
+
+def test_replicas_do_not_offer_the_debugger_but_notebook_code_can_import_debugpy(tmp_path):
+    """debugpy is 8.8 MB and ~50 ms per replica; its breakpoints would be set on the front's
+    preferred replica while the cell runs on the elected one. The replica says so in kernel_info
+    (as the front does while the replicas start), and a cell may still import debugpy."""
+    from harness import ReplicaGroup
+
+    group = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
+    try:
+        group.start()
+        client = group.replicas[1].client
+        msg_id = client.kernel_info()
+        reply = group._wait_reply(client.get_shell_msg, msg_id, 10)
+        assert not reply["content"].get("debugger"), reply["content"]
+        assert "debugger" not in reply["content"].get("supported_features", []), reply["content"]
+        result = group.execute("import sys\nprint('debugpy' in sys.modules)\n"
+                               "import debugpy\nprint(debugpy.__name__)", target=1)
+        assert result.stdout() == "False\ndebugpy\n", result.summary()
+    finally:
+        group.stop()
