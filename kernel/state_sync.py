@@ -50,7 +50,9 @@ class StateSync:
             from .checkpoint_log import CheckpointLog
             from .sync_codec import StateApplier, StateEncoder, SyncState
 
-            self.store = open_store(store_url, hmac_key)
+            # a Redis or S3 client (boto3: tens of MB) is made on first use: a standby that
+            # never fetches a large object never loads it (issue 18)
+            self.store = open_store(store_url, hmac_key, lazy=True)
             # one SyncState shared by encoder and applier: what this replica applied from others
             # is what its encoder compares against (digests) and checkpoints (entries)
             self._state = SyncState()

@@ -332,3 +332,44 @@ def test_hashing_works_in_a_forked_child(tmp_path) -> None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail("store.get hung in a forked child")
+
+
+@pytest.mark.parametrize("backend", ["redis", "s3"])
+def test_a_lazy_store_makes_its_client_on_first_use(backend, request, tmp_path) -> None:
+    from notebookos.store.url import LazyStore
+
+    store = open_store(_url(backend, request, tmp_path), HMAC_KEY, lazy=True)
+    try:
+        assert isinstance(store, LazyStore) and not store.opened
+        assert store.backend == backend
+        store.put("lazy/v", b"value")
+        assert store.opened and store.get("lazy/v") == b"value"
+        assert store.exists("lazy/v")
+        store.delete("lazy/v")
+        with pytest.raises(KeyError, match=f"{backend} store, key 'lazy/v'"):
+            store.get("lazy/v")
+    finally:
+        store.close()
+
+
+def test_a_lazy_store_checks_its_url_and_key_at_once(tmp_path) -> None:
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        open_store("s3:///prefix", HMAC_KEY, lazy=True)
+    with pytest.raises(ValueError, match="chunk_size"):
+        open_store("redis://127.0.0.1:6379/0?chunk_size=lots", HMAC_KEY, lazy=True)
+    with pytest.raises(ValueError, match="hmac_key"):
+        open_store("s3://bucket/p", b"", lazy=True)
+    assert open_store(f"file://{tmp_path}/s", HMAC_KEY, lazy=True).backend == "file"
+
+
+def test_a_lazy_store_leaves_its_client_library_unimported(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from notebookos.store import open_store;"
+            "a = open_store('s3://bucket/p?endpoint_url=http://127.0.0.1:1', b'k', lazy=True);"
+            "b = open_store('redis://127.0.0.1:1/0', b'k', lazy=True);"
+            "print(sorted(m for m in ('boto3', 'botocore', 'redis') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=tmp_path).stdout
+    assert out.strip() == "[]", out
