@@ -21,6 +21,11 @@ Figures are per kernel (a NotebookOS kernel = its three replicas together):
 - ``failover_after_idle_s``: SIGKILL the executor of an idle group, then the next cell on a
   survivor: kill -> that cell's ``execute_input``.
 
+``--starts N`` (issue 18) also times N kernel starts each way, alternating plain and NotebookOS,
+one kernel at a time, nothing else of the run alive: launch until the first cell's reply.
+Reported under ``starts``: every sample, the medians and the median ratio (one start is noisy on
+a shared machine: a single ``plain_start_s`` above ranged 0.3-1.4 s on the 2-core VM).
+
 The Global and Local Schedulers are not counted (they serve every kernel of a cluster).
 """
 
@@ -250,6 +255,33 @@ def measure(workdir: Path, count: int, window: float, settle: float,
     return out
 
 
+def measure_starts(workdir: Path, count: int) -> dict[str, Any]:
+    plain, nbos = [], []
+    for i in range(count):
+        t0 = time.perf_counter()
+        kernel = PlainKernel(workdir / f"start-plain-{i}.json")
+        try:
+            kernel.execute("x = 1")
+            plain.append(time.perf_counter() - t0)
+        finally:
+            kernel.stop()
+        group = ReplicaGroup(workdir / f"start-group-{i}", store_url=f"file://{workdir}/ss-{i}")
+        t0 = time.perf_counter()
+        try:
+            group.start()
+            group.execute("x = 1", target=1)
+            nbos.append(time.perf_counter() - t0)
+        finally:
+            group.stop()
+    return {
+        "plain_start_s": [round(v, 3) for v in plain],
+        "nbos_start_s": [round(v, 3) for v in nbos],
+        "plain_start_median_s": round(median(plain), 3),
+        "nbos_start_median_s": round(median(nbos), 3),
+        "start_ratio_median": round(median([n / p for n, p in zip(nbos, plain, strict=True)]), 3),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -258,10 +290,14 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds idle before")
     parser.add_argument("--awake", action="store_true",
                         help="also N groups with resting switched off, measured alongside")
+    parser.add_argument("--starts", type=int, default=0,
+                        help="also time N starts each way, alternating (see the docstring)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     results: dict[str, Any] = {"cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="nbos-idle-") as tmp:
+        if args.starts:
+            results["starts"] = measure_starts(Path(tmp), args.starts)
         for count in (int(c) for c in args.kernels.split(",")):
             row = measure(Path(tmp), count, args.window, args.settle, failover_too=True,
                           awake=args.awake)
@@ -272,7 +308,7 @@ def main() -> int:
     else:
         for key, value in results.items():
             if isinstance(value, dict):
-                print(f"{key} kernel(s):")
+                print(f"{key}:" if key == "starts" else f"{key} kernel(s):")
                 for k, v in value.items():
                     print(f"  {k:>28}: {v}")
             else:
