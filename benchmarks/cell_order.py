@@ -75,28 +75,15 @@ def live(order: str, seconds: float) -> dict[str, float]:
 
 
 def simulated(order: str, cells: int) -> dict[str, float]:
-    from notebookos.resources import ResourceSpec
     from notebookos.simulator.config import SimConfig
+    from notebookos.simulator.records import cell_waits
     from notebookos.simulator.runner import simulate
-    from notebookos.workload.model import Session, Task, Workload
+    from notebookos.workload.generator import back_to_back
 
-    request = ResourceSpec(100, 128, 1, 0.0)
-    sessions = tuple(
-        Session(name, 0.0, None, request,
-                tuple(Task(f"{name}-{i}", name, 0.0, CELL_S, request, user=user)
-                      for i in range(cells)))
-        for name, user in NOTEBOOKS)
     config = SimConfig(hosts=3, gpus_per_host=1, autoscale=False, max_hosts=3, cell_order=order,
                        policy_params={"notebookos": {"max_subscription_ratio": 7}})
-    _, record = simulate(Workload(sessions), "notebookos", config)
-    waits: dict[str, list[float]] = {}
-    for name, _ in NOTEBOOKS:
-        previous_end = 0.0
-        for task in sorted((t for t in record.tasks if t.session_id == name),
-                           key=lambda t: t.start):
-            waits.setdefault(name, []).append(task.start - previous_end)
-            previous_end = task.end
-    return by_user(waits)
+    _, record = simulate(back_to_back(NOTEBOOKS, cells, CELL_S), "notebookos", config)
+    return by_user(cell_waits(record))
 
 
 def main() -> None:

@@ -53,6 +53,14 @@ class ExecutionMixin(SharingMixin):
             self._gpu_releases += 1
             self._placement_cv.notify_all()
 
+    def _still_placing(self, kernel_id: str, msg_id: str) -> None:
+        """Raises PlacementFailed when the cell was withdrawn or the scheduler stops.
+        ``_placement_cv`` held."""
+        if (kernel_id, msg_id) in self._withdrawn_cells:
+            raise PlacementFailed(WITHDRAWN)
+        if self._stop.is_set():
+            raise PlacementFailed("the Global Scheduler is stopping")
+
     def _placement_pause(self, kernel_id: str, msg_id: str, seconds: float,
                          releases: int | None = None) -> None:
         """Sleep up to ``seconds``, less when GPUs are released (after ``releases`` were
@@ -60,10 +68,7 @@ class ExecutionMixin(SharingMixin):
         deadline = time.monotonic() + seconds
         with self._placement_cv:
             while True:
-                if (kernel_id, msg_id) in self._withdrawn_cells:
-                    raise PlacementFailed(WITHDRAWN)
-                if self._stop.is_set():
-                    raise PlacementFailed("the Global Scheduler is stopping")
+                self._still_placing(kernel_id, msg_id)
                 left = deadline - time.monotonic()
                 if left <= 0 or (releases is not None and self._gpu_releases != releases):
                     return
@@ -181,10 +186,7 @@ class ExecutionMixin(SharingMixin):
         waiting (PlacementFailed; its deadline is told by the caller after one more try)."""
         with self._placement_cv:
             while True:
-                if (kernel_id, msg_id) in self._withdrawn_cells:
-                    raise PlacementFailed(WITHDRAWN)
-                if self._stop.is_set():
-                    raise PlacementFailed("the Global Scheduler is stopping")
+                self._still_placing(kernel_id, msg_id)
                 releases = self._gpu_releases
                 if self.cell_queue.may_try(cell, releases) or time.monotonic() >= deadline:
                     return releases

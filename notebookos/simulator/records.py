@@ -160,3 +160,19 @@ def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, ma
         "wall_s": round(record.wall_s, 4),
         **record.extra,
     }
+
+
+def cell_waits(record: RunRecord) -> dict[str, list[float]]:
+    """Per session, how long each started cell waited after it could have started (its submit,
+    or the end of the session's previous cell, whichever is later)."""
+    waits: dict[str, list[float]] = {}
+    by_session: dict[str, list[TaskRecord]] = {}
+    for task in record.tasks:
+        if task.start is not None:
+            by_session.setdefault(task.session_id, []).append(task)
+    for session_id, tasks in by_session.items():
+        previous_end = 0.0
+        for task in sorted(tasks, key=lambda t: t.start):
+            waits.setdefault(session_id, []).append(task.start - max(task.submit, previous_end))
+            previous_end = task.end if task.end is not None else task.start
+    return waits

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from notebookos.resources import ResourceSpec
+from notebookos.workload.model import Session, Task, Workload
+
 TICK_S = 60.0
 # (cumulative probability, minutes) knots; log-linear between knots.
 DURATION_KNOTS_MIN = ((0.0, 0.5), (0.5, 2.0), (0.75, 5.0), (0.90, 17.0), (0.95, 36.0),
@@ -130,3 +133,15 @@ def write_sensei(params: SenseiParams, out: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(template, separators=(",", ":")) + "\n")
     return template
+
+
+def back_to_back(notebooks: list[tuple[str, str]], cells: int, cell_s: float,
+                 gpus: int = 1) -> Workload:
+    """Each (notebook, user) submits ``cells`` cells of ``cell_s`` seconds at time 0: they run
+    one after another, as a notebook whose cells are run back to back (a contention input)."""
+    request = ResourceSpec(100, 128, gpus, 0.0)
+    return Workload(tuple(
+        Session(name, 0.0, None, request,
+                tuple(Task(f"{name}-{i}", name, 0.0, cell_s, request, user=user)
+                      for i in range(cells)))
+        for name, user in notebooks))

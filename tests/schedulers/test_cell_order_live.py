@@ -94,6 +94,16 @@ def test_themis_serves_the_user_with_one_notebook_before_the_user_with_four(make
     assert len(bob) > statistics.fmean(len(ws) for n, ws in waits.items() if n != "bob"), summary
 
 
+def one_gpu_cluster(make_cluster, order: str):  # noqa: ANN001, ANN201
+    """One host with one GPU, one replica per kernel, cells served in ``order``."""
+    cluster = make_cluster({"NOTEBOOKOS_CLUSTER_REPLICAS_PER_KERNEL": "1",
+                            "NOTEBOOKOS_GLOBAL_SCHEDULER_CELL_ORDER": order})
+    cluster.start_gs()
+    cluster.start_ls("host-0", gpus=1, prewarm=0)
+    cluster.wait_hosts(1)
+    return cluster
+
+
 def queued_completion_order(cluster, blocker, queued: list[tuple[str, object, str]]  # noqa: ANN001
                             ) -> list[str]:
     """``blocker`` holds the only GPU while the ``queued`` cells (name, client, code) arrive one
@@ -125,11 +135,7 @@ def test_qssf_serves_the_notebook_of_short_cells_first(make_cluster) -> None:  #
     short cells wait behind a running cell, the short one last to arrive; QSSF, having learnt
     each notebook's durations from its earlier cells, runs the short cell first (arrival order
     would run it last)."""
-    cluster = make_cluster({"NOTEBOOKOS_CLUSTER_REPLICAS_PER_KERNEL": "1",
-                            "NOTEBOOKOS_GLOBAL_SCHEDULER_CELL_ORDER": "qssf"})
-    cluster.start_gs()
-    cluster.start_ls("host-0", gpus=1, prewarm=0)
-    cluster.wait_hosts(1)
+    cluster = one_gpu_cluster(make_cluster, "qssf")
     kernels, queued = {}, []
     for name, seconds in [("blocker", 3), ("long-1", 1.0), ("long-2", 1.0), ("long-3", 1.0),
                           ("short", 0.1)]:
@@ -149,11 +155,7 @@ def test_themis_serves_a_waiting_user_with_no_gpu_time_before_a_busy_one(make_cl
                                                                          ) -> None:  # noqa: ANN001, F811
     """Alice's notebook holds the only GPU and three more of hers wait; bob's cell arrives last
     and runs first (arrival order would run it last)."""
-    cluster = make_cluster({"NOTEBOOKOS_CLUSTER_REPLICAS_PER_KERNEL": "1",
-                            "NOTEBOOKOS_GLOBAL_SCHEDULER_CELL_ORDER": "themis"})
-    cluster.start_gs()
-    cluster.start_ls("host-0", gpus=1, prewarm=0)
-    cluster.wait_hosts(1)
+    cluster = one_gpu_cluster(make_cluster, "themis")
     kernels, queued = {}, []
     for name in ("blocker", "alice-2", "alice-3", "alice-4", "bob"):
         user = "bob" if name == "bob" else "alice"

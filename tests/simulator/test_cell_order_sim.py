@@ -9,33 +9,23 @@ import statistics
 
 import pytest
 
-from notebookos.resources import ResourceSpec
 from notebookos.simulator.config import SimConfig
+from notebookos.simulator.records import cell_waits
 from notebookos.simulator.runner import simulate
-from notebookos.workload.model import Session, Task, Workload
+from notebookos.workload.generator import back_to_back
 
 NOTEBOOKS = [("alice-1", "alice"), ("alice-2", "alice"), ("alice-3", "alice"),
              ("alice-4", "alice"), ("bob", "bob")]
 
 
 def mean_wait_per_user(order: str, cells: int = 12) -> dict[str, float]:
-    request = ResourceSpec(100, 128, 1, 0.0)
-    sessions = tuple(
-        Session(name, 0.0, None, request,
-                tuple(Task(f"{name}-{i}", name, 0.0, 1.0, request, user=user)
-                      for i in range(cells)))
-        for name, user in NOTEBOOKS)
     config = SimConfig(hosts=3, gpus_per_host=1, autoscale=False, max_hosts=3, cell_order=order,
                        policy_params={"notebookos": {"max_subscription_ratio": 7}})
-    _, record = simulate(Workload(sessions), "notebookos", config)
-    waits: dict[str, list[float]] = {}
-    for name, user in NOTEBOOKS:
-        end = 0.0
-        for task in sorted((t for t in record.tasks if t.session_id == name),
-                           key=lambda t: t.start):
-            waits.setdefault(user, []).append(task.start - end)
-            end = task.end
+    _, record = simulate(back_to_back(NOTEBOOKS, cells, 1.0), "notebookos", config)
     assert all(t.end is not None for t in record.tasks)
+    waits: dict[str, list[float]] = {}
+    for name, session_waits in cell_waits(record).items():
+        waits.setdefault(dict(NOTEBOOKS)[name], []).extend(session_waits)
     return {user: statistics.fmean(w) for user, w in waits.items()}
 
 
