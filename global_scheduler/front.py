@@ -35,6 +35,7 @@ loop.
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import logging
 import os
@@ -1064,9 +1065,10 @@ class KernelFront:
         replica = self._replicas.get(rid)
         if replica is not None and replica.endpoint.host_id:
             extra["host_id"] = replica.endpoint.host_id
-        if pending.started:
+        started = pending.started or _started_from_reply(msg)
+        if started:
             extra["interactivity_delay_ms"] = round(
-                (pending.started - placement.arrived) * 1000, 1)
+                max(0.0, started - placement.arrived) * 1000, 1)
         waited = self._waited_for.pop(pending.client_msg_id, None)
         if waited:
             extra.update(waited_for=", ".join(waited), wait_reason="; ".join(waited.values()),
@@ -1303,3 +1305,21 @@ class KernelFront:
         table[key] = value
         while len(table) > limit:
             table.popitem(last=False)
+
+
+def _started_from_reply(msg: dict) -> float:
+    """When the replica started the cell (ipykernel's ``metadata.started``, wall clock), on this
+    process's monotonic clock; 0 when the reply does not say. The front learns the start from
+    the executor's ``execute_input``, but that comes on IOPub, which ipykernel sends from
+    another thread: it can reach the front after the reply."""
+    raw = (msg.get("metadata") or {}).get("started")
+    if isinstance(raw, str):
+        try:
+            raw = datetime.datetime.fromisoformat(raw)
+        except ValueError:
+            return 0.0
+    if not isinstance(raw, datetime.datetime):
+        return 0.0
+    if raw.tzinfo is None:
+        raw = raw.replace(tzinfo=datetime.UTC)
+    return time.monotonic() - max(0.0, time.time() - raw.timestamp())

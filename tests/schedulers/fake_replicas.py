@@ -51,11 +51,14 @@ class FakeReplica:
         msg["idents"] = idents
         return msg
 
-    def reply(self, request: dict, msg_type: str, content: dict, role: str) -> None:
-        """Answer ``request`` on shell with ``metadata.notebookos.role`` set."""
+    def reply(self, request: dict, msg_type: str, content: dict, role: str,
+              metadata: dict | None = None) -> None:
+        """Answer ``request`` on shell with ``metadata.notebookos.role`` set (and ``metadata``'s
+        other keys, e.g. ipykernel's ``started``)."""
         self.session.send(self.sockets["shell"], msg_type, content, parent=request,
                           ident=request["idents"],
-                          metadata={"notebookos": {"role": role,
+                          metadata={**(metadata or {}),
+                                    "notebookos": {"role": role,
                                                    "replica_id": self.replica_id}})
 
     def close(self) -> None:

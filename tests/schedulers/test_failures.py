@@ -120,8 +120,12 @@ def test_a_cell_whose_replicas_all_die_mid_run_is_not_run_again(make_cluster, tm
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
     _wait_checkpointed(kc, run_cell(kc, "pass")["reply"]["content"]["execution_count"])
     runs = tmp_path / "runs"
-    msg_id = kc.execute(f"import time\nopen({str(runs)!r}, 'a').write('x')\ntime.sleep(60)")
+    msg_id = kc.execute(f"import time\nwith open({str(runs)!r}, 'a') as f:\n    f.write('x')\n"
+                        "time.sleep(60)")
     _wait_started(kc, msg_id)
+    # Killed once the cell has written its mark (killed between execute_input and the write,
+    # the file was once found empty: a race of the test, not a second run).
+    cluster.wait(lambda: runs.exists() and runs.read_text() == "x", 30, "the cell's mark")
     before = _replicas(cluster, kernel_id)
     for _, pid in before.values():
         os.kill(pid, signal.SIGKILL)

@@ -5,6 +5,8 @@ replicas; tests/schedulers/test_failures.py has the same cases on real replicas.
 
 from __future__ import annotations
 
+import datetime
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -93,6 +95,26 @@ def test_an_idle_that_overtakes_its_reply_reaches_the_client_after_it(cluster) -
     reply = client.reply()
     assert reply is not None and reply["parent_header"]["msg_id"] == msg_id
     assert client.iopub_messages(0.5) == [("status", {"execution_state": "idle"})]
+    standby.reply(yielded, "execute_reply", {"status": "ok", "execution_count": 1}, "standby")
+
+
+def test_a_reply_that_overtakes_its_execute_input_still_says_the_interactivity_delay(
+        cluster) -> None:  # noqa: ANN001
+    """ipykernel sends IOPub from another thread: the executor's execute_input (where the front
+    learns that the cell started) can reach the front after its reply. The delay then comes
+    from the reply's own ``metadata.started`` (test_reply_block.py failed in CI on this)."""
+    _, executor, standby, client = cluster
+    client.execute()
+    run, yielded = _requests(executor, standby)
+    time.sleep(0.2)  # the cell waits a little before it starts
+    started = datetime.datetime.now(datetime.UTC).isoformat()
+    executor.reply(run, "execute_reply", {"status": "ok", "execution_count": 1}, "executor",
+                   metadata={"started": started})
+    reply = client.reply()
+    assert reply is not None
+    delay = reply["metadata"]["notebookos"]["interactivity_delay_ms"]
+    assert 150 <= delay < 5000, delay
+    executor.publish(run, "execute_input", {"code": "print('hi')", "execution_count": 1})
     standby.reply(yielded, "execute_reply", {"status": "ok", "execution_count": 1}, "standby")
 
 
