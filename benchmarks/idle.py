@@ -73,11 +73,14 @@ class PlainKernel:
         self.client.load_connection_file()
         self.client.start_channels()
         deadline = time.monotonic() + 60
-        while True:  # ready once a kernel_info is answered and its idle seen on IOPub
+        # Ready once a kernel_info is answered and its idle seen on IOPub. Asked again every
+        # 0.1 s: an idle published before the SUB socket joined is never seen, and waiting a
+        # whole second for it made a third of the plain starts a second longer than they were.
+        while True:
             try:
                 msg_id = self.client.kernel_info()
-                wait_reply(self.client.get_shell_msg, msg_id, 1.0)
-                wait_idle(self.client, msg_id, 1.0)
+                wait_reply(self.client.get_shell_msg, msg_id, 0.1)
+                wait_idle(self.client, msg_id, 0.1)
                 return
             except (TimeoutError, queue.Empty):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
