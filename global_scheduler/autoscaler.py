@@ -100,7 +100,7 @@ class Autoscaler:
             checked = self.forecast.observe(now, running)
             if checked:
                 self._save_history()
-            decision = self.forecast.decide(view, now, asleep=self._asleep(view),
+            decision = self.forecast.decide(view, now, asleep=self.provider.wakeable(view.hosts, self.max_hosts),
                                             checked=checked)
             if decision.add_hosts or decision.release_host_ids:
                 log.info("autoscaler (ces): %s", self.forecast.report())
@@ -116,13 +116,6 @@ class Autoscaler:
                     svc.metrics.scale_events.labels(direction="out").inc()
         for host_id in decision.release_host_ids:
             self.release(host_id)
-
-    def _asleep(self, view: ScalingView) -> int:
-        """Hosts the provider could wake now: a static pool's reserve, else up to max_hosts."""
-        if self.provider.name == "static":
-            with self.service.lock:
-                return sum(1 for link in self.service.hosts.values() if link.draining)
-        return max(0, self.max_hosts - view.hosts)
 
     @staticmethod
     def _load_history(path: Path) -> list[float]:

@@ -33,6 +33,11 @@ class HostProvider(ABC):
     def release_host(self, host_id: str, address: str) -> None:
         """Give a host back; its replicas have been moved off already."""
 
+    def wakeable(self, hosts: int, max_hosts: int) -> int:
+        """Hosts ``add_hosts`` could bring now, with ``hosts`` up or coming: new ones up to
+        ``max_hosts`` (a provider with a fixed pool says what it holds in reserve)."""
+        return max(0, max_hosts - hosts)
+
     def close(self) -> None:  # noqa: B027 - optional
         """Stop what the provider started, if it owns it."""
 
@@ -124,3 +129,8 @@ class StaticPoolProvider(HostProvider):
 
     def release_host(self, host_id: str, address: str) -> None:
         log.info("autoscaler: %s kept in the static pool's reserve", host_id)
+
+    def wakeable(self, hosts: int, max_hosts: int) -> int:
+        """The hosts in reserve: a static pool starts none."""
+        with self.service.lock:
+            return sum(1 for link in self.service.hosts.values() if link.draining)
