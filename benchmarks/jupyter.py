@@ -16,7 +16,15 @@ A round trip is from sending ``execute_request`` on the websocket to receiving b
 ``execute_reply`` and the ``status: idle`` that follows. The two kernels on the fixed server run
 side by side and are measured in alternating blocks of 25 cells, so both see the same machine
 (on a shared VM the speed drifts within minutes). Usage:
-``python benchmarks/jupyter.py [--json] [--cells N]``.
+``python benchmarks/jupyter.py [--json] [--cells N] [--starts N]``.
+
+``--starts N`` measures kernel starts instead, as a notebook user sees them: ``N`` times each
+way, alternating plain and ``notebookos`` on the fixed server, the REST ``POST /api/kernels``
+(``create_s``) and from that POST to the first cell's ``execute_reply`` over a new websocket
+(``start_s``); after each start the kernel is deleted and the cluster left to settle (its hosts
+refill their prewarm pools, as they would between two users opening notebooks; a start that
+finds the pools empty is the cold start of ``benchmarks/idle.py --starts``). Reports every
+sample, the medians and the median of the per-pair ratios.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,9 +49,11 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from notebookos.config import load_config
+from notebookos.local_scheduler.prewarm import PrewarmPool
 from notebookos.ports import free_ports
 from notebookos.supervisor import Supervisor, marked_processes
 
+REFILL_DELAY_S = PrewarmPool(lambda: None, 0).refill_delay_s
 STOCK_CLASS = "jupyter_server.services.kernels.connection.channels.ZMQChannelsWebsocketConnection"
 
 
@@ -161,7 +172,19 @@ class KernelUnderTest:
             f"?session_id={self.session}&token={self.server.token}"
         )
 
-    async def cell(self) -> float:
+    async def timed_start(self) -> tuple[float, float]:
+        """Start the kernel and run its first cell: (REST create s, create to reply s)."""
+        start = time.perf_counter()
+        self.kernel_id = await self.server.start_kernel(self.kernel_name)
+        created = time.perf_counter() - start
+        self.ws = await websocket_connect(
+            f"ws://127.0.0.1:{self.server.port}/api/kernels/{self.kernel_id}/channels"
+            f"?session_id={self.session}&token={self.server.token}"
+        )
+        await self.cell(wait_idle=False, timeout=120)
+        return created, time.perf_counter() - start
+
+    async def cell(self, wait_idle: bool = True, timeout: float = 60) -> float:
         """One trivial cell's round trip in ms."""
         msg_id = uuid.uuid4().hex
         msg = {
@@ -174,9 +197,9 @@ class KernelUnderTest:
         }
         start = time.perf_counter()
         await self.ws.write_message(json.dumps(msg))
-        got_reply = got_idle = False
+        got_reply, got_idle = False, not wait_idle
         while not (got_reply and got_idle):
-            raw = await asyncio.wait_for(self.ws.read_message(), timeout=60)
+            raw = await asyncio.wait_for(self.ws.read_message(), timeout=timeout)
             if raw is None:
                 raise RuntimeError("websocket closed")
             reply = json.loads(raw)
@@ -245,12 +268,15 @@ def start_cluster(workdir: Path) -> tuple[Supervisor, dict[str, str]]:
     return supervisor, env
 
 
-async def run(cells: int) -> dict:
+async def run(cells: int, starts: int = 0) -> dict:
     result: dict = {"cells": cells}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         supervisor, env = start_cluster(workdir)
         try:
+            if starts:
+                return await measure_starts(workdir, env, starts,
+                                            lambda: marked_processes(supervisor.marker))
             await measure_servers(workdir, env, cells, result,
                                   lambda: marked_processes(supervisor.marker))
         finally:
@@ -259,6 +285,43 @@ async def run(cells: int) -> dict:
         result["fix_speedup"] = round(result["stock_plain_p50_ms"] / result["plain_p50_ms"], 2)
     if result.get("nbos_p50_ms") and result.get("plain_p50_ms"):
         result["nbos_vs_plain"] = round(result["nbos_p50_ms"] / result["plain_p50_ms"], 2)
+    return result
+
+
+async def measure_starts(workdir: Path, env: dict[str, str], count: int,
+                         cluster_pids: Callable[[], list[int]]) -> dict:
+    """``count`` starts each way, alternating which goes first (see the module's docstring)."""
+    server = Server(False, workdir, env)
+    samples: dict[str, dict[str, list[float]]] = {
+        name: {"create_s": [], "start_s": []} for name in ("python3", "notebookos")}
+    try:
+        await server.wait_ready()
+        if "notebookos" not in await server.kernelspecs():
+            return {"starts_skipped": "the notebookos kernelspec is not installed"}
+        await wait_quiet(cluster_pids)
+        for i in range(count):
+            order = ("python3", "notebookos") if i % 2 == 0 else ("notebookos", "python3")
+            for name in order:
+                kernel = KernelUnderTest(server, name)
+                try:
+                    created, started = await kernel.timed_start()
+                finally:
+                    await kernel.close()
+                samples[name]["create_s"].append(round(created, 3))
+                samples[name]["start_s"].append(round(started, 3))
+                # hosts refill their pools refill_delay_s (2 s) after a take, then go quiet
+                await asyncio.sleep(REFILL_DELAY_S + 0.5)
+                await wait_quiet(cluster_pids)
+    finally:
+        server.stop()
+    result: dict = {"starts": count, "start_samples": samples}
+    for name, key in (("python3", "plain"), ("notebookos", "nbos")):
+        for what in ("create_s", "start_s"):
+            result[f"{key}_{what}_p50"] = round(statistics.median(samples[name][what]), 3)
+    for what in ("create_s", "start_s"):
+        ratios = [n / p for n, p in zip(samples["notebookos"][what], samples["python3"][what],
+                                        strict=True)]
+        result[f"{what.removesuffix('_s')}_ratio_p50"] = round(statistics.median(ratios), 2)
     return result
 
 
@@ -329,8 +392,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cells", type=int, default=200)
+    parser.add_argument("--starts", type=int, default=0,
+                        help="measure N kernel starts each way instead of cells")
     args = parser.parse_args()
-    result = asyncio.run(run(args.cells))
+    result = asyncio.run(run(args.cells, args.starts))
     if args.json:
         print(json.dumps(result))
     else:

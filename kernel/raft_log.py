@@ -5,8 +5,11 @@ committed record is applied to the replica's ``ElectionBook`` on pysyncobj's tic
 to ``on_commit``, both under ``lock`` (so ``on_commit`` must only schedule work, never block).
 
 Configuration, on purpose (notes/ecosystem.md section 3):
-- ``password`` derived from the kernel's HMAC key, so Raft traffic is encrypted and authenticated
-  (pysyncobj unpickles what it receives: without a password anyone reaching the port runs code);
+- Raft traffic encrypted and authenticated with a Fernet key derived from the kernel's HMAC key
+  (pysyncobj unpickles what it receives: without it anyone reaching the port runs code). The key
+  is one SHA-256 of the kernel key (``raft_fernet_key``), not pysyncobj's ``password``: that
+  stretches a password with 100,000 rounds of PBKDF2, 25-37 ms of CPU in every replica's start,
+  which buys nothing for a random 256-bit key;
 - no fork and no dump file: the log and snapshots stay in memory (``fullDumpFile=None``);
 - dynamic membership, so a replacement replica joins fresh and catches up (snapshot + log);
 - loopback-friendly timers, and the pipe notifier so a proposal is sent without waiting a tick.
@@ -14,6 +17,7 @@ Configuration, on purpose (notes/ecosystem.md section 3):
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -22,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from cryptography.fernet import Fernet
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from .election import Applied, ElectionBook
@@ -36,11 +41,27 @@ DEFAULT_REST = RestTimings()
 TRANSIENT = frozenset({"MISSING_LEADER", "NOT_LEADER", "LEADER_CHANGED", "DISCARDED", "QUEUE_FULL"})
 
 
-def raft_password(kernel_key: bytes | str) -> str:
-    """A password for Raft traffic derived from the kernel key (never the key itself)."""
+def raft_fernet_key(kernel_key: bytes | str) -> bytes:
+    """The Fernet key of Raft traffic, derived from the kernel key (never the key itself)."""
     if isinstance(kernel_key, str):
         kernel_key = kernel_key.encode()
-    return hashlib.sha256(b"notebookos-raft\0" + kernel_key).hexdigest()
+    return base64.urlsafe_b64encode(hashlib.sha256(b"notebookos-raft\0" + kernel_key).digest())
+
+
+class _KeyedSyncObj(SyncObj):
+    """pysyncobj's SyncObj with a ready encryptor instead of one derived from a password (its
+    transport asks ``encryptor`` for every connection; ``_getEncryptor`` is the same)."""
+
+    def __init__(self, *args, encryptor: Fernet, **kwargs) -> None:  # noqa: ANN002, ANN003
+        self._keyed_encryptor = encryptor  # before SyncObj's init: it starts the tick thread
+        super().__init__(*args, **kwargs)
+
+    @property
+    def encryptor(self) -> Fernet:
+        return self._keyed_encryptor
+
+    def _getEncryptor(self) -> Fernet:  # noqa: N802 - pysyncobj's name
+        return self._keyed_encryptor
 
 
 class _BookConsumer(SyncObjConsumer):
@@ -107,7 +128,6 @@ class RaftLog:
         self._closed = False
         self._consumer = _BookConsumer(members, on_commit, on_restore)
         conf = SyncObjConf(
-            password=raft_password(kernel_key),
             fullDumpFile=None,
             journalFile=None,
             useFork=False,
@@ -135,8 +155,10 @@ class RaftLog:
         if os.environ.get("NOTEBOOKOS_RAFT_REST", "1") == "0":  # benchmarks/idle.py --awake
             rest = None
         transport = RestingTransport if rest is not None else None
-        self._sync = SyncObj(self_address, peer_addresses, conf, consumers=[self._consumer],
-                             **({"transportClass": transport} if transport else {}))
+        self._sync = _KeyedSyncObj(self_address, peer_addresses, conf,
+                                   consumers=[self._consumer],
+                                   encryptor=Fernet(raft_fernet_key(kernel_key)),
+                                   **({"transportClass": transport} if transport else {}))
         # an idle group rests (raft_rest.py): almost no heartbeats while nothing is proposed
         self.rest: RaftRest | None = None
         if rest is not None:

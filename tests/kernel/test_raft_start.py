@@ -67,3 +67,33 @@ def test_a_joining_replica_never_campaigns_early():
     finally:
         for log in logs:
             log.close()
+
+
+def test_a_member_without_the_kernel_key_learns_nothing():
+    """Raft traffic is encrypted with a key derived from the kernel key: a member started with
+    another key neither joins the election nor sees a committed record."""
+    from notebookos.kernel.records import Proposal
+
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    members = {i + 1: a for i, a in enumerate(addresses)}
+    seen: list[list[object]] = [[], [], []]
+    logs = [RaftLog(a, [b for b in addresses if b != a], members, key,
+                    on_commit=lambda r, _a, i=i: seen[i].append(r), quick_start=True)
+            for i, (a, key) in enumerate(zip(addresses, [b"key", b"key", b"other"],
+                                             strict=True))]
+    try:
+        leader, _ = wait_leader(logs[:2])
+        done = []
+        logs[leader].propose(Proposal("cell-1", leader + 1, "LEAD"),
+                             on_done=lambda ok, _r: done.append(ok))
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done == [True]
+        time.sleep(1.0)
+        assert seen[0] and seen[1], seen
+        assert seen[2] == [] and not logs[2]._sync._isLeader()
+        assert logs[2]._sync._getLeader() is None
+    finally:
+        for log in logs:
+            log.close()
