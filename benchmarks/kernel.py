@@ -2,7 +2,7 @@
 
     python benchmarks/kernel.py [--json] [--cells 200] [--large-mib 1024] [--skip-large]
                                 [--namespace-sizes 100,1000,10000] [--namespace-mib 256]
-                                [--only-namespace]
+                                [--only-namespace] [--only-large]
 
 Measures (see docs/performance.md, "Distributed kernel"):
 - roundtrip_p50/p99_ms: a trivial cell on a 3-replica group, from sending the execute/yield
@@ -12,7 +12,8 @@ Measures (see docs/performance.md, "Distributed kernel"):
   small-state update (a standby replies only after applying it: the last standby reply).
 - large_write_s / large_read_s: a tensor of --large-mib MiB through S3 (a local SeaweedFS):
   write = executor reply -> executor idle (serialise, upload, commit); read = executor idle ->
-  last standby reply (fetch, deserialise). raw_write_s / raw_read_s: boto3 alone, same bytes.
+  last standby reply (fetch, deserialise). raw_write_s / raw_read_s: boto3 alone, same bytes;
+  raw_read2_s: two boto3 clients reading them at once (the two standbys read at once).
 - failover_s: SIGKILL the executor, then send the next cell to a survivor: kill -> that cell's
   execute_input.
 - sync_1name_p50_ms[N] / encode_1name_p50_ms[N]: a cell that changes one name (``v0['n'] += 1``)
@@ -141,6 +142,24 @@ def failover(group: ReplicaGroup) -> float:
     return elapsed
 
 
+def two_raw_reads(server: Any, bucket: str, key: str) -> float:
+    """Seconds for two boto3 clients reading the object at once, as the two standbys do."""
+    import threading
+
+    clients = [server.client(), server.client()]
+    sizes: list[int] = []
+    threads = [threading.Thread(target=lambda c=c: sizes.append(
+        len(c.get_object(Bucket=bucket, Key=key)["Body"].read()))) for c in clients]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - t0
+    assert len(sizes) == 2
+    return took
+
+
 def large_objects(workdir: Path, mib: int) -> dict[str, float]:
     from notebookos.testing.seaweed import S3Server
 
@@ -157,6 +176,7 @@ def large_objects(workdir: Path, mib: int) -> dict[str, float]:
         raw_read = time.perf_counter() - t0
         assert len(body) == len(data)
         del body, data
+        raw_read2 = two_raw_reads(server, bucket, "raw/blob")
         store_url = server.store_url(bucket, credentials=True)
         group = ReplicaGroup(workdir / "large", store_url=store_url)
         try:
@@ -178,7 +198,8 @@ def large_objects(workdir: Path, mib: int) -> dict[str, float]:
         finally:
             group.stop()
         return {"large_write_s": t_idle - t_reply, "large_read_s": t_read - t_idle,
-                "raw_write_s": raw_write, "raw_read_s": raw_read, "large_mib": mib}
+                "raw_write_s": raw_write, "raw_read_s": raw_read, "raw_read2_s": raw_read2,
+                "large_mib": mib}
     finally:
         server.stop()
 
@@ -260,12 +281,19 @@ def main() -> int:
     parser.add_argument("--namespace-cells", type=int, default=30)
     parser.add_argument("--only-namespace", action="store_true",
                         help="measure only the one-name-cell sync against namespace size")
+    parser.add_argument("--only-large", action="store_true",
+                        help="measure only the large-object write and read against raw S3")
     args = parser.parse_args()
     # SIGTERM must run the finally blocks that stop the replicas and the S3 server
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="nbos-bench-") as tmp:
         workdir = Path(tmp)
+        if args.only_large:
+            results.update(large_objects(workdir, args.large_mib))
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                              for k, v in results.items()}))
+            return 0
         sizes = [int(n) for n in args.namespace_sizes.split(",") if n]
         results.update(namespace_sync(workdir, sizes, args.namespace_mib, args.namespace_cells))
         if args.only_namespace:

@@ -40,7 +40,6 @@ import hashlib
 import importlib
 import io
 import logging
-import math
 import pickle
 import re
 import struct
@@ -48,7 +47,6 @@ import sys
 import threading
 import types
 import uuid
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,7 +56,9 @@ from typing import Any
 import cloudpickle
 import cloudpickle.cloudpickle as cloudpickle_internals
 
+from notebookos.kernel import raw_tensor
 from notebookos.kernel.ast_effects import CellEffects
+from notebookos.kernel.plain_pickle import PlainUnpickler as _PlainUnpickler
 from notebookos.kernel.shared_objects import (
     Held,
     IdentityTable,
@@ -214,13 +214,6 @@ class Checkpoint:
     kernel_id: str
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Builtin containers and scalars only: any class or function reference is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: plain data only")
-
-
 def _load_plain(data: bytes, magic: bytes, what: str) -> dict[str, Any]:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"{what} must be bytes, not {type(data).__name__}")
@@ -369,67 +362,14 @@ def _serialise_tensor(tensor: Any) -> memoryview:
     return buffer.getbuffer()
 
 
-def _deserialise_tensor(blob: bytes) -> Any:
+def _deserialise_tensor(blob: Any) -> Any:
+    """A tensor from its blob: bytes, or a uint8 tensor holding them (``raw_tensor``)."""
     torch = _torch() or importlib.import_module("torch")
-    if blob.startswith(_RAW_TENSOR_MAGIC):
-        return _load_raw_tensor(torch, blob)
+    if raw_tensor.is_raw(blob):
+        return raw_tensor.load(torch, blob)
     # weights_only: the tensor loader cannot run code, whatever the bytes say.
-    return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-
-
-# Large dense tensors: magic, header length (4 bytes), plain-pickle header, the raw element bytes.
-# No copy is made to serialise (the body is a view of the tensor's memory) and hashing and storing
-# a view release the GIL, so a 1 GiB tensor does not stall the replica's other threads.
-_RAW_TENSOR_MAGIC = b"NBTRAW1\n"
-_RAW_HEADER_LENGTH = struct.Struct(">I")
-_RAW_PIECE = 64 * 1024 * 1024
-
-
-def _raw_tensor_parts(torch: Any, tensor: Any) -> list[bytes | memoryview] | None:
-    """The raw format's pieces, or None when the tensor needs torch.save (small or exotic)."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
-        return None
-    if tensor.is_quantized or tensor.nbytes <= TENSOR_INLINE_LIMIT or tensor.device.type == "meta":
-        return None
-    data = tensor.detach()
-    if data.device.type != "cpu":
-        data = data.cpu()
-    data = data.resolve_conj().resolve_neg().contiguous()
-    body = memoryview(data.reshape(-1).view(torch.uint8).numpy()).cast("B")
-    header = pickle.dumps(
-        {
-            "v": 1, "dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape),
-            "requires_grad": bool(tensor.requires_grad),
-            "parameter": isinstance(tensor, torch.nn.Parameter),
-        },
-        protocol=5,
-    )
-    pieces = [body[i:i + _RAW_PIECE] for i in range(0, body.nbytes, _RAW_PIECE)]
-    return [_RAW_TENSOR_MAGIC + _RAW_HEADER_LENGTH.pack(len(header)) + header, *pieces]
-
-
-def _load_raw_tensor(torch: Any, blob: bytes) -> Any:
-    start = len(_RAW_TENSOR_MAGIC)
-    (header_length,) = _RAW_HEADER_LENGTH.unpack_from(blob, start)
-    start += _RAW_HEADER_LENGTH.size
-    header = _PlainUnpickler(io.BytesIO(blob[start:start + header_length])).load()
-    start += header_length
-    dtype = getattr(torch, str(header.get("dtype")), None)
-    shape = header.get("shape")
-    if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or not all(
-        isinstance(n, int) and n >= 0 for n in shape
-    ):
-        raise ValueError("raw tensor header is malformed")
-    count = math.prod(shape) * dtype.itemsize
-    if len(blob) - start != count:
-        raise ValueError(f"raw tensor holds {len(blob) - start} bytes, its header says {count}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a read-only buffer: cloned at once
-        raw = torch.frombuffer(blob, dtype=torch.uint8, offset=start, count=count)
-    tensor = raw.clone().view(dtype).reshape(shape)
-    if header.get("parameter"):
-        return torch.nn.Parameter(tensor, requires_grad=bool(header.get("requires_grad")))
-    return tensor.requires_grad_(bool(header.get("requires_grad")))
+    return torch.load(io.BytesIO(raw_tensor.as_bytes(blob)), map_location="cpu",
+                      weights_only=True)
 
 
 def _serialise_array(array: Any) -> memoryview:
@@ -439,9 +379,9 @@ def _serialise_array(array: Any) -> memoryview:
     return buffer.getbuffer()
 
 
-def _deserialise_array(blob: bytes) -> Any:
+def _deserialise_array(blob: Any) -> Any:
     numpy = sys.modules.get("numpy") or importlib.import_module("numpy")
-    return numpy.load(io.BytesIO(blob), allow_pickle=False)
+    return numpy.load(io.BytesIO(raw_tensor.as_bytes(blob)), allow_pickle=False)
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -452,7 +392,7 @@ def _is_torch_tensor(obj: Any) -> bool:
 def _serialise_extracted(obj: Any) -> list[bytes | memoryview]:
     """The serialised pieces of a tensor or array (joined, they are its blob)."""
     if _is_torch_tensor(obj):
-        parts = _raw_tensor_parts(_torch(), obj)
+        parts = raw_tensor.parts(_torch(), obj, TENSOR_INLINE_LIMIT)
         return parts if parts is not None else [_serialise_tensor(obj)]
     return [_serialise_array(obj)]
 
@@ -1154,10 +1094,11 @@ class StateApplier:
 
         Returns at once and never blocks on an ``apply`` in progress (call it from the Raft thread).
         """
-        for key in self._keys_needed(update):
-            self._fetch(key)
+        for key, tensor in self._keys_needed(update):
+            self._fetch(key, tensor)
 
-    def _keys_needed(self, update: SyncUpdate) -> list[str]:
+    def _keys_needed(self, update: SyncUpdate) -> list[tuple[str, bool]]:
+        """(store key, whether it holds a tensor or array) for each object to fetch."""
         # No state lock here: prefetch runs on the Raft thread and must never wait for an apply.
         keys = []
         for entry in update.entries:
@@ -1165,29 +1106,45 @@ class StateApplier:
             if held is not None and held.kind == entry.kind and held.digest == entry.digest:
                 continue  # this replica made the update, or already applied it
             if entry.kind == "pointer" and entry.store_key:
-                keys.append(entry.store_key)
+                keys.append((entry.store_key, False))
             for token, key in entry.tensors.items():
                 record = self.state.peek(token)
                 if record is None or record.digest != _digest_of_key(key):
-                    keys.append(key)
+                    keys.append((key, True))
         return keys
 
-    def _fetch(self, key: str) -> Future[bytes]:
+    def _fetch(self, key: str, tensor: bool = False) -> Future[Any]:
         with self._fetch_lock:
             if self._closed:
                 raise RuntimeError("the state applier is closed")
             future = self._fetches.get(key)
             if future is None:
-                future = self._pool.submit(self.store.get, key)
+                future = self._pool.submit(self._get, key, tensor)
                 self._fetches[key] = future
             return future
 
-    def _object(self, key: str) -> bytes:
-        """The object's bytes: from a prefetch, or fetched now. Checked against its digest."""
-        data = self._fetch(key).result()
-        if _sha256(data) != _digest_of_key(key):
-            raise ValueError(f"store object {key!r} does not match its digest")
-        return data
+    def _get(self, key: str, tensor: bool) -> Any:
+        """A tensor's or array's blob lands in a tensor's own memory when torch is loaded, so
+        loading it makes no copy (raw_tensor.py); anything else is bytes."""
+        torch = _torch()
+        if tensor and torch is not None:
+            return raw_tensor.fetch_into_tensor(torch, self.store, key)
+        return self.store.get(key)
+
+    def _object(self, key: str, tensor: bool = False) -> Any:
+        """The object's blob: from a prefetch, or fetched now.
+
+        Not hashed again: the store checked its HMAC, which binds these bytes to ``key``, and
+        the key names the digest its writer computed from them. A tensor's blob is handed over
+        (forgotten here): the tensor loaded from it may be that very memory, so a second use
+        of the key fetches again rather than share it.
+        """
+        future = self._fetch(key, tensor)
+        if tensor:
+            with self._fetch_lock:
+                if self._fetches.get(key) is future:
+                    del self._fetches[key]
+        return future.result()
 
     def apply(self, namespace: MutableMapping[str, Any], update: SyncUpdate) -> None:
         """Apply every entry that can be applied; then raise ``SyncApplyError`` naming the others.
@@ -1395,7 +1352,7 @@ class _TensorResolver:
             return current
         if blob is None:
             assert key is not None
-            blob = self.applier._object(key)
+            blob = self.applier._object(key, tensor=True)
         if kind == "torch":
             loaded = _deserialise_tensor(blob)
             if current is not None and _replace_tensor_data(current, loaded):

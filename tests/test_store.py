@@ -72,6 +72,32 @@ def test_round_trip_bytes(store: LargeObjectStore, size: int) -> None:
     assert b"".join(store.get_stream(key)) == data
 
 
+@pytest.mark.parametrize("size", [0, 1000, 3 * BLOCK_SIZE + 7])
+def test_get_into_fills_the_callers_buffer_and_still_checks_the_mac(
+        store: LargeObjectStore, size: int) -> None:
+    data = payload(size, seed=3)
+    key = f"into-{size}/objects/x"
+    store.put(key, data)
+    asked: list[int] = []
+
+    def allocate(length: int) -> bytearray:
+        asked.append(length)
+        return bytearray(length)
+
+    buffer = store.get_into(key, allocate)
+    assert asked == [size] and isinstance(buffer, bytearray) and buffer == data
+    if size:
+        flip_byte(store, key, offset=size // 2)
+        with pytest.raises(IntegrityError):
+            store.get_into(key, bytearray)
+
+
+def test_get_into_refuses_a_buffer_of_the_wrong_size(store: LargeObjectStore) -> None:
+    store.put("short/x", b"12345")
+    with pytest.raises(ValueError, match="allocate"):
+        store.get_into("short/x", lambda n: bytearray(n + 1))
+
+
 def test_round_trip_bigger_than_chunk_size_streams(store: LargeObjectStore) -> None:
     data = payload(CHUNK_SIZE + BLOCK_SIZE + 3)
     pieces = [data[i : i + 5_000_001] for i in range(0, len(data), 5_000_001)]
@@ -373,3 +399,14 @@ def test_a_lazy_store_leaves_its_client_library_unimported(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=tmp_path).stdout
     assert out.strip() == "[]", out
+
+
+def test_the_lazy_store_forwards_every_operation_of_the_interface() -> None:
+    """A LazyStore (what a replica opens) inheriting an operation would run the interface's
+    generic version instead of the backend's own (get_into did: a copy of every large object)."""
+    from notebookos.store.base import LargeObjectStore
+    from notebookos.store.url import LazyStore
+
+    public = {name for name, value in vars(LargeObjectStore).items()
+              if callable(value) and not name.startswith("_")}
+    assert public - set(vars(LazyStore)) == set()

@@ -16,6 +16,7 @@ import abc
 import hashlib
 import hmac
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from notebookos.store.integrity import BLOCK_SIZE, BackgroundMac, ValueMac, check_hmac_key
 
@@ -23,6 +24,7 @@ CHUNK_SIZE = 64 * 1024 * 1024  # values larger than this are streamed in chunks
 MAX_KEY_LENGTH = 512
 
 Value = bytes | bytearray | memoryview | Iterable[bytes]
+Buffer = Any  # an object with a writable buffer: bytearray, a numpy array (collections.abc.Buffer, 3.12)
 
 
 class StoreError(Exception):
@@ -114,6 +116,18 @@ class LargeObjectStore(abc.ABC):
     def get(self, key: str) -> bytes:
         """Return the whole value, HMAC-verified."""
         return b"".join(self.get_stream(key))
+
+    def get_into(self, key: str, allocate: Callable[[int], Buffer]) -> Buffer:
+        """The whole value, HMAC-verified, in a buffer ``allocate(length)`` returns (writable,
+        C-contiguous, ``length`` bytes): the caller owns it, e.g. a tensor's own storage. A
+        backend that can read into it directly does (``S3Store``); the others copy once."""
+        value = self.get(key)
+        buffer = allocate(len(value))
+        view = memoryview(buffer).cast("B")
+        if len(view) != len(value):
+            raise ValueError(f"allocate({len(value)}) returned {len(view)} bytes")
+        view[:] = value
+        return buffer
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:

@@ -147,6 +147,12 @@ def block_digests(data: bytes | bytearray | memoryview) -> list[bytes]:
     return list(_pool().map(digest, offsets))
 
 
+def block_digest_later(block: bytes | bytearray | memoryview) -> Future[bytes]:
+    """The SHA-256 of one block, hashed on the shared hash threads (for a reader that hashes
+    each block as it lands, overlapping its I/O; the block must not change until done)."""
+    return _pool().submit(lambda: hashlib.sha256(block).digest())
+
+
 def blocks_of(
     chunks: Iterable[bytes | memoryview], size: int = BLOCK_SIZE
 ) -> Iterator[bytes | memoryview]:

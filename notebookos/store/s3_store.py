@@ -14,6 +14,7 @@ response's ETag (``If-Match``), so a value replaced mid-read is noticed instead 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import io
 import struct
 from collections import deque
@@ -28,13 +29,20 @@ from botocore.config import Config
 from notebookos.store.base import (
     CHUNK_SIZE,
     AuthenticatedStore,
+    Buffer,
     KeyNotFound,
     StoreError,
     Value,
     iter_value,
     validate_key,
 )
-from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE, block_digests, blocks_of
+from notebookos.store.integrity import (
+    BLOCK_SIZE,
+    MAC_SIZE,
+    block_digest_later,
+    block_digests,
+    blocks_of,
+)
 
 MAGIC = b"NBOSTRL1"
 TRAILER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
@@ -291,6 +299,12 @@ class S3Store(AuthenticatedStore):
 
     def get(self, key: str) -> bytes:
         """One plain GET: on a busy host one stream beat parallel ranges; hashing is parallel."""
+        return self.get_into(key, bytearray)
+
+    def get_into(self, key: str, allocate: Callable[[int], Buffer]) -> Buffer:
+        """One plain GET read straight into the caller's buffer, each ``BLOCK_SIZE`` block
+        hashed on the hash threads as soon as it has landed: hashing overlaps the download and
+        the value is never copied (``_into_buffer``)."""
         object_key = self.object_key(key)
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=object_key)
@@ -302,26 +316,32 @@ class S3Store(AuthenticatedStore):
         if total < TRAILER.size:
             raise self._integrity_error(key, "object is shorter than its trailer (truncated)")
         body = response["Body"]
+        length = total - TRAILER.size
         try:
-            value = body.read(total - TRAILER.size)
-            trailer = body.read()
+            buffer = allocate(length)
+            view = memoryview(buffer).cast("B")
+            if len(view) != length:
+                raise ValueError(f"allocate({length}) returned {len(view)} bytes")
+            digests, trailer = _into_buffer(body, view, TRAILER.size)
+        except (ValueError, TypeError):
+            raise
         except Exception as exc:
             raise self._failure(key, "get", exc) from exc
         finally:
             body.close()
-        if len(value) + len(trailer) != total or len(trailer) != TRAILER.size:
+        if digests is None or len(trailer) != TRAILER.size:
             raise self._integrity_error(key, "object ended early (truncated)")
-        magic, length, expected = TRAILER.unpack(trailer)
+        magic, stated, expected = TRAILER.unpack(trailer)
         if magic != MAGIC:
             raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
-        if length != len(value):
+        if stated != length:
             raise self._integrity_error(
-                key, f"object holds {len(value)} value bytes, trailer says {length}"
+                key, f"object holds {length} value bytes, trailer says {stated}"
             )
         mac = self._new_mac(key)
-        mac.update(value)
+        mac.add_block_digests(digests, length)
         self._check_mac(key, mac, expected)
-        return value
+        return buffer
 
     def get_stream(self, key: str) -> Iterator[bytes]:
         object_key = self.object_key(key)
@@ -389,6 +409,51 @@ def _chain(first: Any, second: Any, rest: Iterator[Any]) -> Iterator[Any]:
     yield first
     yield second
     yield from rest
+
+
+def _into_buffer(body: Any, view: memoryview, trailer_size: int
+                 ) -> tuple[list[bytes] | None, bytes]:
+    """Read ``len(view)`` bytes of a GET's body into ``view``, then the trailer: the SHA-256 of
+    each block of ``view`` (None when the body ended early) and the trailer's bytes.
+
+    Straight from the HTTP response into the buffer when botocore's body wraps urllib3's
+    response around an http.client one, neither chunked nor content-encoded (what S3 and
+    SeaweedFS send for GetObject); else through ``body.read``, one block at a time.
+    """
+    raw = getattr(body, "_raw_stream", None)
+    fp = getattr(raw, "_fp", None)
+    direct = (isinstance(fp, http.client.HTTPResponse) and not fp.chunked
+              and raw.headers.get("content-encoding", "identity") == "identity"
+              and getattr(raw, "_fp_bytes_read", None) == 0)
+    pending = []
+    position = 0
+    trailer = bytearray(trailer_size)
+    whole = memoryview(trailer)
+    while position < len(view) + trailer_size:
+        if position >= len(view):  # the trailer, after the value
+            got = fp.readinto(whole[position - len(view):]) if direct else \
+                _read_into(body, whole[position - len(view):])
+            if not got:
+                break
+            position += got
+            continue
+        start, end = position, min(position + BLOCK_SIZE, len(view))
+        while position < end:
+            got = fp.readinto(view[position:end]) if direct else \
+                _read_into(body, view[position:end])
+            if not got:
+                return None, b""
+            position += got
+        pending.append(block_digest_later(view[start:end]))
+    if direct:
+        raw._fp_bytes_read += position  # what urllib3 would have counted
+    return [future.result() for future in pending], bytes(whole[:position - len(view)])
+
+
+def _read_into(body: Any, view: memoryview) -> int:
+    data = body.read(len(view))
+    view[:len(data)] = data
+    return len(data)
 
 
 def _error_code(exc: BaseException) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from notebookos.store.base import LargeObjectStore, Value
+from notebookos.store.base import Buffer, LargeObjectStore, Value
 from notebookos.store.integrity import check_hmac_key
 
 SCHEMES = ("file", "redis", "rediss", "s3")
@@ -87,6 +87,9 @@ class LazyStore(LargeObjectStore):
 
     def get(self, key: str) -> bytes:
         return self.real().get(key)
+
+    def get_into(self, key: str, allocate: Callable[[int], Buffer]) -> Buffer:
+        return self.real().get_into(key, allocate)
 
     def delete(self, key: str) -> None:
         self.real().delete(key)

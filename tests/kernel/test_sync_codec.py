@@ -769,9 +769,65 @@ def test_large_tensors_of_every_dtype_round_trip(pair: Pair, dtype: str) -> None
 
 @needs_torch
 def test_malformed_raw_tensor_is_refused() -> None:
-    from notebookos.kernel import sync_codec
+    from notebookos.kernel import raw_tensor, sync_codec
 
     blob = b"".join(sync_codec._serialise_extracted(torch.randn(200, 200)))
-    assert blob.startswith(sync_codec._RAW_TENSOR_MAGIC)
+    assert blob.startswith(raw_tensor.MAGIC)
     with pytest.raises(ValueError, match="header says"):
         sync_codec._deserialise_tensor(blob[:-4])
+
+
+@needs_torch
+def test_a_standby_loads_a_large_tensor_in_the_memory_it_fetched_it_into(pair: Pair) -> None:
+    """No copy after the fetch: the standby's tensor lives in the fetched blob's memory (its
+    storage starts with the blob's aligned header), and is an ordinary tensor: writable,
+    resizable, and not shared with a second name whose tensor had the same bytes."""
+    pair.run("""
+        import torch
+        a = torch.arange(100000, dtype=torch.float32)
+        b = torch.arange(100000, dtype=torch.float32)
+    """)
+    a, b = pair.standby["a"], pair.standby["b"]
+    assert torch.equal(a, pair.executor["a"]) and torch.equal(b, pair.executor["b"])
+    assert a.storage_offset() > 0 and a.untyped_storage().nbytes() == a.nbytes + \
+        a.storage_offset() * a.element_size()
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    a[0] = -1
+    assert b[0] == 0
+    a.resize_(200000)  # a replica's tensors behave like the executor's
+    assert a.shape == (200000,)
+
+
+@needs_torch
+def test_raw_tensor_blobs_without_alignment_still_load(tmp_path: Path) -> None:
+    """Blobs written before the header was padded (elements at any offset) load from bytes and
+    from a fetched buffer alike, copied once."""
+    from notebookos.kernel import raw_tensor
+
+    tensor = torch.arange(50000, dtype=torch.float64).reshape(100, 500)
+    header = pickle.dumps({"v": 1, "dtype": "float64", "shape": [100, 500],
+                           "requires_grad": False, "parameter": False}, protocol=5)
+    if (len(raw_tensor.MAGIC) + 4 + len(header)) % 8 == 0:
+        header += b"\0"  # make sure the elements are misaligned
+    blob = raw_tensor.MAGIC + raw_tensor.HEADER_LENGTH.pack(len(header)) + header + \
+        tensor.numpy().tobytes()
+    store = open_store(f"file://{tmp_path / 'objects'}", HMAC_KEY)
+    store.put("k/objects/old", blob)
+    fetched = raw_tensor.fetch_into_tensor(torch, store, "k/objects/old")
+    for source in (blob, fetched):
+        loaded = raw_tensor.load(torch, source)
+        assert torch.equal(loaded, tensor) and loaded.storage_offset() == 0
+    store.close()
+
+
+@needs_torch
+def test_syncing_a_large_tensor_leaves_the_users_tensor_resizable(pair: Pair) -> None:
+    """The executor serialises a large tensor from a view of its memory; taking that view with
+    ``.numpy()`` marked the tensor's storage unresizable for good, so ``x.resize_()`` failed
+    in the notebook after the cell that made ``x`` (never in a plain kernel)."""
+    pair.run("""
+        import torch
+        x = torch.ones(100000)
+    """)
+    pair.run("x.resize_(200000)")
+    assert pair.executor["x"].shape == (200000,) and pair.standby["x"].shape == (200000,)
