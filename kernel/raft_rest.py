@@ -56,12 +56,14 @@ _NEEDED = ("raftLog", "raftCommitIndex", "raftLastApplied", "raftState", "raftLe
 @dataclass(frozen=True)
 class RestTimings:
     """How a group rests; the defaults keep every rest period under pysyncobj's 10 s
-    connection timeout with room for a loaded machine."""
+    connection timeout with room for a loaded machine: a heartbeat goes out on the first tick
+    after it is due, 4-7 s after the last one (3 s and 2 s cost 1.77-1.80 ms of CPU a second
+    per idle kernel against 1.31-1.59 now, benchmarks/idle.py, docs/performance.md)."""
 
     follower_quiet: float = 1.0
     leader_quiet: float = 1.0
-    rest_heartbeat: float = 3.0
-    rest_tick: float = 2.0
+    rest_heartbeat: float = 4.0
+    rest_tick: float = 3.0
     rest_election_min: float = 12.0
     rest_election_max: float = 16.0
     rest_fallback: float = 40.0
