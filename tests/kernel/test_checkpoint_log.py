@@ -8,7 +8,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from test_sync_codec import HMAC_KEY, Pair, new_namespace
+from codec_pair import HMAC_KEY, Pair, new_namespace
 
 from notebookos.kernel.ast_effects import analyze_cell
 from notebookos.kernel.checkpoint_log import CheckpointLog

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
+from codec_pair import HMAC_KEY, Pair, new_namespace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from programs import SETUP, canon, cells
-from test_sync_codec import HMAC_KEY, Pair, new_namespace
 
 from notebookos.kernel.ast_effects import analyze_cell
 from notebookos.kernel.checkpoint_log import CheckpointLog
@@ -31,20 +30,6 @@ from notebookos.kernel.sync_codec import (
     write_checkpoint,
 )
 from notebookos.store import LargeObjectStore, open_store
-
-
-@pytest.fixture
-def file_store(tmp_path: Path) -> LargeObjectStore:
-    store = open_store(f"file://{tmp_path / 'objects'}", HMAC_KEY)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def pair(file_store: LargeObjectStore) -> Pair:
-    p = Pair(file_store)
-    yield p
-    p.close()
 
 
 def sent(update: SyncUpdate) -> set[str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy
 import pytest
+from codec_pair import HMAC_KEY, Pair, new_namespace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +31,6 @@ from notebookos.kernel.sync_codec import (
     write_checkpoint,
 )
 from notebookos.store import KeyNotFound, LargeObjectStore, open_store
-from notebookos.testing.optional import require_torch
 
 try:
     import torch
@@ -38,66 +38,7 @@ except ImportError:  # torch is optional at run time: only the tests marked need
     torch = None
 
 
-@pytest.fixture
-def torch_installed() -> None:
-    """Skip where torch is missing; fail instead under NOTEBOOKOS_REQUIRE_SERVICES=1."""
-    require_torch()
-
-
 needs_torch = pytest.mark.usefixtures("torch_installed")
-
-HMAC_KEY = b"test-kernel-key-0123456789abcdef"
-
-
-def new_namespace() -> dict[str, Any]:
-    # IPython's user namespace is the dict of a module named __main__.
-    return {"__name__": "__main__", "__builtins__": __builtins__}
-
-
-class Pair:
-    """An executor and a standby namespace joined by the codec, as the replica uses it."""
-
-    def __init__(self, store: LargeObjectStore, kernel_id: str | None = None,
-                 threshold_bytes: int = 1 << 20) -> None:
-        self.store = store
-        self.kernel_id = kernel_id or f"k-{uuid.uuid4().hex[:8]}"
-        self.executor_state = SyncState()
-        self.encoder = StateEncoder(store, self.kernel_id, threshold_bytes,
-                                    state=self.executor_state)
-        self.standby_state = SyncState()
-        self.applier = StateApplier(store, state=self.standby_state)
-        self.executor = new_namespace()
-        self.standby = new_namespace()
-
-    def run(self, code: str) -> SyncUpdate:
-        """Run a cell on the executor and replicate it; returns the decoded Raft record."""
-        code = textwrap.dedent(code)
-        exec(compile(code, "<cell>", "exec"), self.executor)
-        return self.replicate(analyze_cell(code))
-
-    def replicate(self, effects: CellEffects) -> SyncUpdate:
-        record = self.encoder.encode(self.executor, effects).to_bytes()
-        update = SyncUpdate.from_bytes(record)
-        self.applier.prefetch(update)
-        self.applier.apply(self.standby, update)
-        return update
-
-    def close(self) -> None:
-        self.applier.close()
-
-
-@pytest.fixture
-def file_store(tmp_path: Path) -> LargeObjectStore:
-    store = open_store(f"file://{tmp_path / 'objects'}", HMAC_KEY)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def pair(file_store: LargeObjectStore) -> Pair:
-    p = Pair(file_store)
-    yield p
-    p.close()
 
 
 def names(update: SyncUpdate) -> dict[str, str]:
