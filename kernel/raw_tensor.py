@@ -123,6 +123,38 @@ def load(torch: Any, blob: Any) -> Any:
     return tensor.requires_grad_(bool(header.get("requires_grad")))
 
 
+def load_array(numpy: Any, blob: Any) -> Any:
+    """A numpy array from ``numpy.save`` bytes (no pickle inside): ``bytes``-like (copied once)
+    or a uint8 tensor from ``fetch_into_tensor``, whose memory the array then is (no copy; the
+    caller must hold no other use of it)."""
+    if isinstance(blob, bytes | bytearray | memoryview):
+        return numpy.load(io.BytesIO(blob), allow_pickle=False)
+    from numpy.lib import format as npy
+
+    head = io.BytesIO(_prefix(blob, 64 * 1024))
+    version = npy.read_magic(head)
+    if version == (1, 0):
+        shape, fortran, dtype = npy.read_array_header_1_0(head)
+    elif version == (2, 0):
+        shape, fortran, dtype = npy.read_array_header_2_0(head)
+    else:
+        return numpy.load(io.BytesIO(as_bytes(blob)), allow_pickle=False)
+    if dtype.hasobject:
+        raise ValueError("an object array is never loaded from the store (it would unpickle)")
+    start, count = head.tell(), math.prod(shape)
+    if _length(blob) - start != count * dtype.itemsize:
+        raise ValueError(f"array holds {_length(blob) - start} bytes, its header says "
+                         f"{count * dtype.itemsize}")
+    flat = numpy.frombuffer(_writable_view(blob), dtype=dtype, count=count, offset=start)
+    return flat.reshape(shape, order="F" if fortran else "C")
+
+
+def _writable_view(tensor: Any) -> Any:
+    memory = (ctypes.c_char * tensor.numel()).from_address(tensor.data_ptr())
+    memory.owner = tensor
+    return memory
+
+
 def as_bytes(blob: Any) -> bytes | bytearray | memoryview:
     """A fetched blob as bytes (a copy when it sits in a tensor)."""
     if isinstance(blob, bytes | bytearray | memoryview):

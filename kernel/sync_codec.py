@@ -381,7 +381,7 @@ def _serialise_array(array: Any) -> memoryview:
 
 def _deserialise_array(blob: Any) -> Any:
     numpy = sys.modules.get("numpy") or importlib.import_module("numpy")
-    return numpy.load(io.BytesIO(raw_tensor.as_bytes(blob)), allow_pickle=False)
+    return raw_tensor.load_array(numpy, blob)
 
 
 def _is_torch_tensor(obj: Any) -> bool:

@@ -772,3 +772,21 @@ def test_syncing_a_large_tensor_leaves_the_users_tensor_resizable(pair: Pair) ->
     """)
     pair.run("x.resize_(200000)")
     assert pair.executor["x"].shape == (200000,) and pair.standby["x"].shape == (200000,)
+
+
+@needs_torch
+def test_a_standby_loads_large_arrays_in_their_fetched_memory_unshared(pair: Pair) -> None:
+    """With torch loaded, a large numpy array's blob is fetched into a tensor's memory too and
+    the array is that memory: equal, writable, its order kept, never shared between two names
+    whose arrays had the same bytes."""
+    pair.run("""
+        import numpy
+        a = numpy.arange(100000.0)
+        b = numpy.arange(100000.0)
+        f = numpy.asfortranarray(numpy.arange(60000, dtype=numpy.int32).reshape(200, 300))
+    """)
+    a, b, f = pair.standby["a"], pair.standby["b"], pair.standby["f"]
+    assert numpy.array_equal(a, pair.executor["a"]) and numpy.array_equal(f, pair.executor["f"])
+    assert f.flags.f_contiguous and a.flags.writeable and not numpy.shares_memory(a, b)
+    a[0] = -1
+    assert b[0] == 0
