@@ -1126,8 +1126,11 @@ class StateApplier:
     def _get(self, key: str, tensor: bool) -> Any:
         """A tensor's or array's blob lands in a tensor's own memory when torch is loaded, so
         loading it makes no copy (raw_tensor.py); anything else is bytes."""
-        torch = _torch()
-        if tensor and torch is not None:
+        if tensor and "torch" in sys.modules:
+            # not _torch(): a standby's apply thread may be importing torch right now (the
+            # update holds torch objects) and a half-imported torch crashes the process
+            # (SIGSEGV in torch.empty); importing waits for that import to finish
+            torch = importlib.import_module("torch")
             return raw_tensor.fetch_into_tensor(torch, self.store, key)
         return self.store.get(key)
 
