@@ -790,3 +790,30 @@ def test_a_standby_loads_large_arrays_in_their_fetched_memory_unshared(pair: Pai
     assert f.flags.f_contiguous and a.flags.writeable and not numpy.shares_memory(a, b)
     a[0] = -1
     assert b[0] == 0
+
+
+@needs_torch
+def test_a_prefetch_waits_for_a_torch_import_under_way(tmp_path: Path) -> None:
+    """A standby's apply thread imports torch for an update that holds torch objects while its
+    prefetch thread fetches the update's tensors: the prefetch must not use the half-imported
+    module sys.modules already holds (torch.empty crashed the process with SIGSEGV)."""
+    import subprocess
+    import sys
+
+    program = textwrap.dedent(f"""
+        import sys, threading
+        from notebookos.kernel.sync_codec import StateApplier
+        from notebookos.store import open_store
+        store = open_store("file://{tmp_path / 'objects'}", {HMAC_KEY!r})
+        store.put("k/objects/x", bytes(1000))
+        applier = StateApplier(store)
+        threading.Thread(target=__import__, args=("torch",)).start()
+        while "torch" not in sys.modules:
+            pass
+        buffer = applier._get("k/objects/x", True)
+        print(type(buffer).__name__, buffer.numel())
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["Tensor", "1000"], (
+        done.returncode, done.stdout, done.stderr[-2000:])
