@@ -49,11 +49,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from notebookos.config import load_config
-from notebookos.local_scheduler.prewarm import PrewarmPool
+from notebookos.local_scheduler.prewarm import REFILL_DELAY_S
 from notebookos.ports import free_ports
 from notebookos.supervisor import Supervisor, marked_processes
 
-REFILL_DELAY_S = PrewarmPool(lambda: None, 0).refill_delay_s
 STOCK_CLASS = "jupyter_server.services.kernels.connection.channels.ZMQChannelsWebsocketConnection"
 
 

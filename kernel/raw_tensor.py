@@ -64,9 +64,15 @@ def _memory_of(tensor: Any) -> memoryview:
     nbytes = tensor.numel() * tensor.element_size()
     if not nbytes:
         return memoryview(b"")
+    return memoryview(_memory(tensor, nbytes)).cast("B").toreadonly()
+
+
+def _memory(tensor: Any, nbytes: int) -> Any:
+    """A writable buffer over the first ``nbytes`` of a CPU tensor's memory that keeps the tensor
+    alive (ctypes, not ``.numpy()``: see ``_memory_of``)."""
     memory = (ctypes.c_char * nbytes).from_address(tensor.data_ptr())
     memory.owner = tensor
-    return memoryview(memory).cast("B").toreadonly()
+    return memory
 
 
 def fetch_into_tensor(torch: Any, store: LargeObjectStore, key: str) -> Any:
@@ -76,12 +82,7 @@ def fetch_into_tensor(torch: Any, store: LargeObjectStore, key: str) -> Any:
     def allocate(length: int) -> Any:
         buffer = torch.empty(length, dtype=torch.uint8)
         holder.append(buffer)
-        if not length:
-            return bytearray()
-        # ctypes over the tensor's memory, not .numpy() (see _memory_of)
-        view = (ctypes.c_char * length).from_address(buffer.data_ptr())
-        view.owner = buffer  # the memory lives as long as the view
-        return view
+        return _memory(buffer, length) if length else bytearray()
 
     store.get_into(key, allocate)
     return holder[0]
@@ -145,14 +146,8 @@ def load_array(numpy: Any, blob: Any) -> Any:
     if _length(blob) - start != count * dtype.itemsize:
         raise ValueError(f"array holds {_length(blob) - start} bytes, its header says "
                          f"{count * dtype.itemsize}")
-    flat = numpy.frombuffer(_writable_view(blob), dtype=dtype, count=count, offset=start)
+    flat = numpy.frombuffer(_memory(blob, blob.numel()), dtype=dtype, count=count, offset=start)
     return flat.reshape(shape, order="F" if fortran else "C")
-
-
-def _writable_view(tensor: Any) -> Any:
-    memory = (ctypes.c_char * tensor.numel()).from_address(tensor.data_ptr())
-    memory.owner = tensor
-    return memory
 
 
 def as_bytes(blob: Any) -> bytes | bytearray | memoryview:

@@ -75,6 +75,9 @@ def start_prewarm_process(python: str, module: str) -> PrewarmedProcess:
     return prewarmed
 
 
+REFILL_DELAY_S = 2.0  # a pool refills this long after a take (PrewarmPool's docstring)
+
+
 class PrewarmPool:
     """Keeps ``target`` prewarmed replicas ready; refills in one background thread.
 
@@ -87,7 +90,7 @@ class PrewarmPool:
     """
 
     def __init__(self, starter: Callable[[], Prewarmed], target: int,
-                 refill_delay_s: float = 2.0) -> None:
+                 refill_delay_s: float = REFILL_DELAY_S) -> None:
         self.starter = starter
         self.target = target
         self.refill_delay_s = refill_delay_s

@@ -27,6 +27,15 @@ Value = bytes | bytearray | memoryview | Iterable[bytes]
 Buffer = Any  # an object with a writable buffer: bytearray, a numpy array (collections.abc.Buffer, 3.12)
 
 
+def allocated(allocate: Callable[[int], Buffer], length: int) -> tuple[Buffer, memoryview]:
+    """``allocate(length)``'s buffer and a byte view of it; a buffer of another size is refused."""
+    buffer = allocate(length)
+    view = memoryview(buffer).cast("B")
+    if len(view) != length:
+        raise ValueError(f"allocate({length}) returned {len(view)} bytes")
+    return buffer, view
+
+
 class StoreError(Exception):
     """A store operation failed. The message names the backend and the key."""
 
@@ -122,10 +131,7 @@ class LargeObjectStore(abc.ABC):
         C-contiguous, ``length`` bytes): the caller owns it, e.g. a tensor's own storage. A
         backend that can read into it directly does (``S3Store``); the others copy once."""
         value = self.get(key)
-        buffer = allocate(len(value))
-        view = memoryview(buffer).cast("B")
-        if len(view) != len(value):
-            raise ValueError(f"allocate({len(value)}) returned {len(view)} bytes")
+        buffer, view = allocated(allocate, len(value))
         view[:] = value
         return buffer
 

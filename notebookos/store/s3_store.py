@@ -33,6 +33,7 @@ from notebookos.store.base import (
     KeyNotFound,
     StoreError,
     Value,
+    allocated,
     iter_value,
     validate_key,
 )
@@ -318,13 +319,12 @@ class S3Store(AuthenticatedStore):
         body = response["Body"]
         length = total - TRAILER.size
         try:
-            buffer = allocate(length)
-            view = memoryview(buffer).cast("B")
-            if len(view) != length:
-                raise ValueError(f"allocate({length}) returned {len(view)} bytes")
-            digests, trailer = _into_buffer(body, view, TRAILER.size)
-        except (ValueError, TypeError):
+            buffer, view = allocated(allocate, length)
+        except BaseException:
+            body.close()
             raise
+        try:
+            digests, trailer = _into_buffer(body, view, TRAILER.size)
         except Exception as exc:
             raise self._failure(key, "get", exc) from exc
         finally:
