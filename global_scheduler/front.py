@@ -202,6 +202,9 @@ class KernelFront:
         self._replicas: dict[int, _ReplicaSockets] = {}
         self._pending: dict[str, _Pending] = {}
         self._iopub_source: OrderedDict[str, int] = OrderedDict()  # msg_id -> replica
+        # requests whose source was learnt from the replicas (one published output for it, or
+        # answered as its executor), not assigned by this front's routing: never reassigned
+        self._source_seen: OrderedDict[str, bool] = OrderedDict()
         self._input_source: OrderedDict[str, int] = OrderedDict()  # input_request -> replica
         self._aliases: OrderedDict[str, dict] = OrderedDict()  # resubmitted id -> client header
         # Cells answered whose executor has not published idle yet (it is replicating what the
@@ -934,7 +937,8 @@ class KernelFront:
                            client_msg=msg, client_msg_id=client_msg_id, attempt=attempt,
                            gpu_device_ids=list(device_ids))
         self._pending[msg_id] = pending
-        self._remember(self._iopub_source, msg_id, executor)
+        if msg_id not in self._source_seen:  # a resent cell that already runs keeps its source
+            self._remember(self._iopub_source, msg_id, executor)
         self.session.send(self._replicas[executor].shell,
                           self._elected_copy(msg, msg_id, executor, device_ids, self._epoch))
         pending.held_yields = standbys
@@ -1038,7 +1042,7 @@ class KernelFront:
             return
         if role == "executor" or (role is None and rid == pending.source):
             if rid != pending.source:
-                self._remember(self._iopub_source, parent_id, rid)
+                self._learn_source(parent_id, rid)
             del self._pending[parent_id]
             self._holding.pop(parent_id, None)  # a short cell: its standbys never needed asking
             if pending.placement is not None:
@@ -1088,7 +1092,7 @@ class KernelFront:
         session = parent.get("session")
         if channel != "shell" or role != "executor" or not session:
             return
-        self._remember(self._iopub_source, parent.get("msg_id", ""), rid)
+        self._learn_source(parent.get("msg_id", ""), rid)
         self._reply("shell", [str(session).encode(), b"<IDS|MSG>", *msg_list])
 
     def _settle(self, msg_id: str, pending: _Pending) -> None:
@@ -1199,7 +1203,7 @@ class KernelFront:
             source = pending.source if pending is not None else None
             if pending is not None and source is None:  # broadcast: the first replica speaks
                 source = rid
-                self._remember(self._iopub_source, parent_id, rid)
+                self._learn_source(parent_id, rid)
             elif pending is None and parent.get("username") == GS_USERNAME:
                 # The Global Scheduler's own request (the readiness check's kernel_info, a
                 # membership change): its busy and idle, held by the replica until this front
@@ -1211,8 +1215,8 @@ class KernelFront:
                 # first replica publishing for it is its executor (or, for a broadcast control
                 # request, the one that speaks, as above).
                 source = rid
-                self._remember(self._iopub_source, parent_id, rid)
-        if source != rid:
+                self._learn_source(parent_id, rid)
+        if source != rid and not self._executor_revealed(parent_id, rid, msg_list):
             return
         if not self._signature_ok(msg_list):
             return
@@ -1228,6 +1232,28 @@ class KernelFront:
         elif msg_type == "status" and self._status_withheld(parent_id, idents, msg_list):
             return
         self._forward_iopub(parent_id, idents, msg_list)
+
+    def _learn_source(self, parent_id: str, rid: int) -> None:
+        self._remember(self._iopub_source, parent_id, rid)
+        self._remember(self._source_seen, parent_id, True)
+
+    def _executor_revealed(self, parent_id: str, rid: int, msg_list: list[bytes]) -> bool:
+        """Whether ``rid``, which this front did not send the cell ``parent_id`` to as its
+        executor, shows that it is: it publishes the cell's output (anything but a status;
+        standbys publish nothing, and a replica sent a cell that another one runs only waits
+        for its end). After a Global Scheduler restart, a client resends the cell that is
+        running, and this front may place the copy on another replica than the one running
+        it: that one's output would otherwise be dropped, and the cell reply without it."""
+        pending = self._pending.get(parent_id)
+        if (pending is None or pending.msg_type != "execute_request"
+                or parent_id in self._source_seen or not self._signature_ok(msg_list)):
+            return False
+        if self.session.unpack(msg_list[1]).get("msg_type") == "status":
+            return False
+        log.info("kernel %s: replica %d publishes the output of %s, which was sent to replica "
+                 "%s: it runs the cell", self.kernel_id, rid, parent_id[:8], pending.source)
+        self._learn_source(parent_id, rid)
+        return True
 
     def _status_withheld(self, parent_id: str, idents: list[bytes], msg_list: list[bytes]
                          ) -> bool:

@@ -181,3 +181,54 @@ def test_a_rebound_front_waits_for_every_client_to_resubscribe() -> None:
                 sub.close()
         front.close()
         executor.close()
+
+
+def test_a_resent_cell_placed_on_another_replica_keeps_the_output_of_the_one_running_it() -> None:
+    """After a Global Scheduler restart the client resends the cell that is running on replica
+    2; this front places the copy on replica 1, which only waits for the cell's end. The output
+    replica 2 publishes is the cell's: the client gets it, then the reply and one idle (the
+    test_cell_across_gs_death failure: the cell ran once, ok, and its stdout never came)."""
+    from fake_replicas import FrontHooks
+
+    context = zmq.Context.instance()
+    placed_on, running = FakeReplica(context, 1), FakeReplica(context, 2)
+    front = KernelFront("k-resent", KEY, "hmac-sha256", FrontHooks())  # places on replica 1
+    front.start()
+    front.set_replicas([placed_on.endpoint(), running.endpoint()], wait=True)
+    for r in (placed_on, running):
+        r.wait_subscribed()
+    client_session = Session(key=KEY.encode())
+    shell = context.socket(zmq.DEALER)
+    shell.linger = 0
+    shell.connect(f"tcp://127.0.0.1:{front.ports['shell_port']}")
+    sub = _client(front)
+    try:
+        time.sleep(0.3)  # the client's subscription reached the front
+        request = client_session.msg("execute_request", {"code": "time.sleep(4); print(2)"})
+        client_session.send(shell, request)
+        copy = placed_on.receive()
+        assert copy is not None and copy["header"]["msg_type"] == "execute_request"
+        resent = running.receive()
+        assert resent is not None and resent["header"]["msg_type"] == "yield_request"
+        busy = placed_on.publish(copy, "status", {"execution_state": "busy"})
+        time.sleep(0.2)
+        out = running.publish(request, "stream", {"name": "stdout", "text": "n 2\n"})
+        running.reply(resent, "execute_reply", {"status": "ok", "execution_count": 3},
+                      "executor")
+        placed_on.reply(copy, "execute_reply", {"status": "ok", "execution_count": 3},
+                        "standby")
+        placed_on.publish(copy, "status", {"execution_state": "idle"})
+        idle = running.publish(request, "status", {"execution_state": "idle"})
+        assert [m["header"]["msg_id"] for m in _receive(sub, 3)] == [busy, out, idle]
+        assert shell.poll(5000), "no reply reached the client"
+        _, frames = client_session.feed_identities(shell.recv_multipart())
+        reply = client_session.deserialize(frames)
+        assert reply["metadata"]["notebookos"]["role"] == "executor"
+        assert reply["metadata"]["notebookos"]["replica_id"] == 2
+        assert not shell.poll(500), "a second reply reached the client"
+    finally:
+        for sock in (shell, sub):
+            sock.close(linger=0)
+        front.close()
+        for r in (placed_on, running):
+            r.close()
