@@ -22,7 +22,7 @@ from tornado import web
 from notebookos.commands.status_cmd import status_document
 from notebookos.config import load_config
 from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
-from notebookos.provisioner.provisioner import secure_global_scheduler_channel
+from notebookos.provisioner.provisioner import shared_global_scheduler_channel
 
 RPC_TIMEOUT_S = 5.0
 
@@ -38,18 +38,17 @@ class NotebookOSHandler(APIHandler):
 
     async def cluster_status(self) -> global_scheduler_pb2.ClusterStatus:
         try:
-            channel = secure_global_scheduler_channel(self.address)
+            channel = shared_global_scheduler_channel(self.address)
         except RuntimeError as exc:
             raise web.HTTPError(503, str(exc)) from None
-        async with channel:
-            stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
-            try:
-                return await stub.GetClusterStatus(
-                    global_scheduler_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
-                raise web.HTTPError(
-                    503, f"the NotebookOS Global Scheduler at {self.address} is not reachable: "
-                         f"{exc.code().name}") from None
+        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+        try:
+            return await stub.GetClusterStatus(
+                global_scheduler_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise web.HTTPError(
+                503, f"the NotebookOS Global Scheduler at {self.address} is not reachable: "
+                     f"{exc.code().name}") from None
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         reason = kwargs.get("exc_info", (None, None))[1]

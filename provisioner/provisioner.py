@@ -25,6 +25,7 @@ import asyncio
 import getpass
 import os
 import signal
+import weakref
 from typing import Any
 
 import grpc
@@ -61,18 +62,31 @@ def default_global_scheduler_address() -> str:
     return f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}"
 
 
-def secure_global_scheduler_channel(address: str) -> grpc.aio.Channel:
-    """A mutual TLS channel with the credentials of the NotebookOS configuration (the
-    ``NOTEBOOKOS_SECURITY_*`` variables ``notebookos up`` gives Jupyter Server). Raises
-    RuntimeError naming the setting to check when they are unusable."""
-    from notebookos.config import load_config
-    from notebookos.security import SecurityError, secure_aio_channel
+_shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, grpc.aio.Channel]] = (
+    weakref.WeakKeyDictionary())
 
+
+def shared_global_scheduler_channel(address: str) -> grpc.aio.Channel:
+    """The one channel to the Global Scheduler at ``address`` that every kernel of this Jupyter
+    Server and the extension's handlers share (per event loop: an aio channel belongs to one;
+    and per version of the credential files: a replaced certificate gets a new channel). A
+    channel per kernel start, or per status request of the JupyterLab panel, cost a mutual TLS
+    handshake each time; a channel reconnects by itself after a Global Scheduler restart.
+    Raises RuntimeError naming the setting to check when the credentials are unusable."""
+    from notebookos.config import load_config
+    from notebookos.security import SecurityError, load_tls, secure_aio_channel
+
+    config = load_config()
     try:
-        return secure_aio_channel(load_config(), address)
+        key = (address, load_tls(config).stamp, config.security.server_name)
+        channels = _shared.setdefault(asyncio.get_running_loop(), {})
+        channel = channels.get(key)
+        if channel is None:
+            channel = channels[key] = secure_aio_channel(config, address)
     except SecurityError as exc:
         raise RuntimeError(f"NotebookOS: no credentials for the Global Scheduler at {address}: "
                            f"{exc}") from None
+    return channel
 
 
 class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
@@ -100,7 +114,6 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._channel: grpc.aio.Channel | None = None
         self._started = False  # the kernel is believed alive (what has_process/poll report)
         self._registered = False  # the Global Scheduler holds the kernel until StopKernel
         self._exit_code: int | None = None
@@ -115,9 +128,8 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return self.global_scheduler
 
     def _stub(self) -> global_scheduler_pb2_grpc.GlobalSchedulerStub:
-        if self._channel is None:
-            self._channel = secure_global_scheduler_channel(self.address)
-        return global_scheduler_pb2_grpc.GlobalSchedulerStub(self._channel)
+        return global_scheduler_pb2_grpc.GlobalSchedulerStub(
+            shared_global_scheduler_channel(self.address))
 
     def resource_request(self) -> ResourceSpec:
         return ResourceSpec(self.millicpus, self.memory_mb, self.gpus, self.vram_gb)
@@ -247,9 +259,6 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         # Even a kernel that exited on shutdown_request (or lost its majority) is still held by
         # the Global Scheduler, with its checkpoints, until StopKernel.
         await self._stop()
-        if not restart and self._channel is not None:
-            await self._channel.close()
-            self._channel = None
 
     async def _stop(self) -> None:
         if not self._registered:

@@ -30,12 +30,14 @@ ALIVE, DEAD = common_pb2.REPLICA_STATE_IDLE, common_pb2.REPLICA_STATE_DEAD
 class ScriptedGlobalScheduler(global_scheduler_pb2_grpc.GlobalSchedulerServicer):
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
+        self.start_peers: list[str] = []  # the client end of each StartKernel's connection
         self.replica_states = [ALIVE, ALIVE, ALIVE]
         self.kernel_state = common_pb2.KERNEL_STATE_IDLE
         self.known = True
 
     async def StartKernel(self, request, context):  # noqa: N802 - gRPC naming
         self.calls.append(("StartKernel", request))
+        self.start_peers.append(context.peer())
         if request.resources.gpus > 4:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no host has 8 GPUs")
         return global_scheduler_pb2.StartKernelResponse(connection=common_pb2.ConnectionInfo(
@@ -136,6 +138,23 @@ def test_lifecycle_and_majority_liveness(kernelspec_dir: Path) -> None:
         gs.known = False
         assert await fresh.poll() == 1
         await fresh.cleanup()
+
+    asyncio.run(run_with_scheduler(body))
+
+
+def test_kernels_of_one_server_share_one_connection_to_the_scheduler(
+        kernelspec_dir: Path) -> None:
+    """A mutual TLS handshake per kernel start was on every start's path: the kernels of one
+    Jupyter Server share one channel, which outlives each kernel."""
+    async def body(gs: ScriptedGlobalScheduler, address: str) -> None:
+        first = manager("notebookos", address)
+        await first.start_kernel()
+        await first.shutdown_kernel(now=True)
+        second = manager("notebookos", address)
+        await second.start_kernel()
+        await second.shutdown_kernel(now=True)
+        assert len(gs.start_peers) == 2
+        assert gs.start_peers[0] == gs.start_peers[1], gs.start_peers
 
     asyncio.run(run_with_scheduler(body))
 
