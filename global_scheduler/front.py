@@ -1042,7 +1042,7 @@ class KernelFront:
             return
         if role == "executor" or (role is None and rid == pending.source):
             if rid != pending.source:
-                self._learn_source(parent_id, rid)
+                self._executor_found(parent_id, pending, rid)
             del self._pending[parent_id]
             self._holding.pop(parent_id, None)  # a short cell: its standbys never needed asking
             if pending.placement is not None:
@@ -1252,8 +1252,18 @@ class KernelFront:
             return False
         log.info("kernel %s: replica %d publishes the output of %s, which was sent to replica "
                  "%s: it runs the cell", self.kernel_id, rid, parent_id[:8], pending.source)
-        self._learn_source(parent_id, rid)
+        self._executor_found(parent_id, pending, rid)
         return True
+
+    def _executor_found(self, parent_id: str, pending: _Pending, rid: int) -> None:
+        """``rid`` runs the cell that was sent to ``pending.source`` (which only waits for its
+        end): its IOPub, input requests and idle are the cell's from now on. An idle held from
+        the replica the cell was sent to is dropped: forwarded after the reply, it would end
+        the cell for the client before the executor's output (its reply on shell can overtake
+        its output on IOPub)."""
+        self._learn_source(parent_id, rid)
+        pending.source = rid
+        pending.held_idle = None
 
     def _status_withheld(self, parent_id: str, idents: list[bytes], msg_list: list[bytes]
                          ) -> bool:

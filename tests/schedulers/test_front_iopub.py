@@ -183,11 +183,17 @@ def test_a_rebound_front_waits_for_every_client_to_resubscribe() -> None:
         executor.close()
 
 
-def test_a_resent_cell_placed_on_another_replica_keeps_the_output_of_the_one_running_it() -> None:
+@pytest.mark.parametrize("reply_first", [False, True], ids=["output-first", "reply-first"])
+def test_a_resent_cell_placed_on_another_replica_keeps_the_output_of_the_one_running_it(
+        reply_first: bool) -> None:
     """After a Global Scheduler restart the client resends the cell that is running on replica
     2; this front places the copy on replica 1, which only waits for the cell's end. The output
     replica 2 publishes is the cell's: the client gets it, then the reply and one idle (the
-    test_cell_across_gs_death failure: the cell ran once, ok, and its stdout never came)."""
+    test_cell_across_gs_death failure: the cell ran once, ok, and its stdout never came).
+
+    Replica 1's idle comes first and replica 2's reply (on shell) may reach the front before
+    its output (on IOPub): replica 1's idle must not end the cell before that output (a full
+    CI run saw it forwarded ahead of the output when the reply came first)."""
     from fake_replicas import FrontHooks
 
     context = zmq.Context.instance()
@@ -212,12 +218,22 @@ def test_a_resent_cell_placed_on_another_replica_keeps_the_output_of_the_one_run
         assert resent is not None and resent["header"]["msg_type"] == "yield_request"
         busy = placed_on.publish(copy, "status", {"execution_state": "busy"})
         time.sleep(0.2)
-        out = running.publish(request, "stream", {"name": "stdout", "text": "n 2\n"})
-        running.reply(resent, "execute_reply", {"status": "ok", "execution_count": 3},
-                      "executor")
-        placed_on.reply(copy, "execute_reply", {"status": "ok", "execution_count": 3},
-                        "standby")
-        placed_on.publish(copy, "status", {"execution_state": "idle"})
+        if reply_first:
+            placed_on.reply(copy, "execute_reply", {"status": "ok", "execution_count": 3},
+                            "standby")
+            placed_on.publish(copy, "status", {"execution_state": "idle"})
+            time.sleep(0.2)  # the front holds replica 1's idle
+            running.reply(resent, "execute_reply", {"status": "ok", "execution_count": 3},
+                          "executor")
+            time.sleep(0.2)  # the reply is at the client before the output
+            out = running.publish(request, "stream", {"name": "stdout", "text": "n 2\n"})
+        else:
+            out = running.publish(request, "stream", {"name": "stdout", "text": "n 2\n"})
+            running.reply(resent, "execute_reply", {"status": "ok", "execution_count": 3},
+                          "executor")
+            placed_on.reply(copy, "execute_reply", {"status": "ok", "execution_count": 3},
+                            "standby")
+            placed_on.publish(copy, "status", {"execution_state": "idle"})
         idle = running.publish(request, "status", {"execution_state": "idle"})
         assert [m["header"]["msg_id"] for m in _receive(sub, 3)] == [busy, out, idle]
         assert shell.poll(5000), "no reply reached the client"
