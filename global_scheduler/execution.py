@@ -256,6 +256,11 @@ class ExecutionMixin(SharingMixin):
         with self.lock:
             if len(entry.replicas) < 2:  # it waits for its own host's GPUs
                 return None, f"{why}; {ONE_REPLICA_STAYS}", False
+            # Another change of the kernel's replicas runs (a scale-in moving one, a lost one's
+            # replacement): the cell waits for it and tries again, no migration failed
+            short = self._short_of_replicas(entry)
+            if short or self.migration_running(kernel_id):
+                return None, (f"{why}; {short or 'a replica of the kernel is moving'}"), False
             decision = self.policy.choose_migration(self.cluster, kernel, request)
         if decision is None or decision.target_host_id is None or decision.replica_id is None:
             if self.on_capacity_wanted is not None:

@@ -20,6 +20,7 @@ from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
 
+MIGRATION_WAIT_S = 120.0  # how long a migration waits for the kernel's other membership change
 ONE_REPLICA_STAYS = ("a kernel of one replica cannot migrate: a new replica joins the others "
                      "and takes their state, and it has no other (cluster.replicas_per_kernel)")
 
@@ -93,10 +94,11 @@ class RecoveryMixin:
                     rebuild = live * 2 <= self.replicas_per_kernel
                 started = time.monotonic()
                 try:
-                    if rebuild:
-                        new_ids = self._rebuild_from_checkpoint(kernel_id)
-                    else:
-                        new_ids = self._add_replicas(kernel_id, 1, join=True)
+                    with self._membership_guard(kernel_id):  # after a migration running now
+                        if rebuild:
+                            new_ids = self._rebuild_from_checkpoint(kernel_id)
+                        else:
+                            new_ids = self._add_replicas(kernel_id, 1, join=True)
                     self.metrics.placement.labels(
                         operation="rebuild" if rebuild else "replica_replacement",
                     ).observe(time.monotonic() - started)
@@ -203,13 +205,33 @@ class RecoveryMixin:
         The old replica leaves the Raft group and stops; the new one joins and catches up.
         Raises StartError (RESOURCE_EXHAUSTED when no host can take it now). ``reason``
         (contention, scale_in, operator) labels the migration in the metrics."""
+        guard = self._membership_guard(kernel_id)
         try:
-            result = self._migrate_replica(kernel_id, replica_id, target_host, request)
+            if not guard.acquire(timeout=MIGRATION_WAIT_S):
+                raise StartError(grpc.StatusCode.UNAVAILABLE,
+                                 f"kernel {kernel_id}: another change of its replicas has run "
+                                 f"for over {MIGRATION_WAIT_S:g}s; try the migration later")
+            try:
+                result = self._migrate_replica(kernel_id, replica_id, target_host, request)
+            finally:
+                guard.release()
         except StartError:
             self.metrics.migrations.labels(reason=reason, outcome="failed").inc()
             raise
         self.metrics.migrations.labels(reason=reason, outcome="succeeded").inc()
         return result
+
+    def _membership_guard(self, kernel_id: str) -> threading.Lock:
+        """The lock one change of a kernel's replicas holds (a migration, a replacement or a
+        rebuild): each stops or adds a Raft member, and two at once can leave the group without
+        a majority (two migrations each stopping a replica before its replacement joined left
+        one of three members alive, and the membership change hung)."""
+        with self.lock:
+            return self._membership_guards.setdefault(kernel_id, threading.Lock())
+
+    def migration_running(self, kernel_id: str) -> bool:
+        """Whether a change of the kernel's replicas holds its membership guard now."""
+        return self._membership_guard(kernel_id).locked()
 
     def _migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
                          request: ResourceSpec | None) -> tuple[int, str]:
@@ -218,6 +240,9 @@ class RecoveryMixin:
             kernel = self.cluster.kernels.get(kernel_id)
             if entry is None or kernel is None:
                 raise StartError(grpc.StatusCode.NOT_FOUND, f"no kernel {kernel_id!r}")
+            short = self._short_of_replicas(entry) if len(entry.replicas) >= 2 else ""
+            if short:
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION, short)
             need = request or kernel.request
             if replica_id is None or target_host is None:
                 decision = self.policy.choose_migration(self.cluster, kernel, need)
@@ -278,6 +303,16 @@ class RecoveryMixin:
         self.metrics.placement.labels(operation="migration").observe(time.monotonic() - t0)
         self._rebind_session_gpus(kernel_id, new_ids)
         return new_ids[0], target_host
+
+    def _short_of_replicas(self, entry: KernelEntry) -> str:
+        """Why a replica of the kernel cannot be moved now, or "": a lost one is still being
+        replaced (stopping another would leave the group without a Raft majority). Lock held."""
+        if entry.raft_removals or len(entry.replicas) < self.replicas_per_kernel:
+            return (f"kernel {entry.kernel_id} has {len(entry.replicas)} of its "
+                    f"{self.replicas_per_kernel} replicas (a lost one is being replaced): moving "
+                    "another now would leave its Raft group without a majority; it can move "
+                    "once the replacement has joined")
+        return ""
 
     def _remove_lost_members(self, entry: KernelEntry, members: list[ReplicaEndpoint]) -> None:
         """Take lost replicas out of the Raft group, one at a time, before adding others; asks

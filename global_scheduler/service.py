@@ -94,6 +94,8 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         # A replica's kernel_info reply content: what a front answers while its replicas start.
         self.kernel_info_seen: dict | None = None
         self._recovery_guards: dict[str, threading.Lock] = {}  # one recovery per kernel at once
+        # One membership change (a migration, a replacement joining) per kernel at once
+        self._membership_guards: dict[str, threading.Lock] = {}
         self._orphan_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._stranger_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")

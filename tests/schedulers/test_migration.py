@@ -4,6 +4,7 @@ error reply that says why. Real daemons and replicas on loopback."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -111,3 +112,44 @@ def test_a_kernel_of_one_replica_is_not_migrated_and_keeps_its_state(make_cluste
     assert [(r.replica_id, r.host_id, r.pid) for r in after] == [
         (replica.replica_id, replica.host_id, replica.pid)]
     assert result_text(run_cell(kc, "kept")) == "42"
+
+
+def test_two_migrations_of_one_kernel_at_once_run_one_after_the_other(make_cluster):
+    """Two migrations of one kernel asked at the same time (the autoscaler draining a host
+    while a waiting cell moves another replica: test_ces_scaling saw it) each stop a replica
+    before its replacement joins: run together they left one of three members alive, the group
+    without a Raft majority and the membership change hanging. They run one after the other,
+    and the kernel keeps its state and its three replicas."""
+    cluster = make_cluster({"NOTEBOOKOS_CLUSTER_MAX_SUBSCRIPTION_RATIO": "7"})
+    cluster.start_gs()
+    for i in range(5):
+        cluster.start_ls(f"host-{i}", gpus=1, prewarm=1)
+    cluster.wait_hosts(5)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert result_text(run_cell(kc, "kept = 41 + 1\nkept")) == "42"
+    replicas = cluster.kernel(kernel_id).replicas
+    free = sorted({h.host_id for h in cluster.status().hosts} - {r.host_id for r in replicas})
+    moves = [(replicas[0].replica_id, free[0]), (replicas[1].replica_id, free[1])]
+    outcomes: dict[int, object] = {}
+
+    def migrate(replica_id: int, host_id: str) -> None:
+        try:
+            outcomes[replica_id] = cluster.stub.MigrateReplica(
+                global_scheduler_pb2.MigrateReplicaRequest(
+                    kernel_id=kernel_id, replica_id=replica_id, target_host_id=host_id),
+                timeout=90)
+        except grpc.RpcError as exc:
+            outcomes[replica_id] = exc
+
+    threads = [threading.Thread(target=migrate, args=move) for move in moves]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    failed = {rid: o for rid, o in outcomes.items() if isinstance(o, grpc.RpcError)}
+    assert len(outcomes) == 2 and not failed, {
+        rid: (o.code(), o.details()) for rid, o in failed.items()}
+    after = cluster.kernel(kernel_id).replicas
+    assert sorted(r.host_id for r in after) == sorted(
+        {r.host_id for r in replicas[2:]} | set(free)), after
+    assert result_text(run_cell(kc, "kept + 1")) == "43"
