@@ -32,7 +32,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from .election import Applied, ElectionBook
 from .raft_rest import RaftRest, RestingTransport, RestTimings
 from .raft_start import QuickStart
-from .records import Record
+from .records import LEAD, Completion, Proposal, Record
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,13 @@ class _KeyedSyncObj(SyncObj):
     """pysyncobj's SyncObj with a ready encryptor instead of one derived from a password (its
     transport asks ``encryptor`` for every connection; ``_getEncryptor`` is the same)."""
 
-    def __init__(self, *args, encryptor: Fernet, **kwargs) -> None:  # noqa: ANN002, ANN003
-        self._keyed_encryptor = encryptor  # before SyncObj's init: it starts the tick thread
+    def __init__(self, *args, encryptor: Fernet, book_consumer: _BookConsumer,  # noqa: ANN002
+                 **kwargs) -> None:  # noqa: ANN003
+        # Set before SyncObj's init: it starts the tick thread, and an attribute added after it
+        # is part of every snapshot pysyncobj takes of this object (the book consumer is not
+        # picklable: its handler belongs to the kernel).
+        self._keyed_encryptor = encryptor
+        self.book_consumer = book_consumer
         super().__init__(*args, **kwargs)
 
     @property
@@ -62,6 +67,26 @@ class _KeyedSyncObj(SyncObj):
 
     def _getEncryptor(self) -> Fernet:  # noqa: N802 - pysyncobj's name
         return self._keyed_encryptor
+
+    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's (mangled) name
+        """pysyncobj's apply step. Without batching it answers True after every apply, and the
+        leader then sends each member an AppendEntries carrying only the new commit index (and
+        gets an answer from each): four messages per record, twice per cell, on two busy cores.
+        When every record applied is one no member acts on at once (``_BookConsumer.lazy``),
+        the commit index rides on the next AppendEntries instead: the next record's (sent at
+        once) or the heartbeat, within ``appendEntriesPeriod`` (a group does not rest before
+        its members have caught up, raft_rest.py)."""
+        consumer = self.book_consumer
+        try:
+            before = self._SyncObj__raftLastApplied
+        except AttributeError:  # another pysyncobj: its own behaviour
+            return super()._SyncObj__applyLogEntries()
+        consumer.lazy_applied = 0
+        send = super()._SyncObj__applyLogEntries()
+        applied = self._SyncObj__raftLastApplied - before
+        if send and applied > 0 and consumer.lazy_applied == applied:
+            return False
+        return send
 
 
 class _BookConsumer(SyncObjConsumer):
@@ -77,6 +102,7 @@ class _BookConsumer(SyncObjConsumer):
         self._on_commit = on_commit
         self._on_restore = on_restore
         self.lock = threading.RLock()
+        self.lazy_applied = 0  # records applied in this apply step that no member waits for
         super().__init__()
         self.book = ElectionBook(members)
 
@@ -92,6 +118,8 @@ class _BookConsumer(SyncObjConsumer):
                 self._on_commit(record, applied)
             except Exception:  # noqa: BLE001
                 log.exception("commit handler failed for %r", record)
+            if _nobody_waits_for(record, applied):
+                self.lazy_applied += 1
         return True
 
     def _deserialize(self, data):  # a snapshot from the leader replaces the whole book
@@ -101,6 +129,18 @@ class _BookConsumer(SyncObjConsumer):
             self._on_restore()
         except Exception:  # noqa: BLE001
             log.exception("snapshot restore handler failed")
+
+
+def _nobody_waits_for(record: Record, applied: Applied) -> bool:
+    """Records of a cell on the replica that ran the previous one, which the other members
+    need not learn committed at once: its LEAD, which decided the election alone (the standbys
+    were not asked, or learn it with the next record), and its Completion (the standbys apply
+    the update when they learn it; anyone's next record tells them). Every other record
+    (proposals and votes of a contested election, aborts, membership, checkpoints) is
+    announced at once: members are waiting for it."""
+    if isinstance(record, Completion):
+        return True
+    return isinstance(record, Proposal) and record.kind == LEAD and applied.decided
 
 
 class RaftLog:
@@ -158,6 +198,7 @@ class RaftLog:
         self._sync = _KeyedSyncObj(self_address, peer_addresses, conf,
                                    consumers=[self._consumer],
                                    encryptor=Fernet(raft_fernet_key(kernel_key)),
+                                   book_consumer=self._consumer,
                                    **({"transportClass": transport} if transport else {}))
         # an idle group rests (raft_rest.py): almost no heartbeats while nothing is proposed
         self.rest: RaftRest | None = None
