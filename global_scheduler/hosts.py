@@ -6,6 +6,7 @@ import heapq
 import logging
 import threading
 import time
+from collections import OrderedDict
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,12 @@ class HostLink:
     # releases sent and not answered yet, with the replica each is for
     _releases: list[tuple[tuple[str, int], futures.Future]] = field(default_factory=list)
     _held_releases: list[local_scheduler_pb2.ReleaseGpusRequest] = field(default_factory=list)
+    # What this link's commits bound, by the host's request id: ((kernel, replica), device ids,
+    # the host instance that bound them); the newest COMMITS_KEPT
+    _commitments: OrderedDict[str, tuple[tuple[str, int], list[int], str]] = field(
+        default_factory=OrderedDict)
+    # a cell's request id -> the host's request id of the commitment it took over
+    _taken_over: dict[str, str] = field(default_factory=dict)
 
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:
@@ -53,8 +60,15 @@ class HostLink:
         ``RELEASE_HOLD_S``: the next commit on this host carries it (one call instead of two, as
         when a notebook runs cells back to back), or it goes out on its own when the hold ends.
         Either way the host sees it before any later commit; the Global Scheduler's accounting
-        counts the GPUs free at once."""
+        counts the GPUs free at once. A next cell of the same replica that wants as many GPUs
+        within the hold takes the commitment over instead (``_take_over_held``): no call at
+        all, and this release then names the host's request id of the commitment."""
         with self._lock:
+            host_request = self._taken_over.pop(request.request_id, None)
+            if host_request is not None:  # the host knows this cell's GPUs by that id
+                request = local_scheduler_pb2.ReleaseGpusRequest(
+                    kernel_id=request.kernel_id, replica_id=request.replica_id,
+                    request_id=host_request, all_requests=request.all_requests)
             self._held_releases.append(request)
             first = len(self._held_releases) == 1
         if first:
@@ -63,7 +77,34 @@ class HostLink:
     def _take_held_releases(self) -> list[local_scheduler_pb2.ReleaseGpusRequest]:
         with self._lock:
             held, self._held_releases = self._held_releases, []
+            self._forget_commitments(held)
         return held
+
+    def _forget_commitments(self, releases: list[local_scheduler_pb2.ReleaseGpusRequest]) -> None:
+        """Lock held: these releases go to the host now, their commitments end."""
+        for r in releases:
+            self._commitments.pop(r.request_id, None)
+
+    def _take_over_held(self, kernel_id: str, replica_id: int, request_id: str,
+                        gpus: int) -> list[int] | None:
+        """The devices of a commitment this replica's previous cell left held for release, when
+        the new cell wants as many: the release is dropped and the cell keeps the devices (no
+        call to the host; its release later names the host's request id). None otherwise."""
+        with self._lock:
+            for i, r in enumerate(self._held_releases):
+                if (r.kernel_id, r.replica_id) != (kernel_id, replica_id) or r.all_requests:
+                    continue
+                owner, device_ids, instance = self._commitments.get(
+                    r.request_id, (None, [], ""))
+                if owner != (kernel_id, replica_id) or len(device_ids) != gpus \
+                        or instance != self.instance_id:
+                    return None  # bound elsewhere, or by a host instance that is gone
+                del self._held_releases[i]
+                self._taken_over[request_id] = r.request_id
+                while len(self._taken_over) > COMMITS_KEPT:
+                    self._taken_over.pop(next(iter(self._taken_over)))
+                return list(device_ids)
+        return None
 
     def _send_held_releases(self) -> None:
         """The hold ended with no commit to carry them: send them. Taken and registered as
@@ -73,6 +114,7 @@ class HostLink:
         stub = self.stub  # its property takes the lock
         with self._lock:
             held, self._held_releases = self._held_releases, []
+            self._forget_commitments(held)
             self._submit_releases(stub, held)
 
     def _send_releases(self, requests: list[local_scheduler_pb2.ReleaseGpusRequest]) -> None:
@@ -126,6 +168,10 @@ class HostLink:
                            ) -> tuple[list[int] | None, list[int], str]:
         """``commit_gpus`` that may join devices another cell holds (``share``: the devices of
         ``preferred``): (device ids, the ones shared, "") or (None, [], why not)."""
+        if not shareable and not share and not preferred:
+            taken = self._take_over_held(kernel_id, replica_id, request_id, gpus)
+            if taken is not None:
+                return taken, [], ""
         held = self._take_held_releases()
         self._wait_for_sent_releases()
         try:
@@ -138,6 +184,12 @@ class HostLink:
             return None, [], f"host {self.host_id}: {exc.details()}"
         if not resp.committed:
             return None, [], f"host {self.host_id}: {resp.reason}"
+        if not shareable and not share:
+            with self._lock:
+                self._commitments[request_id] = ((kernel_id, replica_id),
+                                                 list(resp.device_ids), self.instance_id)
+                while len(self._commitments) > COMMITS_KEPT:
+                    self._commitments.popitem(last=False)
         return list(resp.device_ids), list(resp.shared_device_ids), ""
 
     def _wait_for_sent_releases(self, timeout: float = 5.0) -> None:
@@ -174,6 +226,7 @@ class HostLink:
 # How long a cell's GPU release waits for the next commit on its host to ride on: long enough to
 # stay out of the cell's last Raft round and to meet the next cell of a notebook run back to back.
 RELEASE_HOLD_S = 0.02
+COMMITS_KEPT = 1024  # commitments remembered per host (one per replica executing at most)
 
 _POOL: futures.ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()

@@ -165,6 +165,50 @@ def test_a_held_release_reaches_the_host_on_its_own_or_with_the_next_commit(host
         link.close()
 
 
+def test_the_next_cell_of_a_replica_takes_over_its_held_commitment(host):
+    """Cells run back to back: the next cell of the same replica, wanting as many GPUs, keeps
+    the devices its predecessor's held release would have freed, without a call to the host;
+    its own release then frees them on the host (named by the host's request id)."""
+    cluster, stub = host
+    link = HostLink("solo", cluster.status().hosts[0].address, "test", [], True, connect=connect)
+    kernel = f"k-{uuid.uuid4().hex[:6]}"
+    assert _ready(_start(stub, kernel))
+    calls = []
+    try:
+        commit = link.stub.CommitGpus
+
+        def counted(request, **kwargs):  # noqa: ANN001, ANN003, ANN202
+            calls.append(request.request_id)
+            return commit(request, **kwargs)
+
+        link.stub.CommitGpus = counted
+        first, _ = link.commit_gpus(kernel, 1, "cell-1", 1)
+        assert first is not None
+        for n in (2, 3):  # each cell takes over its predecessor's commitment
+            link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+                kernel_id=kernel, replica_id=1, request_id=f"cell-{n - 1}"))
+            device_ids, reason = link.commit_gpus(kernel, 1, f"cell-{n}", 1)
+            assert device_ids == first, reason
+            assert not link.releasing(kernel, 1)
+        assert calls == ["cell-1"]
+        assert _host_status(stub).host.gpus_committed == 1
+        link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+            kernel_id=kernel, replica_id=1, request_id="cell-3"))
+        deadline = time.monotonic() + 5
+        while _host_status(stub).host.gpus_committed:
+            assert time.monotonic() < deadline, "cell-3's release did not free the host's GPU"
+            time.sleep(0.02)
+        # a commitment bound by a host instance that is gone is never taken over
+        assert link.commit_gpus(kernel, 1, "cell-4", 1)[0] is not None
+        link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+            kernel_id=kernel, replica_id=1, request_id="cell-4"))
+        link.instance_id = "restarted"
+        assert link.commit_gpus(kernel, 1, "cell-5", 1)[0] is not None
+        assert calls[-1] == "cell-5"
+    finally:
+        link.close()
+
+
 def test_a_commit_never_overtakes_a_release_being_sent(host, monkeypatch):
     """The hold timer takes a held release and sends it while a commit for the same replica
     comes: the commit must wait for that release, or the host refuses it (the replica still
