@@ -263,7 +263,9 @@ class LocalSchedulerMetrics:
             ["cause"], registry=r)
         _precreate(self.replica_exits, cause=REPLICA_EXIT_CAUSES)
         self.gpu_commits = Counter(
-            f"{PREFIX}_gpu_commits", "Requests to bind GPUs to a replica for a cell.",
+            f"{PREFIX}_gpu_commits",
+            "Requests to bind GPUs to a replica for a cell (a cell that follows its replica's "
+            "previous one within the release hold keeps its GPUs and asks nothing).",
             ["outcome"], registry=r)
         _precreate(self.gpu_commits, outcome=GPU_COMMIT_OUTCOMES)
         r.register(_SnapshotCollector(snapshot, _host_families))
