@@ -56,20 +56,6 @@ APPLY_SAFETY_WAKE_S = 5.0  # the apply loop looks for work at least this often
 ANSWERS_KEPT = 512  # recent execute_replies kept to answer a request that comes again
 
 
-@contextlib.contextmanager
-def ignore_sigint() -> Iterator[None]:
-    """While a replica waits for the group, SIGINT must not raise KeyboardInterrupt somewhere
-    inside the event loop (that would kill the kernel); the previous handler comes back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class _NoShellChannelThread:
     """Stands in for ipykernel's shell-channel thread, which a replica does not run (see
     ``ReplicaKernelApp.init_sockets``): falsy, so ipykernel takes its single-thread paths, and
@@ -171,7 +157,8 @@ class ReplicaKernel(IPythonKernel):
             raise ValueError(f"--peers names this replica's own id {self.replica_id}")
         members = {self.replica_id: self.raft_address, **self._peer_map}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._change = asyncio.Event()
+        self._change: asyncio.Future | None = None  # set by the next change (_next_change)
+        self._group_waits = 0  # waits for the group under way: SIGINT is ignored meanwhile
         self._first_lead_at: dict[str, float] = {}
         self._first_proposal_at: dict[str, float] = {}
         self._voted: set[str] = set()
@@ -319,15 +306,51 @@ class ReplicaKernel(IPythonKernel):
             loop.call_soon_threadsafe(self._notify)
 
     def _notify(self) -> None:
-        event, self._change = self._change, asyncio.Event()
-        event.set()
+        change, self._change = self._change, None
+        if change is not None and not change.done():
+            change.set_result(None)
+
+    def _next_change(self) -> asyncio.Future:
+        """What the next change sets (a commit, a snapshot, an applied update, a restore): take
+        it before looking at the state, then ``_wait_for`` it. One future for every waiter,
+        and no task per wait (``asyncio.wait_for`` made one each time, every 20 ms and on
+        every commit, on the kernel's loop)."""
+        change = self._change
+        if change is None:
+            change = self._change = asyncio.get_running_loop().create_future()
+        return change
+
+    @staticmethod
+    async def _wait_for(change: asyncio.Future, timeout: float) -> None:
+        """Until ``change`` is set or ``timeout`` seconds pass."""
+        if not change.done():
+            await asyncio.wait((change,), timeout=timeout)
 
     async def _wait_change(self, timeout: float) -> None:
-        event = self._change
+        await self._wait_for(self._next_change(), timeout)
+
+    @contextlib.contextmanager
+    def _waiting_for_group(self) -> Iterator[None]:
+        """While the replica waits for the group, SIGINT (an interrupt) must not raise
+        KeyboardInterrupt somewhere inside the event loop: that would kill the kernel. The
+        handler installed for every request (``pre_handler_hook``) ignores it meanwhile."""
+        self._group_waits += 1
         try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
+            yield
+        finally:
+            self._group_waits -= 1
+
+    def pre_handler_hook(self) -> None:
+        """ipykernel's, which makes SIGINT raise KeyboardInterrupt while a request is handled:
+        here, not while the replica waits for the group (``_waiting_for_group``). One handler
+        for the whole request: switching handlers around every wait cost two signal() calls
+        each, three waits a cell."""
+        self.saved_sigint_handler = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - a signal handler
+        if self._group_waits:
+            return
+        raise KeyboardInterrupt
 
     # ---- applying others' state updates, in log order -----------------------------------------
     async def _drain_applies(self) -> None:
@@ -529,7 +552,7 @@ class ReplicaKernel(IPythonKernel):
         deadline = time.monotonic() + self.catch_up_timeout
         failures_at_start = self._resync_failures
         while True:
-            change = self._change
+            change = self._next_change()
             with self.raft.lock:
                 earlier = [e.election_id for e in self.raft.book.open_elections()
                            if e.term < election.term]
@@ -546,10 +569,7 @@ class ReplicaKernel(IPythonKernel):
                 return (f"it had not caught up with the kernel's state after "
                         f"{self.catch_up_timeout:g} s")
             self._tend_open_elections()
-            try:
-                await asyncio.wait_for(change.wait(), 0.02)
-            except TimeoutError:
-                pass
+            await self._wait_for(change, 0.02)
 
     async def _restore_from_store(self) -> None:
         try:
@@ -655,7 +675,7 @@ class ReplicaKernel(IPythonKernel):
         """Wait until every other election is settled and its state update applied here."""
         await self._wait_raft_ready(30.0)
         while True:
-            change = self._change
+            change = self._next_change()
             with self.raft.lock:
                 others = [
                     e for e in self.raft.book.open_elections() if e.election_id != election_id
@@ -666,10 +686,7 @@ class ReplicaKernel(IPythonKernel):
                     or self._restoring):
                 return
             self._tend_open_elections()
-            try:
-                await asyncio.wait_for(change.wait(), 0.02)
-            except TimeoutError:
-                pass
+            await self._wait_for(change, 0.02)
 
     async def _hold_yield(self, election_id: str) -> None:
         """A YIELD matters only to fail an election nobody leads, or when this replica ran the
@@ -681,30 +698,24 @@ class ReplicaKernel(IPythonKernel):
             return
         deadline = time.monotonic() + self.yield_delay
         while time.monotonic() < deadline:
-            change = self._change
+            change = self._next_change()
             election = self._election(election_id)
             if election is not None and election.phase is not Phase.PROPOSING:
                 return
-            try:
-                await asyncio.wait_for(change.wait(), max(0.001, deadline - time.monotonic()))
-            except TimeoutError:
-                return
+            await self._wait_for(change, max(0.001, deadline - time.monotonic()))
 
     async def _wait_decided(self, election_id: str) -> Election:
         while True:
-            change = self._change
+            change = self._next_change()
             election = self._election(election_id)
             if election is not None and election.phase is not Phase.PROPOSING:
                 return election
             self._tend_open_elections()
-            try:
-                await asyncio.wait_for(change.wait(), 0.02)
-            except TimeoutError:
-                pass
+            await self._wait_for(change, 0.02)
 
     async def _wait_settled(self, election_id: str) -> Election:
         while True:
-            change = self._change
+            change = self._next_change()
             election = self._election(election_id)
             assert election is not None
             with self._apply_lock:
@@ -712,10 +723,7 @@ class ReplicaKernel(IPythonKernel):
             if election.phase.settled and not pending:
                 return election
             self._tend_open_elections()
-            try:
-                await asyncio.wait_for(change.wait(), 0.02)
-            except TimeoutError:
-                pass
+            await self._wait_for(change, 0.02)
 
     # ---- shell handlers ----------------------------------------------------------------------
     def _publish_status(self, status, channel, parent=None) -> None:  # noqa: ANN001
@@ -751,7 +759,7 @@ class ReplicaKernel(IPythonKernel):
                           "reply again, no second run", self.replica_id, election_id)
             self._send_execute_reply(stream, ident, parent, reply)
             return
-        with ignore_sigint():  # an interrupt targets a running cell, not the group's wait
+        with self._waiting_for_group():  # an interrupt targets a running cell, not the group's wait
             await self._wait_until_quiet(election_id)
             if not lead:
                 await self._hold_yield(election_id)
@@ -777,7 +785,7 @@ class ReplicaKernel(IPythonKernel):
             and election_id not in self._executed_here
         ):
             self._executed_here.add(election_id)
-            with ignore_sigint():
+            with self._waiting_for_group():
                 why_not = await self._wait_turn(election)
             if why_not is None:
                 await self._execute_as_leader(
@@ -791,7 +799,7 @@ class ReplicaKernel(IPythonKernel):
                 f"the replica elected to run this cell (replica {self.replica_id}) did not run "
                 f"it: {why_not}",
             ))
-        with ignore_sigint():
+        with self._waiting_for_group():
             election = await self._wait_settled(election_id)
         self.shell.execution_count = self._book_execution_count() + 1
         if election.phase is Phase.ABORTED:
@@ -825,7 +833,7 @@ class ReplicaKernel(IPythonKernel):
             if election.election_id in self._synced:
                 return  # its Completion was proposed already
             # the cell may have run partly: replicate what it changed so standbys stay equal
-            with ignore_sigint():
+            with self._waiting_for_group():
                 await self._sync_after_cell(parent, election, code, "error")
 
     async def _run_cell(
@@ -861,7 +869,7 @@ class ReplicaKernel(IPythonKernel):
         reply_metadata["started"] = started
         self._send_execute_reply(stream, ident, parent, (reply, reply_metadata))
         self._replied.add(election.election_id)
-        with ignore_sigint():  # the group waits for this cell's Completion: never abandon it
+        with self._waiting_for_group():  # the group waits for this cell's Completion: never abandon it
             await self._sync_after_cell(parent, election, code, reply.get("status", "ok"))
 
     def _announce_restore(self, parent, election: Election) -> None:
