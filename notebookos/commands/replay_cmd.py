@@ -215,23 +215,39 @@ def _replay(args: argparse.Namespace, workload, url: str, token: str,  # noqa: A
         print(f"notebookos replay: {exc}", file=sys.stderr)
         return 2
     try:
-        outcome = asyncio.run(_play(args, workload, url, token, cluster))
-    except ServerError as exc:
-        print(f"notebookos replay: {exc}", file=sys.stderr)
-        return 1
-    played, run_result, policy, shape, config = outcome
-    out = out or _out_dir(args, policy)
-    summary = _finish(args, played, run_result, policy, shape, config, url, cluster is not None,
-                      sim_settings, out)
-    if cluster is not None:  # removed with everything else when the run ends (tests check)
-        summary["local_state_dir"] = str(cluster.state_dir)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        try:
+            outcome = asyncio.run(_play(args, workload, url, token, cluster))
+        except ServerError as exc:
+            print(f"notebookos replay: {exc}", file=sys.stderr)
+            return 1
+        played, run_result, policy, shape, config = outcome
+        out = out or _out_dir(args, policy)
+        summary = _finish(args, played, run_result, policy, shape, config, url,
+                          cluster is not None, sim_settings, out)
+        if cluster is not None:  # removed with everything else when the run ends (tests check)
+            summary["local_state_dir"] = str(cluster.state_dir)
+            (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True)
+                                              + "\n")
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
         print((out / "comparison.md").read_text())
         print(f"replay: results in {out}", file=sys.stderr)
     return 130 if run_result.interrupted else 0
+
+
+def _patient_ctrl_c() -> None:
+    """From the end of the run until its results are written: the first Ctrl-C (often the
+    impatient second one of a user who stopped the run, when the sessions closed quickly) is
+    told to wait; another one abandons the writing. Without it, that Ctrl-C cut the writing
+    short and what was measured was lost."""
+    def wait(*_: object) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nreplay: writing what was measured; Ctrl-C again abandons it", file=sys.stderr)
+
+    signal.signal(signal.SIGINT, wait)
 
 
 async def _play(args: argparse.Namespace, workload, url: str, token: str,  # noqa: ANN001
@@ -287,6 +303,7 @@ async def _play(args: argparse.Namespace, workload, url: str, token: str,  # noq
         watcher.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        _patient_ctrl_c()
         progress.close()
     result.notes = list(getattr(replay, "cluster_notes", []))
     return played, result, policy, shape, config

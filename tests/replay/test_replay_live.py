@@ -239,6 +239,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, rest
+    # The second Ctrl-C may come after the sessions closed, while the results are written: it
+    # once cut the writing short (no summary, "interrupted while starting")
+    assert "interrupted while starting" not in rest, rest
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] and summary["tasks_completed"] == 1
     # The simulator played the part the run did (a/0 and b/0 were due), not the whole plan.
