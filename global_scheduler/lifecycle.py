@@ -195,6 +195,8 @@ class KernelLifecycleMixin:
     def _discard_kernel(self, kernel_id: str) -> None:
         with self.lock:
             entry = self.kernels.pop(kernel_id, None)
+            self._recovery_guards.pop(kernel_id, None)
+            self._membership_guards.pop(kernel_id, None)
             with self._placement_cv:
                 self.cell_queue.kernel_gone(kernel_id)
             if kernel_id in self.cluster.kernels:
