@@ -51,6 +51,7 @@ from jupyter_client.session import Session
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
 from notebookos.global_scheduler.kernel_info import starting_kernel_info
+from notebookos.global_scheduler.placement_worker import PlacementWorker
 from notebookos.ports import free_ports
 from notebookos.unrouted import UnroutedReplies
 
@@ -232,6 +233,7 @@ class KernelFront:
         # of its own (placement may wait for GPUs): ``_placing`` is the one being placed.
         self._waiting: deque[_Waiting] = deque()
         self._placing: _Waiting | None = None
+        self._placer = PlacementWorker(f"place-{kernel_id}")
         self._arrivals: OrderedDict[str, float] = OrderedDict()  # client msg_id -> monotonic
         # What each cell waited for before it was sent to its executor (client msg_id ->
         # {what: why}, in order): the replicas starting, GPUs, a migration. The reply says so.
@@ -316,6 +318,7 @@ class KernelFront:
 
     def close(self) -> None:
         self._stop.set()
+        self._placer.close()
         self._wake()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -823,8 +826,9 @@ class KernelFront:
         self._place_next()
 
     def _place_next(self) -> None:
-        """Place the next queued cell on a thread of its own (placement can wait for GPUs, a
-        CommitGpus call or a migration); the loop sends it when placed, in queue order."""
+        """Place the next queued cell on the front's placement thread (placement can wait for
+        GPUs, a CommitGpus call or a migration); the loop sends it when placed, in queue
+        order."""
         if self._placing is not None or not self._waiting:
             return
         waiting = self._placing = self._waiting.popleft()
@@ -845,8 +849,7 @@ class KernelFront:
         if self._thread is None or not self._thread.is_alive():
             place()  # no loop to keep free (a front used without start())
         else:
-            threading.Thread(target=place, daemon=True,
-                             name=f"place-{self.kernel_id}").start()
+            self._placer.submit(place)
 
     def _placement_done(self, waiting: _Waiting, result: Any) -> None:
         if self._placing is waiting:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import zmq
@@ -73,9 +74,11 @@ class FrontHooks:
     def __init__(self) -> None:
         self.placed: list[str] = []
         self.released: list[str] = []
+        self.placing_threads: list[threading.Thread] = []  # the thread each cell was placed on
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
         self.placed.append(msg_id)
+        self.placing_threads.append(threading.current_thread())
         return 1, [0]
 
     def release_execute(self, kernel_id: str, msg_id: str) -> None:
