@@ -21,7 +21,7 @@ from notebookos.store import (
     open_store,
     validate_key,
 )
-from notebookos.store.integrity import BLOCK_SIZE
+from notebookos.store.integrity import BLOCK_SIZE, FORMAT, FORMAT_SHA256
 
 HMAC_KEY = b"test-kernel-hmac-key"
 BACKENDS = ["file", "redis", "s3"]
@@ -253,6 +253,78 @@ def test_redis_overwrite_leaves_no_old_chunks(redis_store_url: str) -> None:
     assert all(client.ttl(c) == -1 for c in chunks)  # published chunks do not expire
     store.delete("k/v")
     assert not list(client.scan_iter(f"{store.prefix}:*"))  # type: ignore[attr-defined]
+
+
+# -- value formats --------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [1000, 3 * BLOCK_SIZE + 7, CHUNK_SIZE + BLOCK_SIZE + 3])
+def test_values_of_the_earlier_sha256_format_still_read(
+        store: LargeObjectStore, request, tmp_path, size: int) -> None:
+    """Values put before the switch to BLAKE3 (format 1) read back through every read path."""
+    data = payload(size, seed=5)
+    writer = open_store(_url(request.node.callspec.params["store"], request, tmp_path), HMAC_KEY)
+    try:
+        writer.write_format = FORMAT_SHA256  # type: ignore[attr-defined]
+        writer.put("old/objects/v", data)
+    finally:
+        writer.close()
+    assert stored_format(store, "old/objects/v") == FORMAT_SHA256
+    assert store.get("old/objects/v") == data
+    assert bytes(store.get_into("old/objects/v", bytearray)) == data
+    assert b"".join(store.get_stream("old/objects/v")) == data
+    flip_byte(store, "old/objects/v", offset=size // 2)
+    with pytest.raises(IntegrityError, match="HMAC"):
+        store.get("old/objects/v")
+
+
+def test_new_values_are_written_in_the_current_format(store: LargeObjectStore) -> None:
+    store.put("new/objects/v", payload(3 * BLOCK_SIZE + 7, seed=6))
+    assert stored_format(store, "new/objects/v") == FORMAT == 2
+
+
+def test_a_value_relabelled_as_the_other_format_is_refused(store: LargeObjectStore) -> None:
+    """Each format's MAC has its own domain: changing the label alone never verifies."""
+    store.put("k/objects/v", payload(3 * BLOCK_SIZE, seed=7))
+    set_stored_format(store, "k/objects/v", FORMAT_SHA256)
+    with pytest.raises(IntegrityError, match="HMAC"):
+        store.get("k/objects/v")
+
+
+def test_a_value_of_a_newer_format_is_refused_saying_so(store: LargeObjectStore) -> None:
+    store.put("k/objects/v", b"from the future")
+    set_stored_format(store, "k/objects/v", 9)
+    with pytest.raises(IntegrityError, match="newer version|unknown format"):
+        store.get("k/objects/v")
+
+
+def stored_format(store: LargeObjectStore, key: str) -> int:
+    """The format a backend recorded for ``key``, read from its own representation."""
+    if store.backend == "file":
+        magic = store.path_of(key).read_bytes()[:8]  # type: ignore[attr-defined]
+        assert magic[:7] == b"NBOSOBJ", magic
+        return int(magic[7:8])
+    if store.backend == "redis":
+        manifest = store._client.hgetall(store.manifest_key(key))  # type: ignore[attr-defined]
+        return int(manifest[b"v"])
+    s3 = store._client  # type: ignore[attr-defined]
+    body = s3.get_object(Bucket=store.bucket, Key=store.object_key(key))["Body"].read()  # type: ignore[attr-defined]
+    magic = body[-64:-56]
+    assert magic[:7] == b"NBOSTRL", magic
+    return int(magic[7:8])
+
+
+def set_stored_format(store: LargeObjectStore, key: str, fmt: int) -> None:
+    if store.backend == "file":
+        with open(store.path_of(key), "r+b") as f:  # type: ignore[attr-defined]
+            f.seek(7)
+            f.write(str(fmt).encode())
+    elif store.backend == "redis":
+        store._client.hset(store.manifest_key(key), "v", fmt)  # type: ignore[attr-defined]
+    else:
+        s3 = store._client  # type: ignore[attr-defined]
+        object_key = store.object_key(key)  # type: ignore[attr-defined]
+        body = bytearray(s3.get_object(Bucket=store.bucket, Key=object_key)["Body"].read())  # type: ignore[attr-defined]
+        body[-57:-56] = str(fmt).encode()
+        s3.put_object(Bucket=store.bucket, Key=object_key, Body=bytes(body))  # type: ignore[attr-defined]
 
 
 # -- tampering with each backend's representation ------------------------------------------------

@@ -2,8 +2,8 @@
 
     from notebookos.store import open_store
     store = open_store("file:///var/lib/notebookos/objects", hmac_key)
-    store.put("kernel-id/objects/<sha256>", data)   # bytes or an iterable of byte chunks
-    data = store.get("kernel-id/objects/<sha256>")
+    store.put("kernel-id/objects/<digest>", data)   # bytes or an iterable of byte chunks
+    data = store.get("kernel-id/objects/<digest>")
 
 URLs (see docs/store.md): ``file:///path[?fsync=1]``, ``redis://host:port/db[?prefix=...]``
 (also ``rediss://``), ``s3://bucket/prefix[?endpoint_url=...&access_key=...&secret_key=...

@@ -13,12 +13,18 @@ partial value is ever readable under a key (see docs/store.md).
 from __future__ import annotations
 
 import abc
-import hashlib
 import hmac
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from notebookos.store.integrity import BLOCK_SIZE, BackgroundMac, ValueMac, check_hmac_key
+from notebookos.store.integrity import (
+    BLOCK_SIZE,
+    FORMAT,
+    BackgroundMac,
+    ValueMac,
+    block_hash,
+    check_hmac_key,
+)
 
 CHUNK_SIZE = 64 * 1024 * 1024  # values larger than this are streamed in chunks
 MAX_KEY_LENGTH = 512
@@ -63,7 +69,7 @@ class IntegrityError(StoreError):
 def validate_key(key: str) -> str:
     """Return ``key`` if it is a valid store key, else raise ``ValueError`` saying why.
 
-    Keys look like ``kernel-id/objects/sha256hex``: printable ASCII, ``/``-separated segments, no
+    Keys look like ``kernel-id/objects/<digest>``: printable ASCII, ``/``-separated segments, no
     empty, ``.`` or ``..`` segment, no leading or trailing ``/``.
     """
     if not isinstance(key, str):
@@ -80,7 +86,7 @@ def validate_key(key: str) -> str:
         if segment in ("", ".", ".."):
             raise ValueError(
                 f"store key {key!r} has an empty, '.' or '..' segment; use names like "
-                "'kernel-id/objects/<sha256>'"
+                "'kernel-id/objects/<digest>'"
             )
     return key
 
@@ -154,19 +160,25 @@ class LargeObjectStore(abc.ABC):
 
 
 class AuthenticatedStore(LargeObjectStore):
-    """Shared plumbing of the backends: the HMAC key, key checks and verified streaming."""
+    """Shared plumbing of the backends: the HMAC key, key checks and verified streaming.
+
+    ``write_format``: the value format (``integrity``) puts write; reads take each value's own.
+    """
+
+    write_format: int = FORMAT
 
     def __init__(self, hmac_key: bytes) -> None:
         self._hmac_key = check_hmac_key(hmac_key)
 
-    def _new_mac(self, key: str, keep_block_digests: bool = False) -> ValueMac:
-        return ValueMac(self._hmac_key, key, keep_block_digests)
+    def _new_mac(self, key: str, fmt: int, keep_block_digests: bool = False) -> ValueMac:
+        return ValueMac(self._hmac_key, key, fmt, keep_block_digests)
 
     def _writer_mac(self, key: str, value: Value) -> ValueMac | BackgroundMac:
         """The MAC for a put: hashed on a worker thread, overlapping the writes, for big values."""
+        mac = self._new_mac(key, self.write_format)
         if isinstance(value, bytes | bytearray | memoryview) and len(value) < 2 * BLOCK_SIZE:
-            return self._new_mac(key)
-        return BackgroundMac(self._new_mac(key))
+            return mac
+        return BackgroundMac(mac)
 
     def _error(self, key: str, reason: str) -> StoreError:
         return StoreError(self.backend, key, reason)
@@ -183,31 +195,33 @@ class AuthenticatedStore(LargeObjectStore):
             )
 
     def _verified_stream(
-        self, key: str, expected_mac: bytes, read_blocks: Callable[[], Iterator[bytes]]
+        self, key: str, fmt: int, expected_mac: bytes, read_blocks: Callable[[], Iterator[bytes]]
     ) -> Iterator[bytes]:
         """Two passes over a value too big to hold: verify it all, then yield re-checked blocks.
 
         ``read_blocks`` must yield the value in ``BLOCK_SIZE`` pieces (the last may be shorter)
-        and may be called twice. The first pass checks the MAC and keeps each block's SHA-256;
+        and may be called twice. The first pass checks the MAC and keeps each block's digest;
         the second pass yields a block only after its digest matches the one the first pass saw,
+        both hashed as format ``fmt`` hashes blocks,
         so a value changed between the passes is refused too. Memory stays at one block.
         This call does the first pass before returning.
         """
-        mac = self._new_mac(key, keep_block_digests=True)
+        mac = self._new_mac(key, fmt, keep_block_digests=True)
         for block in read_blocks():
             mac.update(block)
         self._check_mac(key, mac, expected_mac)
         digests = mac.block_digests or []
-        return self._recheck_blocks(key, digests, read_blocks)
+        return self._recheck_blocks(key, block_hash(fmt), digests, read_blocks)
 
     def _recheck_blocks(
-        self, key: str, digests: list[bytes], read_blocks: Callable[[], Iterator[bytes]]
+        self, key: str, hasher: Callable[..., Any], digests: list[bytes],
+        read_blocks: Callable[[], Iterator[bytes]],
     ) -> Iterator[bytes]:
         index = 0
         for block in read_blocks():
             if len(block) > BLOCK_SIZE:
                 raise self._error(key, "internal error: stream piece larger than a block")
-            if index >= len(digests) or hashlib.sha256(block).digest() != digests[index]:
+            if index >= len(digests) or hasher(block).digest() != digests[index]:
                 raise self._integrity_error(
                     key, f"block {index} changed between verification and reading"
                 )

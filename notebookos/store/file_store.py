@@ -28,9 +28,10 @@ from notebookos.store.base import (
     iter_value,
     validate_key,
 )
-from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE
+from notebookos.store.integrity import BLOCK_SIZE, FORMAT_BLAKE3, FORMAT_SHA256, MAC_SIZE
 
-MAGIC = b"NBOSOBJ1"
+MAGICS = {FORMAT_SHA256: b"NBOSOBJ1", FORMAT_BLAKE3: b"NBOSOBJ2"}  # the header names the format
+FORMAT_OF_MAGIC = {magic: fmt for fmt, magic in MAGICS.items()}
 HEADER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
 WRITE_PIECE = BLOCK_SIZE  # small enough that the MAC thread reads it while still in cache
 
@@ -65,7 +66,7 @@ class FileStore(AuthenticatedStore):
                     mac.update(piece)
                     _write_all(out, piece)
                 out.seek(0)
-                _write_all(out, HEADER.pack(MAGIC, mac.length, mac.digest()))
+                _write_all(out, HEADER.pack(MAGICS[mac.format], mac.length, mac.digest()))
                 if self.fsync:
                     os.fsync(out.fileno())
             os.replace(tmp, path)
@@ -82,7 +83,8 @@ class FileStore(AuthenticatedStore):
                 raise self._error(key, f"write failed, nothing was stored: {exc!r}") from exc
             raise
 
-    def _open(self, key: str) -> tuple[io.FileIO, int, bytes]:
+    def _open(self, key: str) -> tuple[io.FileIO, int, int, bytes]:
+        """The open file past its header, the value's format, length and MAC."""
         path = self.path_of(key)
         try:
             handle = open(path, "rb", buffering=0)  # noqa: SIM115 - returned to the caller
@@ -95,7 +97,13 @@ class FileStore(AuthenticatedStore):
             if len(header) < HEADER.size:
                 raise self._integrity_error(key, "file is shorter than its header (truncated)")
             magic, length, mac = HEADER.unpack(header)
-            if magic != MAGIC:
+            fmt = FORMAT_OF_MAGIC.get(magic)
+            if fmt is None and magic.startswith(b"NBOSOBJ"):
+                raise self._integrity_error(
+                    key, f"stored in a value format this NotebookOS does not read (magic "
+                    f"{magic!r}; written by a newer version?)"
+                )
+            if fmt is None:
                 raise self._integrity_error(key, "not a NotebookOS store file (bad magic)")
             size = os.fstat(handle.fileno()).st_size - HEADER.size
             if size != length:
@@ -105,21 +113,21 @@ class FileStore(AuthenticatedStore):
         except BaseException:
             handle.close()
             raise
-        return handle, length, mac
+        return handle, fmt, length, mac
 
     def get(self, key: str) -> bytes:
-        handle, length, expected = self._open(key)
+        handle, fmt, length, expected = self._open(key)
         with handle:
             data = handle.read(length)
         if len(data) != length:
             raise self._integrity_error(key, "file shrank while reading")
-        mac = self._new_mac(key)
+        mac = self._new_mac(key, fmt)
         mac.update(data)
         self._check_mac(key, mac, expected)
         return data
 
     def get_stream(self, key: str) -> Iterator[bytes]:
-        handle, length, expected = self._open(key)
+        handle, fmt, length, expected = self._open(key)
         if length <= CHUNK_SIZE:
             handle.close()
             return iter((self.get(key),))
@@ -135,7 +143,7 @@ class FileStore(AuthenticatedStore):
                 yield block
 
         try:
-            blocks = self._verified_stream(key, expected, read_blocks)
+            blocks = self._verified_stream(key, fmt, expected, read_blocks)
         except BaseException:
             handle.close()
             raise

@@ -1,11 +1,20 @@
-"""Value authentication: an HMAC-SHA256 over a value's bytes, bound to its key and length.
+"""Value authentication: an HMAC over a value's bytes, bound to its key and length.
 
-Format v1. The value is cut into ``BLOCK_SIZE`` blocks; each block is hashed with SHA-256 and the
-MAC is ``HMAC-SHA256(hmac_key, DOMAIN || key || 0x00 || d_0 || d_1 || ... || u64be(length))``
-where ``d_i`` is the SHA-256 of block ``i``. This is an HMAC over the bytes (SHA-256 is collision
-resistant, so the digests stand for the bytes) that lets a streaming reader re-check each block on a
-second pass with the digests it kept from the first, without a third hash pass. The key and the
+The value is cut into ``BLOCK_SIZE`` blocks; each block is hashed and the MAC is
+``HMAC-SHA256(hmac_key, DOMAIN_f || key || 0x00 || d_0 || d_1 || ... || u64be(length))`` where
+``d_i`` is the digest of block ``i``. This is an HMAC over the bytes (the block hash is collision
+resistant, so the digests stand for the bytes) that lets a streaming reader re-check each block on
+a second pass with the digests it kept from the first, without a third hash pass. The key and the
 length are inside the MAC, so a value cannot be moved to another key, truncated or extended.
+
+Formats (each store records the format of each value it holds, and reads both):
+
+- 2, written since 2026-11-27: blocks hashed with BLAKE3 (256-bit). BLAKE3 is several times
+  cheaper per byte than SHA-256 (0.18 against 0.80 s of CPU a GiB on an AVX-512 core), and every
+  large object is hashed by its writer and by each of the two standbys that read it.
+- 1, read only: blocks hashed with SHA-256.
+
+``DOMAIN_f`` names the format, so a MAC of one format can never pass as the other's.
 """
 
 from __future__ import annotations
@@ -15,13 +24,41 @@ import hmac
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import blake3
 
 BLOCK_SIZE = 8 * 1024 * 1024
 MAC_SIZE = 32
 HASH_THREADS = 4
-DOMAIN = b"notebookos-store-v1\x00"
+FORMAT_SHA256 = 1
+FORMAT_BLAKE3 = 2
+FORMAT = FORMAT_BLAKE3  # what every put writes
+_BLOCK_HASHES: dict[int, Callable[..., Any]] = {
+    FORMAT_SHA256: hashlib.sha256,
+    FORMAT_BLAKE3: blake3.blake3,
+}
+
+
+def check_format(fmt: int) -> int:
+    """``fmt`` if it is a value format this code reads, else ``ValueError``."""
+    if fmt not in _BLOCK_HASHES:
+        raise ValueError(
+            f"unknown value format {fmt!r} (this NotebookOS reads formats "
+            f"{', '.join(map(str, sorted(_BLOCK_HASHES)))}; a newer version wrote it?)"
+        )
+    return fmt
+
+
+def block_hash(fmt: int) -> Callable[..., Any]:
+    """The hash constructor of format ``fmt``'s blocks (hashlib-like: update, digest)."""
+    return _BLOCK_HASHES[check_format(fmt)]
+
+
+def _domain(fmt: int) -> bytes:
+    return f"notebookos-store-v{fmt}".encode() + b"\x00"
 
 
 def check_hmac_key(hmac_key: bytes) -> bytes:
@@ -35,9 +72,12 @@ def check_hmac_key(hmac_key: bytes) -> bytes:
 class ValueMac:
     """Incremental MAC of one value; ``update`` with the bytes in order, then ``digest``."""
 
-    def __init__(self, hmac_key: bytes, key: str, keep_block_digests: bool = False) -> None:
-        self._mac = hmac.new(hmac_key, DOMAIN + key.encode() + b"\x00", hashlib.sha256)
-        self._block = hashlib.sha256()
+    def __init__(self, hmac_key: bytes, key: str, fmt: int = FORMAT,
+                 keep_block_digests: bool = False) -> None:
+        self.format = fmt
+        self._hash = block_hash(fmt)
+        self._mac = hmac.new(hmac_key, _domain(fmt) + key.encode() + b"\x00", hashlib.sha256)
+        self._block = self._hash()
         self._in_block = 0
         self._final: bytes | None = None
         self.length = 0
@@ -54,7 +94,7 @@ class ValueMac:
         self.length += len(view)
         if self._in_block == 0 and len(view) >= 2 * BLOCK_SIZE:
             whole = len(view) - len(view) % BLOCK_SIZE
-            for digest in block_digests(view[:whole]):
+            for digest in block_digests(view[:whole], self.format):
                 self._add_digest(digest)
             view = view[whole:]
         while view:
@@ -83,7 +123,7 @@ class ValueMac:
 
     def _end_block(self) -> None:
         self._add_digest(self._block.digest())
-        self._block = hashlib.sha256()
+        self._block = self._hash()
         self._in_block = 0
 
     def _add_digest(self, digest: bytes) -> None:
@@ -129,28 +169,33 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def block_digests(data: bytes | bytearray | memoryview) -> list[bytes]:
-    """SHA-256 of each ``BLOCK_SIZE`` block of ``data`` (a block-aligned piece of a value).
+def block_digests(data: bytes | bytearray | memoryview, fmt: int = FORMAT) -> list[bytes]:
+    """The digest of each ``BLOCK_SIZE`` block of ``data`` (a block-aligned piece of a value),
+    hashed as format ``fmt`` hashes blocks.
 
-    Several blocks are hashed in parallel threads (hashlib releases the GIL).
+    Several blocks are hashed in parallel threads (hashlib and blake3 release the GIL).
     """
+    hasher = block_hash(fmt)
     view = memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     offsets = range(0, len(view), BLOCK_SIZE)
 
     def digest(offset: int) -> bytes:
-        return hashlib.sha256(view[offset : offset + BLOCK_SIZE]).digest()
+        return hasher(view[offset : offset + BLOCK_SIZE]).digest()
 
     if len(offsets) < 2 or threading.current_thread().name.startswith("nbos-hash"):
         return [digest(offset) for offset in offsets]
     return list(_pool().map(digest, offsets))
 
 
-def block_digest_later(block: bytes | bytearray | memoryview) -> Future[bytes]:
-    """The SHA-256 of one block, hashed on the shared hash threads (for a reader that hashes
-    each block as it lands, overlapping its I/O; the block must not change until done)."""
-    return _pool().submit(lambda: hashlib.sha256(block).digest())
+def block_digest_later(block: bytes | bytearray | memoryview, fmt: int = FORMAT
+                       ) -> Future[bytes]:
+    """The digest of one block (format ``fmt``), hashed on the shared hash threads (for a reader
+    that hashes each block as it lands, overlapping its I/O; the block must not change until
+    done)."""
+    hasher = block_hash(fmt)
+    return _pool().submit(lambda: hasher(block).digest())
 
 
 def blocks_of(
@@ -186,6 +231,7 @@ class BackgroundMac:
         self._pending: deque[Future] = deque()
         self._max_pending = max_pending
         self.length = 0
+        self.format = mac.format
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         self.length += len(data)

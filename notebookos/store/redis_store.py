@@ -2,8 +2,9 @@
 
 Layout (``P`` is the prefix, ``notebookos:store`` unless the URL says ``?prefix=``):
 
-- ``P:m:<key>``: the manifest, a hash with fields ``v`` (format 1), ``length``, ``chunk_size``,
-  ``chunks``, ``gen`` (a random id of this write) and ``mac`` (hex HMAC, see ``integrity``).
+- ``P:m:<key>``: the manifest, a hash with fields ``v`` (the value's format, see ``integrity``:
+  2 since BLAKE3, 1 before; the layout is the same), ``length``, ``chunk_size``, ``chunks``,
+  ``gen`` (a random id of this write) and ``mac`` (hex HMAC).
 - ``P:c:<gen>:<i>``: chunk ``i`` of write ``gen`` (``chunk_size`` bytes, the last may be shorter).
 
 A put writes its chunks under a fresh ``gen`` with a TTL (``pending_ttl``), then one Lua script
@@ -31,9 +32,8 @@ from notebookos.store.base import (
     iter_value,
     validate_key,
 )
-from notebookos.store.integrity import BLOCK_SIZE, BackgroundMac, blocks_of
+from notebookos.store.integrity import BLOCK_SIZE, BackgroundMac, blocks_of, check_format
 
-FORMAT_VERSION = 1
 DEFAULT_CHUNK_SIZE = BLOCK_SIZE
 MAX_CHUNK_SIZE = 512 * 1024 * 1024
 DEFAULT_PREFIX = "notebookos:store"
@@ -130,7 +130,7 @@ class RedisStore(AuthenticatedStore):
                 if count % PIPELINE_CHUNKS == 0:  # a few chunks per round trip
                     batch.execute()
             fields = {
-                "v": FORMAT_VERSION,
+                "v": mac.format,
                 "length": mac.length,
                 "chunk_size": self.chunk_size,
                 "chunks": count,
@@ -194,10 +194,12 @@ class RedisStore(AuthenticatedStore):
         if not raw:
             raise KeyNotFound(self.backend, key)
         manifest = {k.decode(): v.decode() for k, v in raw.items()}
-        if manifest.get("v") != str(FORMAT_VERSION):
+        try:
+            check_format(int(manifest.get("v", "")))
+        except ValueError as exc:
             raise self._integrity_error(
-                key, f"manifest has unknown format version {manifest.get('v')!r}"
-            )
+                key, f"manifest has an unknown format version {manifest.get('v')!r}: {exc}"
+            ) from None
         try:
             int(manifest["length"]), int(manifest["chunks"]), int(manifest["chunk_size"])
             bytes.fromhex(manifest["mac"]), manifest["gen"]
@@ -225,11 +227,9 @@ class RedisStore(AuthenticatedStore):
         for _attempt in range(3):
             manifest = self._manifest(key)
             # Several chunks: hash each on a worker thread while the next one is fetched.
-            mac = (
-                self._new_mac(key)
-                if int(manifest["chunks"]) < 2
-                else BackgroundMac(self._new_mac(key))
-            )
+            mac = self._new_mac(key, int(manifest["v"]))
+            if int(manifest["chunks"]) >= 2:
+                mac = BackgroundMac(mac)
             chunks: list[bytes] = []
             try:
                 for chunk in self._chunks(key, manifest):
@@ -270,7 +270,9 @@ class RedisStore(AuthenticatedStore):
                     "while it was being streamed",
                 ) from None
 
-        return self._verified_stream(key, bytes.fromhex(manifest["mac"]), read_blocks)
+        return self._verified_stream(
+            key, int(manifest["v"]), bytes.fromhex(manifest["mac"]), read_blocks
+        )
 
     def _where(self) -> str:
         pool = self._client.connection_pool.connection_kwargs

@@ -1,8 +1,9 @@
 """S3 backend (boto3): AWS S3, SeaweedFS, MinIO.
 
 Layout: key ``k`` is the object ``<prefix>/k`` in the bucket. The object's body is the value
-followed by a 64-byte trailer (magic ``NBOSTRL1``, the value's length, its MAC). A trailer rather
-than object metadata lets a streamed put of unknown length write its MAC at the end.
+followed by a 64-byte trailer (magic ``NBOSTRL2``, or ``NBOSTRL1`` for a value of format 1, see
+``integrity``; the value's length; its MAC). A trailer rather than object metadata lets a streamed
+put of unknown length write its MAC at the end.
 
 Atomicity: a value of at most ``part_size`` bytes is one ``put_object``; a larger one is a multipart
 upload whose parts go up in parallel (``threads``) and which becomes visible only when
@@ -39,13 +40,16 @@ from notebookos.store.base import (
 )
 from notebookos.store.integrity import (
     BLOCK_SIZE,
+    FORMAT_BLAKE3,
+    FORMAT_SHA256,
     MAC_SIZE,
     block_digest_later,
     block_digests,
     blocks_of,
 )
 
-MAGIC = b"NBOSTRL1"
+MAGICS = {FORMAT_SHA256: b"NBOSTRL1", FORMAT_BLAKE3: b"NBOSTRL2"}  # the trailer names the format
+FORMAT_OF_MAGIC = {magic: fmt for fmt, magic in MAGICS.items()}
 TRAILER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
 DEFAULT_PART_SIZE = 2 * BLOCK_SIZE
 _MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -163,7 +167,7 @@ class S3Store(AuthenticatedStore):
     def put(self, key: str, value: Value) -> None:
         object_key = self.object_key(key)
         parts = blocks_of(iter_value(value, self.part_size), self.part_size)
-        mac = self._new_mac(key)
+        mac = self._new_mac(key, self.write_format)
         try:
             first = next(parts, b"")
             second = next(parts, None)
@@ -175,7 +179,7 @@ class S3Store(AuthenticatedStore):
             ) from exc
         if second is None:  # small: one atomic put_object
             mac.update(first)
-            body = bytes(first) + TRAILER.pack(MAGIC, mac.length, mac.digest())
+            body = bytes(first) + _trailer(mac)
             try:
                 self._client.put_object(Bucket=self.bucket, Key=object_key, Body=body)
             except Exception as exc:
@@ -203,14 +207,14 @@ class S3Store(AuthenticatedStore):
                     # digests first: settle them, then send it.
                     while in_flight:
                         done.append(self._settle(in_flight.popleft(), mac))
-                    mac.add_block_digests(block_digests(pending), len(pending))
-                    last = bytes(pending) + TRAILER.pack(MAGIC, mac.length, mac.digest())
-                    part, _, _ = self._upload_part(object_key, upload_id, number, last, False)
+                    mac.add_block_digests(block_digests(pending, mac.format), len(pending))
+                    last = bytes(pending) + _trailer(mac)
+                    part, _, _ = self._upload_part(object_key, upload_id, number, last, None)
                     done.append(part)
                 else:
                     in_flight.append(
                         self._pool.submit(
-                            self._upload_part, object_key, upload_id, number, pending, True
+                            self._upload_part, object_key, upload_id, number, pending, mac.format
                         )
                     )
                     while len(in_flight) > self.threads:
@@ -238,9 +242,10 @@ class S3Store(AuthenticatedStore):
             raise
 
     def _upload_part(
-        self, object_key: str, upload_id: str, number: int, piece: Any, hash_it: bool
+        self, object_key: str, upload_id: str, number: int, piece: Any, fmt: int | None
     ) -> tuple[dict[str, Any], list[bytes] | None, int]:
-        digests = block_digests(piece) if hash_it else None
+        """Send one part; hash its blocks first as format ``fmt`` does (None: not hashed)."""
+        digests = block_digests(piece, fmt) if fmt is not None else None
         body = piece if isinstance(piece, bytes | bytearray) else _ViewReader(memoryview(piece))
         response = self._client.upload_part(
             Bucket=self.bucket, Key=object_key, UploadId=upload_id, PartNumber=number, Body=body
@@ -305,7 +310,8 @@ class S3Store(AuthenticatedStore):
     def get_into(self, key: str, allocate: Callable[[int], Buffer]) -> Buffer:
         """One plain GET read straight into the caller's buffer, each ``BLOCK_SIZE`` block
         hashed on the hash threads as soon as it has landed: hashing overlaps the download and
-        the value is never copied (``_into_buffer``)."""
+        the value is never copied (``_into_buffer``). Blocks are hashed as ``write_format``
+        hashes them; a value of another format (the trailer says) is hashed again whole."""
         object_key = self.object_key(key)
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=object_key)
@@ -324,21 +330,21 @@ class S3Store(AuthenticatedStore):
             body.close()
             raise
         try:
-            digests, trailer = _into_buffer(body, view, TRAILER.size)
+            digests, trailer = _into_buffer(body, view, TRAILER.size, self.write_format)
         except Exception as exc:
             raise self._failure(key, "get", exc) from exc
         finally:
             body.close()
         if digests is None or len(trailer) != TRAILER.size:
             raise self._integrity_error(key, "object ended early (truncated)")
-        magic, stated, expected = TRAILER.unpack(trailer)
-        if magic != MAGIC:
-            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
+        fmt, stated, expected = self._unpack_trailer(key, trailer)
         if stated != length:
             raise self._integrity_error(
                 key, f"object holds {length} value bytes, trailer says {stated}"
             )
-        mac = self._new_mac(key)
+        if fmt != self.write_format:  # an older value: its blocks were hashed another way
+            digests = block_digests(view, fmt)
+        mac = self._new_mac(key, fmt)
         mac.add_block_digests(digests, length)
         self._check_mac(key, mac, expected)
         return buffer
@@ -358,9 +364,7 @@ class S3Store(AuthenticatedStore):
             trailer = self._read_range(key, object_key, total - TRAILER.size, total, etag)
         except _Replaced:
             return iter((self.get(key),))  # replaced since the HEAD: read the new value whole
-        magic, length, expected = TRAILER.unpack(trailer)
-        if magic != MAGIC:
-            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
+        fmt, length, expected = self._unpack_trailer(key, trailer)
         if length != total - TRAILER.size:
             raise self._integrity_error(
                 key, f"object holds {total - TRAILER.size} value bytes, trailer says {length}"
@@ -379,7 +383,20 @@ class S3Store(AuthenticatedStore):
                     key, "the value was overwritten while it was being streamed"
                 ) from None
 
-        return self._verified_stream(key, expected, read_blocks)
+        return self._verified_stream(key, fmt, expected, read_blocks)
+
+    def _unpack_trailer(self, key: str, trailer: bytes) -> tuple[int, int, bytes]:
+        """(format, value length, MAC) of a trailer; an unknown magic is refused."""
+        magic, length, expected = TRAILER.unpack(trailer)
+        fmt = FORMAT_OF_MAGIC.get(magic)
+        if fmt is None:
+            if magic.startswith(b"NBOSTRL"):
+                raise self._integrity_error(
+                    key, f"stored in a value format this NotebookOS does not read (trailer "
+                    f"magic {magic!r}; written by a newer version?)"
+                )
+            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
+        return fmt, length, expected
 
     def _prefetch(self, fetch: Callable[[int], bytes], starts: range) -> Iterator[bytes]:
         window: deque[Future] = deque()
@@ -405,16 +422,21 @@ class _Replaced(Exception):
     """The object's ETag changed between two ranged GETs of one read."""
 
 
+def _trailer(mac: Any) -> bytes:
+    return TRAILER.pack(MAGICS[mac.format], mac.length, mac.digest())
+
+
 def _chain(first: Any, second: Any, rest: Iterator[Any]) -> Iterator[Any]:
     yield first
     yield second
     yield from rest
 
 
-def _into_buffer(body: Any, view: memoryview, trailer_size: int
+def _into_buffer(body: Any, view: memoryview, trailer_size: int, fmt: int
                  ) -> tuple[list[bytes] | None, bytes]:
-    """Read ``len(view)`` bytes of a GET's body into ``view``, then the trailer: the SHA-256 of
-    each block of ``view`` (None when the body ended early) and the trailer's bytes.
+    """Read ``len(view)`` bytes of a GET's body into ``view``, then the trailer: the digest of
+    each block of ``view`` as format ``fmt`` hashes blocks (None when the body ended early) and
+    the trailer's bytes.
 
     Straight from the HTTP response into the buffer when botocore's body wraps urllib3's
     response around an http.client one, neither chunked nor content-encoded (what S3 and
@@ -444,7 +466,7 @@ def _into_buffer(body: Any, view: memoryview, trailer_size: int
             if not got:
                 return None, b""
             position += got
-        pending.append(block_digest_later(view[start:end]))
+        pending.append(block_digest_later(view[start:end], fmt))
     if direct:
         raw._fp_bytes_read += position  # what urllib3 would have counted
     return [future.result() for future in pending], bytes(whole[:position - len(view)])
