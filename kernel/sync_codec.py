@@ -27,7 +27,7 @@ it becomes a shared object with a token and its own entry, updated in place on t
 
 The ``SyncUpdate`` record that goes through Raft is a restricted pickle of builtin containers only:
 decoding it never imports a class or runs user code. User payloads are unpickled only in
-``StateApplier.apply``, after their SHA-256 digest (and, for store objects, the store's HMAC) has
+``StateApplier.apply``, after their digest (BLAKE3; and, for store objects, the store's HMAC) has
 been checked. See docs/state-sync.md.
 """
 
@@ -53,6 +53,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
 import cloudpickle
 import cloudpickle.cloudpickle as cloudpickle_internals
 
@@ -110,11 +111,24 @@ def checkpoint_key(kernel_id: str) -> str:
     return f"{kernel_id}/checkpoint"
 
 
-def _sha256(*parts: bytes | memoryview) -> str:
-    digest = hashlib.sha256()
+DIGEST_PREFIX = "b3-"  # a content digest: "b3-" + BLAKE3-256 hex
+
+
+def _digest(*parts: bytes | memoryview) -> str:
+    """The content digest of serialised bytes: ``b3-`` and their BLAKE3-256 in hex (a quarter
+    of SHA-256's CPU a byte; every large object is hashed by its writer to name it)."""
+    digest = blake3.blake3()
     for part in parts:
         digest.update(part)
-    return digest.hexdigest()
+    return DIGEST_PREFIX + digest.hexdigest()
+
+
+def _hash_of_digest(digest: str) -> tuple[Callable[..., Any], str]:
+    """The hash constructor and prefix that made ``digest``: BLAKE3, or SHA-256 for a bare hex
+    digest (what replicas wrote before 2026-11-27, still in older checkpoints and logs)."""
+    if digest.startswith(DIGEST_PREFIX):
+        return blake3.blake3, DIGEST_PREFIX
+    return hashlib.sha256, ""
 
 
 def _digest_of_key(store_key: str) -> str:
@@ -126,7 +140,7 @@ def _digest_of_key(store_key: str) -> str:
 
 @dataclass
 class SyncEntry:
-    """One name's new state. ``digest``: SHA-256 hex of the serialised value (see docs)."""
+    """One name's new state. ``digest``: the serialised value's ``_digest`` (see docs)."""
 
     name: str
     kind: str  # "inline" | "pointer" | "deleted" | "module"
@@ -614,12 +628,15 @@ def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes], list[str], bool]:
     raise ValueError("payload is not a NotebookOS value bundle")
 
 
-def _entry_digest(payload: bytes, tensors: Mapping[str, str]) -> str:
-    """SHA-256 of the payload, followed by the digests of its separately stored tensors."""
-    digest = hashlib.sha256(payload)
+def _entry_digest(payload: bytes, tensors: Mapping[str, str], like: str = DIGEST_PREFIX) -> str:
+    """The digest of the payload followed by the digests of its separately stored tensors,
+    made the way ``like`` was (``_hash_of_digest``): a check of an earlier replica's entry
+    recomputes it with SHA-256. Without tensors it is the payload's own ``_digest``."""
+    hasher, prefix = _hash_of_digest(like)
+    digest = hasher(payload)
     for token in sorted(tensors):
         digest.update(f"\0{token}={_digest_of_key(tensors[token])}".encode())
-    return digest.hexdigest()
+    return prefix + digest.hexdigest()
 
 
 def _forced_pointer(value: Any) -> bool:
@@ -864,7 +881,7 @@ class StateEncoder:
             module = _importable_module_name(value)
             if module is None:
                 raise TypeError(f"module {getattr(value, '__name__', '?')!r} is not importable")
-            return (SyncEntry(root, "module", _sha256(b"module:", module.encode()), module=module),
+            return (SyncEntry(root, "module", _digest(b"module:", module.encode()), module=module),
                     {}, set())
         payload, large, held, refs = self._pickle(value, namespace, uploads, changed_tokens,
                                                   tokens)
@@ -954,7 +971,8 @@ class StateEncoder:
         digest = _entry_digest(payload, large)
         size = len(payload)
         if size > self.threshold_bytes or _forced_pointer(value):
-            key = object_key(self.kernel_id, _sha256(payload))  # the stored bytes' own digest
+            # named by the stored bytes' own digest: the entry's, when no tensor rides apart
+            key = object_key(self.kernel_id, _digest(payload) if large else digest)
             if key not in self._known_objects:
                 uploads[key] = payload
             return SyncEntry(root, "pointer", digest, store_key=key, size=size, tensors=large)
@@ -973,7 +991,7 @@ class StateEncoder:
                 self._known_objects.add(record.store_key)
             return token, record
         parts = _serialise_extracted(tensor)
-        digest = _sha256(*parts)
+        digest = _digest(*parts)
         if record is None or record.digest != digest:
             changed_tokens.add(token)
         if sum(memoryview(part).nbytes for part in parts) > TENSOR_INLINE_LIMIT:
@@ -1212,7 +1230,7 @@ class StateApplier:
             assert entry.store_key is not None
             payload = self._object(entry.store_key)
         assert payload is not None
-        if _entry_digest(payload, entry.tensors) != entry.digest:
+        if _entry_digest(payload, entry.tensors, like=entry.digest) != entry.digest:
             raise ValueError("payload does not match the entry's digest (corrupted or tampered)")
         return payload
 
@@ -1341,7 +1359,7 @@ class _TensorResolver:
         self.tokens.add(token)
         if token in self.small:
             blob: bytes | None = self.small[token]
-            digest = _sha256(blob)  # covered by the entry digest already
+            digest = _digest(blob)  # covered by the entry digest already
             key = None
         elif token in self.entry.tensors:
             key = self.entry.tensors[token]

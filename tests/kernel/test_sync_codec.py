@@ -202,6 +202,39 @@ def test_corrupted_inline_payload_is_refused_naming_the_variable(pair: Pair) -> 
     assert pair.standby["x"] == 1 and pair.standby["y"] == 3
 
 
+def test_entries_of_an_earlier_replica_with_sha256_digests_still_apply(
+        file_store: LargeObjectStore) -> None:
+    """Replicas before BLAKE3 wrote bare SHA-256 hex digests (still in older checkpoints, and
+    sent by an older peer): they are checked with SHA-256, and a wrong payload is still refused."""
+    import hashlib
+
+    pair = Pair(file_store, threshold_bytes=100)
+    try:
+        exec("small = [1, 2, 3]\nbig = list(range(1000))", pair.executor)
+        update = pair.encoder.encode(pair.executor, analyze_cell("small = 1\nbig = 2"))
+        record = SyncUpdate.from_bytes(update.to_bytes())
+        kinds = {entry.name: entry.kind for entry in record.entries}
+        assert kinds == {"small": "inline", "big": "pointer"}
+        assert all(entry.digest.startswith("b3-") for entry in record.entries)
+        for entry in record.entries:
+            payload = entry.payload if entry.kind == "inline" else file_store.get(entry.store_key)
+            entry.digest = hashlib.sha256(payload).hexdigest()
+        pair.applier.apply(pair.standby, SyncUpdate.from_bytes(record.to_bytes()))
+        assert pair.standby["small"] == [1, 2, 3] and pair.standby["big"] == list(range(1000))
+
+        exec("small = [4]", pair.executor)
+        update = pair.encoder.encode(pair.executor, analyze_cell("small = 1"))
+        record = SyncUpdate.from_bytes(update.to_bytes())
+        (entry,) = record.entries
+        entry.digest = hashlib.sha256(entry.payload + b"tampered").hexdigest()
+        with pytest.raises(SyncApplyError) as caught:
+            pair.applier.apply(pair.standby, SyncUpdate.from_bytes(record.to_bytes()))
+        assert "digest" in caught.value.failures["small"]
+        assert pair.standby["small"] == [1, 2, 3]
+    finally:
+        pair.close()
+
+
 @needs_torch
 def test_tampered_store_object_is_refused(pair: Pair, file_store: LargeObjectStore,
                                           tmp_path: Path) -> None:
