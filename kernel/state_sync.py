@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any
@@ -41,6 +42,7 @@ class StateSync:
         # what says whether its effects are in the store yet
         self._generation = 0
         self._generation_written = 0
+        self._store_warming = False
         if not store_url:
             self.disabled_reason = "the replica was started without --store-url"
             return
@@ -90,9 +92,28 @@ class StateSync:
         except Exception as exc:  # noqa: BLE001 - never hang or crash the kernel on sync
             self.log.exception("state sync failed")
             return None, [f"state sync failed, standbys lack this cell's changes: {exc}"]
+        self.warm_store_once_torch_is_loaded()
         if not update.entries and not update.warnings:
             return None, []  # no update: standbys have nothing to apply
         return update.to_bytes(), list(update.warnings)
+
+    def warm_store_once_torch_is_loaded(self) -> None:
+        """Once the namespace has torch, make the store's client in the background, before the
+        first tensor needs it: importing boto3 and making its client took a standby 0.3-0.4 s
+        at the start of its first large read (issue 18). A kernel without torch never pays the
+        client's memory (tens of MB); one with torch holds hundreds of MB already."""
+        store = self.store
+        if self._store_warming or "torch" not in sys.modules or getattr(store, "opened", True):
+            return
+        self._store_warming = True
+
+        def warm() -> None:
+            try:
+                store.real()  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the first real use reports it again
+                self.log.warning("could not make the store's client ahead of use: %s", exc)
+
+        threading.Thread(target=warm, name="nbos-store-warm", daemon=True).start()
 
     def prefetch(self, update: bytes) -> None:
         """Start fetching the update's large objects (called on the Raft thread: cheap)."""
@@ -130,6 +151,8 @@ class StateSync:
             return dict(exc.failures)
         except Exception as exc:  # noqa: BLE001 - reported, never silent
             return {"<update>": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self.warm_store_once_torch_is_loaded()
         return {}
 
     @staticmethod
