@@ -125,7 +125,7 @@ def _digest(*parts: bytes | memoryview) -> str:
 
 def _hash_of_digest(digest: str) -> tuple[Callable[..., Any], str]:
     """The hash constructor and prefix that made ``digest``: BLAKE3, or SHA-256 for a bare hex
-    digest (what replicas wrote before 2026-11-27, still in older checkpoints and logs)."""
+    digest (what replicas wrote before 2026-11-26, still in older checkpoints and logs)."""
     if digest.startswith(DIGEST_PREFIX):
         return blake3.blake3, DIGEST_PREFIX
     return hashlib.sha256, ""

@@ -9,7 +9,7 @@ length are inside the MAC, so a value cannot be moved to another key, truncated 
 
 Formats (each store records the format of each value it holds, and reads both):
 
-- 2, written since 2026-11-27: blocks hashed with BLAKE3 (256-bit). BLAKE3 is several times
+- 2, written since 2026-11-26: blocks hashed with BLAKE3 (256-bit). BLAKE3 is several times
   cheaper per byte than SHA-256 (0.18 against 0.80 s of CPU a GiB on an AVX-512 core), and every
   large object is hashed by its writer and by each of the two standbys that read it.
 - 1, read only: blocks hashed with SHA-256.
