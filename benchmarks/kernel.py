@@ -21,6 +21,8 @@ Measures (see docs/performance.md, "Distributed kernel"):
   reader's time is mostly spent faulting in fresh pages for what it receives, and freeing the
   written GiB first handed the raw readers a GiB of warm pages (two raw readers: 3.3-3.9 s
   after ``del data``, 4.0-5.8 s with the data held, three runs each, 2026-11-26).
+- write_vs_raw / read_vs_raw2: the kernel's write and read throughput as a share of the raw
+  client's (raw_write_s / large_write_s, raw_read2_s / large_read_s; issue 18 asks for 0.8).
 - failover_s: SIGKILL the executor, then send the next cell to a survivor: kill -> that cell's
   execute_input.
 - sync_1name_p50_ms[N] / encode_1name_p50_ms[N]: a cell that changes one name (``v0['n'] += 1``)
@@ -211,8 +213,11 @@ def large_objects(workdir: Path, mib: int) -> dict[str, float]:
             assert check.stdout().strip() == str(elements), check.summary()
         finally:
             group.stop()
-        return {"large_write_s": t_idle - t_reply, "large_read_s": t_read - t_idle,
+        write_s, read_s = t_idle - t_reply, t_read - t_idle
+        return {"large_write_s": write_s, "large_read_s": read_s,
                 "raw_write_s": raw_write, "raw_read_s": raw_read, "raw_read2_s": raw_read2,
+                # issue 18's figures: the kernel's throughput as a share of the raw client's
+                "write_vs_raw": raw_write / write_s, "read_vs_raw2": raw_read2 / read_s,
                 "large_mib": mib}
     finally:
         server.stop()
