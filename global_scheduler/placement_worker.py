@@ -4,6 +4,9 @@ Placing a cell can wait (for GPUs, a ``CommitGpus`` call, a migration), so it ne
 front's loop. One thread per front, started with its first cell and kept until the front closes:
 a new thread per cell cost the loop a thread start on every cell (``Thread.start`` waits until
 the new thread runs, a scheduling round trip on a busy host) and the process a thread's setup.
+Not a ``ThreadPoolExecutor(1)``: its workers are joined at interpreter exit, and a placement
+waiting for GPUs would hold the Global Scheduler's exit; this thread is a daemon, and a job that
+raises is logged here rather than kept in a future nobody reads.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from notebookos.store.integrity import (
     BackgroundMac,
     ValueMac,
     block_hash,
+    check_format,
     check_hmac_key,
 )
 
@@ -182,6 +183,25 @@ class AuthenticatedStore(LargeObjectStore):
 
     def _error(self, key: str, reason: str) -> StoreError:
         return StoreError(self.backend, key, reason)
+
+    @staticmethod
+    def _magic(stem: bytes, fmt: int) -> bytes:
+        """The 8-byte magic of a value of format ``fmt``: a backend's 7-byte stem and the
+        format's digit (``NBOSOBJ2``, ``NBOSTRL1``)."""
+        return stem + str(fmt).encode()
+
+    def _format_of_magic(self, key: str, magic: bytes, stem: bytes, what: str) -> int:
+        """The format a stored value's magic names (``_magic``); a foreign or newer one is
+        refused, saying which (``what``: where the magic is, e.g. "file", "object")."""
+        if magic[:7] != stem:
+            raise self._integrity_error(key, f"not a NotebookOS store {what} (bad magic)")
+        try:
+            return check_format(int(magic[7:]))
+        except ValueError:
+            raise self._integrity_error(
+                key, f"stored in a value format this NotebookOS does not read (magic {magic!r}; "
+                "written by a newer version?)"
+            ) from None
 
     def _integrity_error(self, key: str, reason: str) -> IntegrityError:
         return IntegrityError(self.backend, key, reason)

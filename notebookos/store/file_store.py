@@ -28,10 +28,9 @@ from notebookos.store.base import (
     iter_value,
     validate_key,
 )
-from notebookos.store.integrity import BLOCK_SIZE, FORMAT_BLAKE3, FORMAT_SHA256, MAC_SIZE
+from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE
 
-MAGICS = {FORMAT_SHA256: b"NBOSOBJ1", FORMAT_BLAKE3: b"NBOSOBJ2"}  # the header names the format
-FORMAT_OF_MAGIC = {magic: fmt for fmt, magic in MAGICS.items()}
+MAGIC_STEM = b"NBOSOBJ"  # + the value's format digit: the header names the format
 HEADER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
 WRITE_PIECE = BLOCK_SIZE  # small enough that the MAC thread reads it while still in cache
 
@@ -66,7 +65,8 @@ class FileStore(AuthenticatedStore):
                     mac.update(piece)
                     _write_all(out, piece)
                 out.seek(0)
-                _write_all(out, HEADER.pack(MAGICS[mac.format], mac.length, mac.digest()))
+                _write_all(out, HEADER.pack(self._magic(MAGIC_STEM, mac.format), mac.length,
+                                                mac.digest()))
                 if self.fsync:
                     os.fsync(out.fileno())
             os.replace(tmp, path)
@@ -97,14 +97,7 @@ class FileStore(AuthenticatedStore):
             if len(header) < HEADER.size:
                 raise self._integrity_error(key, "file is shorter than its header (truncated)")
             magic, length, mac = HEADER.unpack(header)
-            fmt = FORMAT_OF_MAGIC.get(magic)
-            if fmt is None and magic.startswith(b"NBOSOBJ"):
-                raise self._integrity_error(
-                    key, f"stored in a value format this NotebookOS does not read (magic "
-                    f"{magic!r}; written by a newer version?)"
-                )
-            if fmt is None:
-                raise self._integrity_error(key, "not a NotebookOS store file (bad magic)")
+            fmt = self._format_of_magic(key, magic, MAGIC_STEM, "file")
             size = os.fstat(handle.fileno()).st_size - HEADER.size
             if size != length:
                 raise self._integrity_error(

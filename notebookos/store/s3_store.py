@@ -40,16 +40,13 @@ from notebookos.store.base import (
 )
 from notebookos.store.integrity import (
     BLOCK_SIZE,
-    FORMAT_BLAKE3,
-    FORMAT_SHA256,
     MAC_SIZE,
     block_digest_later,
     block_digests,
     blocks_of,
 )
 
-MAGICS = {FORMAT_SHA256: b"NBOSTRL1", FORMAT_BLAKE3: b"NBOSTRL2"}  # the trailer names the format
-FORMAT_OF_MAGIC = {magic: fmt for fmt, magic in MAGICS.items()}
+MAGIC_STEM = b"NBOSTRL"  # + the value's format digit: the trailer names the format
 TRAILER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
 DEFAULT_PART_SIZE = 2 * BLOCK_SIZE
 _MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -179,7 +176,7 @@ class S3Store(AuthenticatedStore):
             ) from exc
         if second is None:  # small: one atomic put_object
             mac.update(first)
-            body = bytes(first) + _trailer(mac)
+            body = bytes(first) + self._trailer(mac)
             try:
                 self._client.put_object(Bucket=self.bucket, Key=object_key, Body=body)
             except Exception as exc:
@@ -208,7 +205,7 @@ class S3Store(AuthenticatedStore):
                     while in_flight:
                         done.append(self._settle(in_flight.popleft(), mac))
                     mac.add_block_digests(block_digests(pending, mac.format), len(pending))
-                    last = bytes(pending) + _trailer(mac)
+                    last = bytes(pending) + self._trailer(mac)
                     part, _, _ = self._upload_part(object_key, upload_id, number, last, None)
                     done.append(part)
                 else:
@@ -385,18 +382,13 @@ class S3Store(AuthenticatedStore):
 
         return self._verified_stream(key, fmt, expected, read_blocks)
 
+    def _trailer(self, mac: Any) -> bytes:
+        return TRAILER.pack(self._magic(MAGIC_STEM, mac.format), mac.length, mac.digest())
+
     def _unpack_trailer(self, key: str, trailer: bytes) -> tuple[int, int, bytes]:
         """(format, value length, MAC) of a trailer; an unknown magic is refused."""
         magic, length, expected = TRAILER.unpack(trailer)
-        fmt = FORMAT_OF_MAGIC.get(magic)
-        if fmt is None:
-            if magic.startswith(b"NBOSTRL"):
-                raise self._integrity_error(
-                    key, f"stored in a value format this NotebookOS does not read (trailer "
-                    f"magic {magic!r}; written by a newer version?)"
-                )
-            raise self._integrity_error(key, "not a NotebookOS store object (bad trailer magic)")
-        return fmt, length, expected
+        return self._format_of_magic(key, magic, MAGIC_STEM, "object"), length, expected
 
     def _prefetch(self, fetch: Callable[[int], bytes], starts: range) -> Iterator[bytes]:
         window: deque[Future] = deque()
@@ -420,10 +412,6 @@ class S3Store(AuthenticatedStore):
 
 class _Replaced(Exception):
     """The object's ETag changed between two ranged GETs of one read."""
-
-
-def _trailer(mac: Any) -> bytes:
-    return TRAILER.pack(MAGICS[mac.format], mac.length, mac.digest())
 
 
 def _chain(first: Any, second: Any, rest: Iterator[Any]) -> Iterator[Any]:
