@@ -35,6 +35,7 @@ from jupyter_client import BlockingKernelClient
 from jupyter_client.session import Session
 
 from notebookos.config import load_config
+from notebookos.global_scheduler.registry_store import read_file_registry
 from notebookos.ports import free_ports
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
@@ -172,9 +173,9 @@ def main() -> None:
             kc.load_connection_info(connection_info_to_dict(started.connection))
             kc.start_channels()
             kc.wait_for_ready(timeout=60)
-            registry = json.loads((Path(tmp) / "state" / "global_scheduler" /
-                                   "registry.json").read_text())
-            replicas = registry["kernels"][kernel_id]["replicas"]
+            _hosts, kernels = read_file_registry(Path(tmp) / "state" / "global_scheduler" /
+                                                "registry.json").load()
+            replicas = kernels[kernel_id]["replicas"]
             for _ in range(10):  # warm up the path and the executor's caches
                 routed(kc, "pass")
             executor = stub.GetKernelStatus(global_scheduler_pb2.GetKernelStatusRequest(
