@@ -26,7 +26,7 @@ import getpass
 import os
 import signal
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
@@ -37,6 +37,9 @@ from notebookos.proto import common_pb2, global_scheduler_pb2, global_scheduler_
 from notebookos.proto.convert import connection_info_to_dict, resource_spec_to_proto
 from notebookos.provisioner.errors import start_refused
 from notebookos.resources import ResourceSpec
+
+if TYPE_CHECKING:
+    from notebookos.config import Config
 
 LIVE_REPLICA_STATES = frozenset({
     common_pb2.REPLICA_STATE_STARTING,
@@ -55,10 +58,10 @@ GONE_KERNEL_STATES = frozenset({
 })
 
 
-def default_global_scheduler_address() -> str:
+def default_global_scheduler_address(config: Config | None = None) -> str:
     from notebookos.config import load_config
 
-    config = load_config()
+    config = config or load_config()
     return f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}"
 
 
@@ -72,7 +75,8 @@ _shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, grpc.a
     weakref.WeakKeyDictionary())
 
 
-def shared_global_scheduler_channel(address: str) -> grpc.aio.Channel:
+def shared_global_scheduler_channel(address: str,
+                                    config: Config | None = None) -> grpc.aio.Channel:
     """The one channel to the Global Scheduler at ``address`` that every kernel of this Jupyter
     Server and the extension's handlers share (per event loop: an aio channel belongs to one;
     and per version of the credential files: a replaced certificate gets a new channel). A
@@ -82,7 +86,7 @@ def shared_global_scheduler_channel(address: str) -> grpc.aio.Channel:
     from notebookos.config import load_config
     from notebookos.security import SecurityError, load_tls, secure_aio_channel
 
-    config = load_config()
+    config = config or load_config()
     try:
         key = (address, load_tls(config).stamp, config.security.server_name)
         channels = _shared.setdefault(asyncio.get_running_loop(), {})
@@ -134,8 +138,14 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         return self.global_scheduler
 
     def _stub(self) -> global_scheduler_pb2_grpc.GlobalSchedulerStub:
+        # one reading of the configuration for both (a reading costs ~1 ms on a kernel start)
+        from notebookos.config import load_config
+
+        config = load_config()
+        if not self.global_scheduler:
+            self.global_scheduler = default_global_scheduler_address(config)
         return global_scheduler_pb2_grpc.GlobalSchedulerStub(
-            shared_global_scheduler_channel(self.address))
+            shared_global_scheduler_channel(self.global_scheduler, config))
 
     def resource_request(self) -> ResourceSpec:
         return ResourceSpec(self.millicpus, self.memory_mb, self.gpus, self.vram_gb)
