@@ -24,7 +24,10 @@ way, alternating plain and ``notebookos`` on the fixed server, the REST ``POST /
 (``start_s``); after each start the kernel is deleted and the cluster left to settle (its hosts
 refill their prewarm pools, as they would between two users opening notebooks; a start that
 finds the pools empty is the cold start of ``benchmarks/idle.py --starts``). Reports every
-sample, the medians and the median of the per-pair ratios.
+sample, the medians and the median of the per-pair ratios. ``--prewarm 0`` runs the cluster
+without prewarm pools (every replica starts as when the pools are empty: forked from each host's
+fork server), and ``--no-fork-server`` without fork servers (then such a start is cold: a new
+interpreter per replica).
 """
 
 from __future__ import annotations
@@ -250,7 +253,8 @@ def pct(values: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
 
-def start_cluster(workdir: Path) -> tuple[Supervisor, dict[str, str]]:
+def start_cluster(workdir: Path, prewarm: int = 1,
+                  fork_server: bool = True) -> tuple[Supervisor, dict[str, str]]:
     """A Global Scheduler and three Local Schedulers (as `notebookos up` starts them)."""
     from notebookos.commands.up_cmd import start_schedulers
     from notebookos.provisioner.kernelspecs import install_kernelspecs
@@ -262,20 +266,23 @@ def start_cluster(workdir: Path) -> tuple[Supervisor, dict[str, str]]:
         "local_scheduler.virtual_gpus": 2,
     })
     supervisor = Supervisor(workdir / "cluster" / "logs")
-    env = start_schedulers(config, 3, supervisor, threading.Event())
+    env = start_schedulers(config, 3, supervisor, threading.Event(), extra_env={
+        "NOTEBOOKOS_LOCAL_SCHEDULER_PREWARM_POOL_SIZE": str(prewarm),
+        "NOTEBOOKOS_LOCAL_SCHEDULER_FORK_SERVER": "true" if fork_server else "false"})
     assert env is not None
     return supervisor, env
 
 
-async def run(cells: int, starts: int = 0) -> dict:
+async def run(cells: int, starts: int = 0, prewarm: int = 1, fork_server: bool = True) -> dict:
     result: dict = {"cells": cells}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        supervisor, env = start_cluster(workdir)
+        supervisor, env = start_cluster(workdir, prewarm, fork_server)
         try:
             if starts:
-                return await measure_starts(workdir, env, starts,
-                                            lambda: marked_processes(supervisor.marker))
+                out = await measure_starts(workdir, env, starts,
+                                           lambda: marked_processes(supervisor.marker))
+                return {**out, "prewarm_pool_size": prewarm, "fork_server": fork_server}
             await measure_servers(workdir, env, cells, result,
                                   lambda: marked_processes(supervisor.marker))
         finally:
@@ -393,8 +400,12 @@ def main() -> int:
     parser.add_argument("--cells", type=int, default=200)
     parser.add_argument("--starts", type=int, default=0,
                         help="measure N kernel starts each way instead of cells")
+    parser.add_argument("--prewarm", type=int, default=1,
+                        help="prewarmed replicas per host (0: every start as with empty pools)")
+    parser.add_argument("--no-fork-server", action="store_true",
+                        help="no fork servers: a start that finds the pool empty is cold")
     args = parser.parse_args()
-    result = asyncio.run(run(args.cells, args.starts))
+    result = asyncio.run(run(args.cells, args.starts, args.prewarm, not args.no_fork_server))
     if args.json:
         print(json.dumps(result))
     else:

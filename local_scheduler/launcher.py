@@ -10,6 +10,7 @@ from the pool. The Docker launcher (``docker_launcher.py``) runs each replica in
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,9 +24,12 @@ from pathlib import Path
 from typing import Protocol
 
 from notebookos.local_scheduler import spawn
+from notebookos.local_scheduler.fork_server import ForkedProcess, ForkServer, ForkServerError
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
 from notebookos.ports import bindable, free_ports
 from notebookos.resources import ResourceSpec
+
+log = logging.getLogger(__name__)
 
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
@@ -145,6 +149,7 @@ class ProcessLauncher(Launcher):
         module: str = "notebookos.kernel",
         kernel_class: str = "ReplicaKernel",
         python: str = sys.executable,
+        fork_server: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +158,49 @@ class ProcessLauncher(Launcher):
         self.module = module
         self.kernel_class = kernel_class
         self.python = python
+        # Replicas started when the prewarm pool is empty fork from a preloaded interpreter
+        # (fork_server.py) instead of starting cold; None: every such start is cold.
+        self.fork_server = (ForkServer(python, module, self.workdir / "fork-server.log")
+                            if fork_server else None)
+        self._fork_server_lock = threading.Lock()
+        self._fork_server_starting = False
+        if self.fork_server is not None:
+            self._start_fork_server()
+
+    def _start_fork_server(self) -> None:
+        """(Re)start the fork server in the background; launches go cold until it is ready."""
+        with self._fork_server_lock:
+            if self._fork_server_starting or self.fork_server is None or self.fork_server.closed:
+                return
+            self._fork_server_starting = True
+
+        def run() -> None:
+            assert self.fork_server is not None
+            try:
+                self.fork_server.start()
+            except OSError as exc:
+                log.warning("replicas start cold: %s", exc)
+            finally:
+                with self._fork_server_lock:
+                    self._fork_server_starting = False
+
+        threading.Thread(target=run, daemon=True, name="fork-server-start").start()
+
+    def _fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> ReplicaProcess | None:
+        """The replica forked by the fork server, or None (not running: start it again)."""
+        server = self.fork_server
+        if server is None:
+            return None
+        if not server.alive:
+            self._start_fork_server()
+            return None
+        try:
+            return server.fork(argv, env, log_path)
+        except ForkServerError as exc:
+            log.warning("replica %s starts cold: %s", argv[:1], exc)
+            if not server.alive:
+                self._start_fork_server()
+            return None
 
     def argv(self, spec: ReplicaSpec, connection_file: Path) -> list[str]:
         """The replica's arguments after ``python -m MODULE`` (the kernel's documented flags)."""
@@ -182,13 +230,16 @@ class ProcessLauncher(Launcher):
         log_path = self.workdir / f"{name}.log"
         argv = self.argv(spec, connection_file)
         env = dict(spec.env)
+        process: ReplicaProcess | None = None
         if prewarmed is not None:
             process = prewarmed.promote(argv, env, log_path)
         else:
-            with open(log_path, "ab") as log:
+            process = self._fork(argv, env, log_path)
+        if process is None:
+            with open(log_path, "ab") as log_file:
                 process = spawn.popen(
                     [self.python, "-m", "notebookos.local_scheduler.child", self.module, *argv],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                     env={**os.environ, **env},
                 )
         replica = LaunchedReplica(spec, process.pid, self.ip, ports, spec.raft_address,
@@ -198,19 +249,16 @@ class ProcessLauncher(Launcher):
         return replica
 
     def _watch(self, replica: LaunchedReplica) -> None:
-        assert isinstance(replica.process, subprocess.Popen)
+        assert isinstance(replica.process, subprocess.Popen | ForkedProcess)
         code = replica.process.wait()
         try:
             self.on_exit(replica, code)
         except Exception:  # noqa: BLE001 - a failing callback must not kill the watcher silently
-            import logging
-
-            logging.getLogger(__name__).exception("exit callback failed for %s",
-                                                  replica.spec.owner)
+            log.exception("exit callback failed for %s", replica.spec.owner)
 
     def stop(self, replica: LaunchedReplica, grace_period_s: float) -> int:
         proc = replica.process
-        assert isinstance(proc, subprocess.Popen)
+        assert isinstance(proc, subprocess.Popen | ForkedProcess)
         if proc.poll() is None:
             _signal_group(proc.pid, signal.SIGTERM)
             try:
@@ -223,6 +271,10 @@ class ProcessLauncher(Launcher):
     def interrupt(self, replica: LaunchedReplica) -> None:
         if replica.process.poll() is None:
             os.kill(replica.pid, signal.SIGINT)
+
+    def close(self) -> None:
+        if self.fork_server is not None:
+            self.fork_server.close()
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -15,6 +15,7 @@ exactly as a cold ``python -m MODULE ...`` would.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -24,7 +25,7 @@ import time
 from notebookos.local_scheduler.spawn import die_with_parent
 
 HEAVY_IMPORTS = ("zmq", "ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "cloudpickle",
-                 "pysyncobj", "numpy")
+                 "pysyncobj", "numpy", "notebookos.kernel.app")  # the last: the replica itself
 USAGE = "usage: python -m notebookos.local_scheduler.prewarm_main [--order-file PATH] MODULE"
 
 
@@ -38,6 +39,42 @@ def wait_for_order_file(path: str, poll_s: float = 0.01) -> dict:
             time.sleep(poll_s)
 
 
+def preload(module: str) -> None:
+    """Import what a replica of ``module`` needs (a missing optional import only costs time):
+    the heavy imports, and ``module`` itself where it is a package (``python -m`` runs its
+    ``__main__``, not its ``__init__``), else its package: importing a plain module would run
+    it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    own = module if spec is not None and spec.submodule_search_locations is not None else (
+        module.rpartition(".")[0])
+    for name in (*HEAVY_IMPORTS, *([own] if own else [])):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a missing optional import only costs start time
+            pass
+
+
+def run_order(order: dict, module: str) -> int:
+    """Become the replica ``order`` describes: its output to ``order["log"]`` (else nowhere: this
+    process's stdout may be a pipe its starter reads), stdin from /dev/null, ``order["env"]``
+    added to the environment, then ``MODULE`` run as ``__main__`` with ``order["argv"]``."""
+    log_fd = (os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+              if order.get("log") else os.open(os.devnull, os.O_WRONLY))
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.environ.update(order.get("env", {}))
+    sys.argv = [module, *order["argv"]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     order_file = None
     if len(argv) == 3 and argv[0] == "--order-file":
@@ -47,11 +84,7 @@ def main(argv: list[str]) -> int:
         return 2
     module = argv[0]
     die_with_parent()
-    for name in (*HEAVY_IMPORTS, module.rsplit(".", 1)[0] if "." in module else module):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a missing optional import only costs start time
-            pass
+    preload(module)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     if order_file is not None:
@@ -61,16 +94,7 @@ def main(argv: list[str]) -> int:
         if not line:
             return 0
         order = json.loads(line)
-    if order.get("log"):
-        log_fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.environ.update(order.get("env", {}))
-    sys.argv = [module, *order["argv"]]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-    return 0
+    return run_order(order, module)
 
 
 if __name__ == "__main__":

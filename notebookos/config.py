@@ -233,6 +233,9 @@ class LocalSchedulerSettings:
     vram_gb_per_gpu: float = setting(16.0, "GPU memory per virtual GPU.", _at_least(0.0))
     prewarm_pool_size: int = setting(1, "Prewarmed replica processes kept ready on this host.",
                                      _at_least(0))
+    fork_server: bool = setting(
+        True, "Start replicas that find the prewarm pool empty by forking a preloaded "
+        "interpreter (one per host) instead of a new one; `process` launcher only.")
     heartbeat_interval_s: float = setting(2.0, "Seconds between heartbeats.", _at_least(0.1))
     host_id: str = setting("", "This host's id in the cluster; empty means <hostname>-<grpc port>.")
     replica_module: str = setting(

@@ -1,0 +1,197 @@
+"""The Local Scheduler's side of the fork server (``fork_server_main``): start it, hand it
+orders, and follow the replicas it forks.
+
+A forked replica is the fork server's child, not the Local Scheduler's: ``ForkedProcess`` is what
+the launcher needs of a ``subprocess.Popen`` (pid, poll, wait, returncode), fed by the server's
+exit notices. One thread per server reads its answers. If the server dies, its replicas die with
+it (``PR_SET_PDEATHSIG``): each is reported exited (-9), and the launcher starts a new server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import subprocess
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+from notebookos.local_scheduler import spawn
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 60.0
+ORDER_TIMEOUT_S = 10.0
+
+
+class ForkServerError(OSError):
+    """The fork server could not start or fork a replica (the launcher starts it cold)."""
+
+
+class ForkedProcess:
+    """A replica the fork server forked, as the launcher sees a ``subprocess.Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(f"replica pid {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def exited(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._done.set()
+
+
+class ForkServer:
+    """One ``fork_server_main`` process and the replicas it forked."""
+
+    def __init__(self, python: str, module: str, log_path: Path) -> None:
+        self.python = python
+        self.module = module
+        self.log_path = Path(log_path)
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # one order written and answered at a time
+        self._answers: dict[str, Future] = {}
+        self._children: dict[int, ForkedProcess] = {}
+        self._children_lock = threading.Lock()
+        self._orders = 0
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def start(self) -> None:
+        """Start the server and wait until its imports are done; ForkServerError if it fails."""
+        with open(self.log_path, "ab") as log_file:
+            process = spawn.popen(
+                [self.python, "-m", "notebookos.local_scheduler.fork_server_main", self.module],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file)
+        assert process.stdout is not None
+        readable, _, _ = select.select([process.stdout], [], [], READY_TIMEOUT_S)
+        line = process.stdout.readline() if readable else b""
+        try:
+            ok = json.loads(line).get("ready") is True
+        except ValueError:
+            ok = False
+        if not ok:
+            _kill(process)
+            raise ForkServerError(f"the fork server did not start (see {self.log_path})")
+        with self._lock:
+            if self._closed:
+                _kill(process)
+                raise ForkServerError("the launcher closed")
+            self._process = process
+        threading.Thread(target=self._read, args=(process,), daemon=True,
+                         name="fork-server").start()
+
+    def fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
+        """Fork a replica running ``MODULE argv`` with ``env`` added, its output to
+        ``log_path``. Raises ForkServerError when the server is gone or does not answer."""
+        with self._lock:
+            process = self._process
+            if process is None or process.poll() is not None or process.stdin is None:
+                raise ForkServerError("the fork server is not running")
+            self._orders += 1
+            tag = str(self._orders)
+            answer: Future = Future()
+            self._answers[tag] = answer
+            order = {"tag": tag, "argv": argv, "env": env, "log": str(log_path)}
+            try:
+                process.stdin.write(json.dumps(order).encode() + b"\n")
+                process.stdin.flush()
+            except (OSError, ValueError) as exc:
+                self._answers.pop(tag, None)
+                raise ForkServerError(f"the fork server is gone: {exc}") from None
+            try:
+                return answer.result(timeout=ORDER_TIMEOUT_S)
+            except TimeoutError:
+                raise ForkServerError("the fork server did not answer") from None
+            finally:
+                self._answers.pop(tag, None)
+
+    def _read(self, process: subprocess.Popen) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                log.warning("fork server: unreadable answer %r", line[:200])
+                continue
+            if "exited" in doc:
+                with self._children_lock:
+                    child = self._children.pop(doc["exited"], None)
+                if child is not None:
+                    child.exited(doc["code"])
+                continue
+            answer = self._answers.get(str(doc.get("tag")))
+            if "pid" in doc:
+                child = ForkedProcess(doc["pid"])
+                with self._children_lock:
+                    self._children[child.pid] = child
+                if answer is not None:
+                    answer.set_result(child)
+                else:  # its order timed out meanwhile: nobody will watch it
+                    _kill_group(child.pid)
+            elif answer is not None:
+                answer.set_exception(ForkServerError(f"the fork server could not fork: "
+                                                     f"{doc.get('error')}"))
+            else:
+                log.warning("fork server: %s", doc.get("error"))
+        process.stdout.close()
+        process.wait()
+        if not self._closed:
+            log.warning("the fork server exited (code %s); its replicas died with it",
+                        process.returncode)
+        for answer in list(self._answers.values()):
+            if not answer.done():
+                answer.set_exception(ForkServerError("the fork server exited"))
+        with self._children_lock:
+            children, self._children = self._children, {}
+        for child in children.values():
+            child.exited(-9)  # PR_SET_PDEATHSIG: SIGKILL
+
+    def close(self) -> None:
+        """Stop the server (its replicas die with it: stop them first)."""
+        with self._lock:
+            self._closed = True
+            process = self._process
+        if process is not None:
+            _kill(process)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Kill the server (its reader, if any, sees EOF and closes stdout)."""
+    if process.poll() is None:
+        _kill_group(process.pid)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    if process.stdin is not None:
+        try:
+            process.stdin.close()
+        except OSError:
+            pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass

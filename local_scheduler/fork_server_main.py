@@ -1,0 +1,133 @@
+"""The fork server: one preloaded interpreter per Local Scheduler that forks replicas.
+
+Started by the process launcher as ``python -m notebookos.local_scheduler.fork_server_main
+MODULE``. It imports what a replica needs (as a prewarmed replica does), prints ``ready`` and
+then reads orders, one JSON line each on stdin: ``{"tag": T, "argv": [...], "env": {...},
+"log": PATH}``. For each it forks a child that becomes the replica exactly as a promoted
+prewarmed one does (``prewarm_main.run_order``), so a replica started when the prewarm pool is
+empty skips the interpreter's start and the imports (~0.3-0.5 s of CPU each, three at once on
+a kernel start). It answers on stdout, one JSON line each:
+
+- ``{"tag": T, "pid": P}`` once the child is forked (``{"tag": T, "error": ...}`` if not);
+- ``{"exited": P, "code": C}`` when a child exits (C as ``Popen.returncode``: -N for signal N).
+
+The server is the children's parent and reaps them. Each child runs in a session of its own (a
+stop signals its process group), dies with the server (``PR_SET_PDEATHSIG``), and the server dies
+with the Local Scheduler (``spawn.die_with_parent``), so a replica never outlives it, as a cold
+one never does. EOF on stdin (the Local Scheduler closed it) ends the server.
+
+The server is one thread: nothing runs between its reads but a fork, so the fork copies a
+quiet interpreter. What a fork shares that separate interpreters would not is made fresh in the
+child: NumPy's global random state (Python's ``random`` is reseeded by CPython itself).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import sys
+
+from notebookos.local_scheduler.prewarm_main import preload, run_order
+from notebookos.local_scheduler.spawn import PR_SET_PDEATHSIG, die_with_parent
+
+USAGE = "usage: python -m notebookos.local_scheduler.fork_server_main MODULE"
+
+
+def _answer(doc: dict) -> None:
+    line = (json.dumps(doc) + "\n").encode()
+    view = memoryview(line)
+    while view:
+        view = view[os.write(1, view):]
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _answer({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _become_child(server_pid: int, wakeup: tuple[int, int]) -> None:
+    """In the forked child: a session of its own, death with the server, nothing of its loop."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in wakeup:
+        os.close(fd)
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != server_pid:  # the server died between the fork and the prctl
+            os._exit(0)
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # else every kernel forked here draws the same numbers
+        numpy_random.seed()
+
+
+def serve(module: str) -> int:
+    """The server's loop; returns in a forked child with that child's exit code."""
+    server_pid = os.getpid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+    signal.set_wakeup_fd(wake_w)
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    _answer({"ready": True})
+    pending = b""
+    while True:
+        for key, _events in selector.select():
+            if key.fd == wake_r:
+                while True:
+                    try:
+                        if not os.read(wake_r, 512):
+                            break
+                    except BlockingIOError:
+                        break
+                _reap()
+                continue
+            data = os.read(0, 1 << 16)
+            if not data:
+                return 0  # the Local Scheduler closed the pipe: the children die with this
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                try:
+                    order = json.loads(line)
+                    tag = order["tag"]
+                    order["argv"]  # noqa: B018 - checked before forking
+                except (ValueError, KeyError, TypeError) as exc:
+                    _answer({"tag": None, "error": f"a malformed order: {exc!r}"})
+                    continue
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    _answer({"tag": tag, "error": f"fork failed: {exc}"})
+                    continue
+                if pid == 0:
+                    selector.close()
+                    _become_child(server_pid, (wake_r, wake_w))
+                    return run_order(order, module)
+                _answer({"tag": tag, "pid": pid})
+        _reap()  # a SIGCHLD that came while an order was read
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(USAGE, file=sys.stderr)
+        return 2
+    die_with_parent()
+    preload(argv[0])
+    return serve(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,171 @@
+"""The fork server: replicas forked from one preloaded interpreter behave as cold ones do (their
+own session, their environment, argv and log, their exit code, their own random numbers) and
+never outlive the Local Scheduler. Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from notebookos.local_scheduler.fork_server import ForkServer, ForkServerError
+from notebookos.local_scheduler.launcher import ProcessLauncher, ReplicaSpec
+from notebookos.testing.processes import pid_alive
+
+pytestmark = pytest.mark.timeout(120)
+
+PROBE = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy
+    out = {"pid": os.getpid(), "sid": os.getsid(0), "argv": sys.argv[1:],
+           "env": os.environ.get("PROBE_VALUE"), "draw": float(numpy.random.rand())}
+    print(json.dumps(out), flush=True)
+    if "--sleep" in sys.argv:
+        time.sleep(600)
+    sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+""")
+
+
+@pytest.fixture
+def probe_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "fork_probe.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return "fork_probe"
+
+
+def _output(log: Path, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if text.strip():
+            return json.loads(text.strip().splitlines()[0])
+        time.sleep(0.05)
+    raise AssertionError(f"{log} stayed empty")
+
+
+def test_a_forked_replica_runs_as_a_cold_one_would(tmp_path: Path, probe_module: str) -> None:
+    server = ForkServer(sys.executable, probe_module, tmp_path / "server.log")
+    server.start()
+    try:
+        first = server.fork(["--a", "1"], {"PROBE_VALUE": "x"}, tmp_path / "one.log")
+        second = server.fork([], {"PROBE_EXIT": "3"}, tmp_path / "two.log")
+        assert first.wait(30) == 0
+        assert second.wait(30) == 3
+        one, two = _output(tmp_path / "one.log"), _output(tmp_path / "two.log")
+        assert one["pid"] == first.pid and one["sid"] == first.pid  # a session of its own
+        assert one["argv"] == ["--a", "1"] and one["env"] == "x" and two["env"] is None
+        assert one["draw"] != two["draw"]  # NumPy's global random state is not shared
+    finally:
+        server.close()
+
+
+def test_a_replica_killed_by_a_signal_reports_it_and_a_stop_reaches_its_group(
+        tmp_path: Path, probe_module: str) -> None:
+    server = ForkServer(sys.executable, probe_module, tmp_path / "server.log")
+    server.start()
+    try:
+        child = server.fork(["--sleep"], {}, tmp_path / "child.log")
+        _output(tmp_path / "child.log")
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(0.2)
+        assert child.poll() is None
+        os.killpg(child.pid, signal.SIGTERM)
+        assert child.wait(30) == -signal.SIGTERM
+    finally:
+        server.close()
+
+
+def test_replicas_die_with_the_server_and_are_reported_so(tmp_path: Path,
+                                                          probe_module: str) -> None:
+    server = ForkServer(sys.executable, probe_module, tmp_path / "server.log")
+    server.start()
+    child = server.fork(["--sleep"], {}, tmp_path / "child.log")
+    _output(tmp_path / "child.log")
+    server.close()
+    assert child.wait(30) == -9
+    deadline = time.monotonic() + 30
+    while pid_alive(child.pid):
+        assert time.monotonic() < deadline, "a forked replica outlived its fork server"
+        time.sleep(0.05)
+    with pytest.raises(ForkServerError, match="not running"):
+        server.fork([], {}, tmp_path / "late.log")
+
+
+def test_a_forked_replica_dies_with_the_local_scheduler(tmp_path: Path,
+                                                        probe_module: str) -> None:
+    """SIGKILL the process that holds the fork server (as a Local Scheduler would be)."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from notebookos.local_scheduler.fork_server import ForkServer
+        server = ForkServer(sys.executable, {probe_module!r}, Path({str(tmp_path)!r}) / "s.log")
+        server.start()
+        child = server.fork(["--sleep"], {{}}, Path({str(tmp_path)!r}) / "child.log")
+        time.sleep(600)
+    """)], start_new_session=True)
+    try:
+        pid = _output(tmp_path / "child.log", timeout=60)["pid"]
+        assert pid_alive(pid)
+        holder.kill()
+        holder.wait(10)
+        deadline = time.monotonic() + 30
+        while pid_alive(pid):
+            assert time.monotonic() < deadline, "a forked replica outlived its Local Scheduler"
+            time.sleep(0.05)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(10)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _wait_for(what: str, check, timeout: float = 60) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_launcher_forks_when_the_pool_is_empty_and_starts_cold_while_the_server_is_down(
+        tmp_path: Path, probe_module: str) -> None:
+    exits: dict[int, int] = {}
+    launcher = ProcessLauncher(tmp_path / "work", lambda r, code: exits.update({r.pid: code}),
+                               module=probe_module, fork_server=True)
+    spec = ReplicaSpec("k1", 1, "127.0.0.1:0", (), "file:///nowhere", "key", "hmac-sha256",
+                       env={"PROBE_VALUE": "from-spec"})
+    server = launcher.fork_server
+    assert server is not None
+    try:
+        _wait_for("the fork server did not start", lambda: server.alive)
+        server_pid = server._process.pid  # noqa: SLF001 - whose child a replica is
+        forked = launcher.launch(spec)
+        assert not forked.from_prewarm_pool and _parent(forked.pid) == server_pid
+        assert forked.log_path is not None
+        assert _output(forked.log_path)["env"] == "from-spec"
+
+        os.killpg(server_pid, signal.SIGKILL)  # the server dies, and its replica with it
+        _wait_for("the forked replica was not reported dead", lambda: forked.pid in exits)
+        assert exits[forked.pid] == -9
+        cold = launcher.launch(spec)  # meanwhile: cold, and the server starts again
+        assert _parent(cold.pid) == os.getpid()
+        assert _output(cold.log_path)["env"] == "from-spec"
+        _wait_for("the fork server did not start again", lambda: server.alive)
+        again = launcher.launch(spec)
+        assert _parent(again.pid) == server._process.pid != server_pid  # noqa: SLF001
+        for replica in (cold, again):
+            assert replica.process.wait(30) == 0  # the probe exits by itself
+            assert launcher.stop(replica, grace_period_s=5) == 0
+        _wait_for("stops not reported", lambda: {cold.pid, again.pid} <= exits.keys(), 10)
+    finally:
+        launcher.close()
