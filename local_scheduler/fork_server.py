@@ -1,5 +1,5 @@
 """The Local Scheduler's side of the fork server (``fork_server_main``): start it, hand it
-orders, and follow the replicas it forks.
+orders, and follow the replicas it forks, started at once or waiting in the prewarm pool.
 
 A forked replica is the fork server's child, not the Local Scheduler's: ``ForkedProcess`` is what
 the launcher needs of a ``subprocess.Popen`` (pid, poll, wait, returncode), fed by the server's
@@ -103,6 +103,17 @@ class ForkServer:
     def fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
         """Fork a replica running ``MODULE argv`` with ``env`` added, its output to
         ``log_path``. Raises ForkServerError when the server is gone or does not answer."""
+        return self._order({"argv": argv, "env": env, "log": str(log_path)})
+
+    def fork_waiting(self) -> ForkedPrewarmed:
+        """Fork a prewarmed replica for the pool: it waits for ``promote``."""
+        return ForkedPrewarmed(self, self._order({"wait": True}))
+
+    def promote(self, pid: int, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        """Hand waiting child ``pid`` its order (``fork``'s arguments)."""
+        self._order({"promote": pid, "argv": argv, "env": env, "log": str(log_path)})
+
+    def _order(self, order: dict) -> ForkedProcess:
         with self._lock:
             process = self._process
             if process is None or process.poll() is not None or process.stdin is None:
@@ -111,7 +122,7 @@ class ForkServer:
             tag = str(self._orders)
             answer: Future = Future()
             self._answers[tag] = answer
-            order = {"tag": tag, "argv": argv, "env": env, "log": str(log_path)}
+            order = {"tag": tag, **order}
             try:
                 process.stdin.write(json.dumps(order).encode() + b"\n")
                 process.stdin.flush()
@@ -141,9 +152,8 @@ class ForkServer:
                 continue
             answer = self._answers.get(str(doc.get("tag")))
             if "pid" in doc:
-                child = ForkedProcess(doc["pid"])
-                with self._children_lock:
-                    self._children[child.pid] = child
+                with self._children_lock:  # a promoted child is known already
+                    child = self._children.setdefault(doc["pid"], ForkedProcess(doc["pid"]))
                 if answer is not None:
                     answer.set_result(child)
                 else:  # its order timed out meanwhile: nobody will watch it
@@ -175,6 +185,30 @@ class ForkServer:
             _kill(process)
 
 
+class ForkedPrewarmed:
+    """A forked replica waiting in the prewarm pool (``prewarm.Prewarmed``)."""
+
+    def __init__(self, server: ForkServer, process: ForkedProcess) -> None:
+        self.server = server
+        self.process = process
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def promote(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
+        self.server.promote(self.process.pid, argv, env, log_path)
+        return self.process
+
+    def discard(self) -> None:
+        if self.process.poll() is None:
+            _kill_group(self.process.pid)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("a discarded prewarmed replica (pid %d) did not exit", self.process.pid)
+
+
 def _kill(process: subprocess.Popen) -> None:
     """Kill the server (its reader, if any, sees EOF and closes stdout)."""
     if process.poll() is None:
@@ -191,7 +225,14 @@ def _kill(process: subprocess.Popen) -> None:
 
 
 def _kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads; the process alone if it has not made its group
+    yet (a child just forked, before its ``setsid``)."""
     try:
         os.killpg(pid, 9)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    except PermissionError:
         pass

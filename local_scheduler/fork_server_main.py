@@ -11,6 +11,12 @@ a kernel start). It answers on stdout, one JSON line each:
 - ``{"tag": T, "pid": P}`` once the child is forked (``{"tag": T, "error": ...}`` if not);
 - ``{"exited": P, "code": C}`` when a child exits (C as ``Popen.returncode``: -N for signal N).
 
+An order ``{"tag": T, "wait": true}`` forks a child that waits for its order instead: a
+prewarmed replica for the pool that costs a fork, not an interpreter's start. ``{"tag": T,
+"promote": P, "argv": ..., "env": ..., "log": ...}`` hands child P its order (over a pipe only
+the server holds) and is answered ``{"tag": T, "pid": P}``; the Local Scheduler discards a
+waiting child by killing it.
+
 The server is the children's parent and reaps them. Each child runs in a session of its own (a
 stop signals its process group), dies with the server (``PR_SET_PDEATHSIG``), and the server dies
 with the Local Scheduler (``spawn.die_with_parent``), so a replica never outlives it, as a cold
@@ -43,23 +49,31 @@ def _answer(doc: dict) -> None:
         view = view[os.write(1, view):]
 
 
-def _reap() -> None:
+def _reap() -> list[int]:
+    """Reap the children that exited, report each; their pids."""
+    reaped = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.append(pid)
         _answer({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _become_child(server_pid: int, wakeup: tuple[int, int]) -> None:
-    """In the forked child: a session of its own, death with the server, nothing of its loop."""
+def _become_child(server_pid: int, server_fds: tuple[int, ...]) -> None:
+    """In the forked child: a session of its own, death with the server, nothing of its loop
+    (``server_fds``: the server's own descriptors, closed)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for fd in wakeup:
+    for fd in server_fds:
         os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)  # not the Local Scheduler's pipes (run_order sets them for the replica)
+    os.dup2(devnull, 1)
+    os.close(devnull)
     os.setsid()
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -68,6 +82,18 @@ def _become_child(server_pid: int, wakeup: tuple[int, int]) -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:  # else every kernel forked here draws the same numbers
         numpy_random.seed()
+
+
+def _read_order(fd: int) -> dict | None:
+    """In a waiting child: its order, or None when the server closed the pipe first."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None
+        data += chunk
+    os.close(fd)
+    return json.loads(data)
 
 
 def serve(module: str) -> int:
@@ -83,6 +109,7 @@ def serve(module: str) -> int:
     selector.register(wake_r, selectors.EVENT_READ)
     _answer({"ready": True})
     pending = b""
+    waiting: dict[int, int] = {}  # a waiting child's pid -> the pipe its order goes down
     while True:
         for key, _events in selector.select():
             if key.fd == wake_r:
@@ -92,7 +119,10 @@ def serve(module: str) -> int:
                             break
                     except BlockingIOError:
                         break
-                _reap()
+                for pid in _reap():
+                    fd = waiting.pop(pid, None)
+                    if fd is not None:
+                        os.close(fd)
                 continue
             data = os.read(0, 1 << 16)
             if not data:
@@ -103,21 +133,52 @@ def serve(module: str) -> int:
                 try:
                     order = json.loads(line)
                     tag = order["tag"]
-                    order["argv"]  # noqa: B018 - checked before forking
+                    wait = order.get("wait") is True
+                    if not wait:
+                        order["argv"]  # noqa: B018 - checked before forking
                 except (ValueError, KeyError, TypeError) as exc:
                     _answer({"tag": None, "error": f"a malformed order: {exc!r}"})
                     continue
+                if "promote" in order:
+                    fd = waiting.pop(order["promote"], None)
+                    if fd is None:
+                        _answer({"tag": tag, "error": f"no waiting child {order['promote']}"})
+                        continue
+                    try:
+                        os.write(fd, (json.dumps(order) + "\n").encode())  # < a pipe's buffer
+                        _answer({"tag": tag, "pid": order["promote"]})
+                    except OSError as exc:  # it died meanwhile
+                        _answer({"tag": tag, "error": f"the waiting child is gone: {exc}"})
+                    finally:
+                        os.close(fd)
+                    continue
+                order_r, order_w = os.pipe() if wait else (-1, -1)
                 try:
                     pid = os.fork()
                 except OSError as exc:
+                    for fd in (order_r, order_w):
+                        if fd >= 0:
+                            os.close(fd)
                     _answer({"tag": tag, "error": f"fork failed: {exc}"})
                     continue
                 if pid == 0:
                     selector.close()
-                    _become_child(server_pid, (wake_r, wake_w))
+                    _become_child(server_pid, (wake_r, wake_w, *waiting.values()))
+                    if wait:
+                        os.close(order_w)
+                        received = _read_order(order_r)
+                        if received is None:
+                            return 0  # discarded
+                        order = received
                     return run_order(order, module)
+                if wait:
+                    os.close(order_r)
+                    waiting[pid] = order_w
                 _answer({"tag": tag, "pid": pid})
-        _reap()  # a SIGCHLD that came while an order was read
+        for pid in _reap():  # a SIGCHLD that came while an order was read
+            fd = waiting.pop(pid, None)
+            if fd is not None:
+                os.close(fd)
 
 
 def main(argv: list[str]) -> int:

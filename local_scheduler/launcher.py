@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Protocol
 
 from notebookos.local_scheduler import spawn
-from notebookos.local_scheduler.fork_server import ForkedProcess, ForkServer, ForkServerError
+from notebookos.local_scheduler.fork_server import (
+    READY_TIMEOUT_S,
+    ForkedPrewarmed,
+    ForkedProcess,
+    ForkServer,
+    ForkServerError,
+)
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
 from notebookos.ports import bindable, free_ports
 from notebookos.resources import ResourceSpec
@@ -72,6 +78,14 @@ class LaunchedReplica:
     log_path: Path | None
     process: ReplicaProcess
     started_unix: float = field(default_factory=time.time)
+    forked: bool = False  # by the fork server, the pool being empty
+
+
+def replica_source(replica: LaunchedReplica) -> str:
+    """Where a replica came from, as the ``source`` label of the start metrics says."""
+    if replica.from_prewarm_pool:
+        return "prewarm_pool"
+    return "fork_server" if replica.forked else "cold"
 
 
 ExitCallback = Callable[[LaunchedReplica, int], None]
@@ -164,6 +178,8 @@ class ProcessLauncher(Launcher):
                             if fork_server else None)
         self._fork_server_lock = threading.Lock()
         self._fork_server_starting = False
+        self._fork_server_settled = threading.Event()  # no start of it in progress
+        self._fork_server_settled.set()
         if self.fork_server is not None:
             self._start_fork_server()
 
@@ -173,6 +189,7 @@ class ProcessLauncher(Launcher):
             if self._fork_server_starting or self.fork_server is None or self.fork_server.closed:
                 return
             self._fork_server_starting = True
+            self._fork_server_settled.clear()
 
         def run() -> None:
             assert self.fork_server is not None
@@ -183,6 +200,7 @@ class ProcessLauncher(Launcher):
             finally:
                 with self._fork_server_lock:
                     self._fork_server_starting = False
+                    self._fork_server_settled.set()
 
         threading.Thread(target=run, daemon=True, name="fork-server-start").start()
 
@@ -206,14 +224,27 @@ class ProcessLauncher(Launcher):
         """The replica's arguments after ``python -m MODULE`` (the kernel's documented flags)."""
         return replica_argv(spec, str(connection_file), self.kernel_class)
 
-    def start_prewarmed(self) -> PrewarmedProcess:
+    def start_prewarmed(self) -> PrewarmedProcess | ForkedPrewarmed:
+        """Forked by the fork server (a fork, not an interpreter's start and imports) when it
+        runs; while it starts, once it is up; else a new process."""
+        server = self.fork_server
+        if server is not None:
+            self._fork_server_settled.wait(READY_TIMEOUT_S)
+            if server.alive:
+                try:
+                    return server.fork_waiting()
+                except ForkServerError as exc:
+                    log.warning("a prewarmed replica starts as a new process: %s", exc)
+            else:
+                self._start_fork_server()
         return start_prewarm_process(self.python, self.module)
 
     def launch(
         self, spec: ReplicaSpec, prewarmed: Prewarmed | None = None,
         resources: ResourceSpec | None = None,
     ) -> LaunchedReplica:
-        if prewarmed is not None and not isinstance(prewarmed, PrewarmedProcess):
+        if prewarmed is not None and not isinstance(prewarmed, PrewarmedProcess |
+                                                    ForkedPrewarmed):
             raise TypeError(f"the process launcher cannot promote {prewarmed!r}")
         raft_host, _, raft_port = spec.raft_address.rpartition(":")
         exclude = {int(raft_port)} if raft_port.isdigit() else set()
@@ -243,7 +274,8 @@ class ProcessLauncher(Launcher):
                     env={**os.environ, **env},
                 )
         replica = LaunchedReplica(spec, process.pid, self.ip, ports, spec.raft_address,
-                                  prewarmed is not None, log_path, process)
+                                  prewarmed is not None, log_path, process,
+                                  forked=prewarmed is None and isinstance(process, ForkedProcess))
         threading.Thread(target=self._watch, args=(replica,), daemon=True,
                          name=f"watch-{spec.owner}").start()
         return replica
@@ -278,10 +310,15 @@ class ProcessLauncher(Launcher):
 
 
 def _signal_group(pid: int, sig: int) -> None:
+    """Signal the replica's process group; the replica alone if it has not made its group yet
+    (forked a moment ago, before its ``setsid``: it has started nothing)."""
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:
-        pass
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def log_tail(path: Path, limit: int = 2000) -> str:

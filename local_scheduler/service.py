@@ -13,7 +13,12 @@ import grpc
 
 from notebookos.local_scheduler.binding import GpuBinder
 from notebookos.local_scheduler.gpus import Gpu
-from notebookos.local_scheduler.launcher import LaunchedReplica, Launcher, ReplicaSpec
+from notebookos.local_scheduler.launcher import (
+    LaunchedReplica,
+    Launcher,
+    ReplicaSpec,
+    replica_source,
+)
 from notebookos.local_scheduler.prewarm import PrewarmPool
 from notebookos.local_scheduler.sharing import replica_environment
 from notebookos.metrics import HostSnapshot, LocalSchedulerMetrics
@@ -231,7 +236,7 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             except (OSError, RuntimeError) as exc:
                 self.metrics.replica_starts.labels(
                     source="prewarm_pool" if prewarmed is not None else "cold",
-                    outcome="failed").inc()
+                    outcome="failed").inc()  # a failed fork is retried cold
                 context.abort(grpc.StatusCode.INTERNAL, f"could not start the replica: {exc}")
             entry = ReplicaEntry(launched, resources)
             self._replicas[(spec.kernel_id, spec.replica_id)] = entry
@@ -248,7 +253,7 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
     def _await_ready(self, entry: ReplicaEntry) -> None:
         """A replica is ready once its shell socket accepts connections; report STARTED."""
         launched = entry.launched
-        source = "prewarm_pool" if launched.from_prewarm_pool else "cold"
+        source = replica_source(launched)
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline and launched.process.poll() is None:
             try:

@@ -47,7 +47,7 @@ REPLICA_FAILURE_CAUSES = ("died", "exited", "host_lost")
 SCALE_DIRECTIONS = ("out", "in")
 DROP_REASONS = ("bad_signature", "malformed")
 PLACEMENT_OPERATIONS = ("kernel_start", "replica_replacement", "rebuild", "migration")
-REPLICA_SOURCES = ("prewarm_pool", "cold")
+REPLICA_SOURCES = ("prewarm_pool", "fork_server", "cold")
 REPLICA_EXIT_CAUSES = ("stopped", "died")
 GPU_COMMIT_OUTCOMES = ("committed", "refused")
 

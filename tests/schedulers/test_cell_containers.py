@@ -43,11 +43,18 @@ def gone(pid: int) -> bool:
 
 
 def pool_pids(ls_pid: int) -> set[int]:
-    """The prewarmed processes waiting in a Local Scheduler's pool (its children that run
-    ``prewarm_main``; a promoted one keeps that command line, so only those not yet promoted are
-    told apart by the caller)."""
-    return {p.pid for p in psutil.Process(ls_pid).children()
-            if "notebookos.local_scheduler.prewarm_main" in " ".join(p.cmdline())}
+    """The prewarmed processes waiting in a Local Scheduler's pool: its children that run
+    ``prewarm_main``, and those its fork server forked (the usual kind). A promoted one stays
+    where it was, so only those not yet promoted are told apart by the caller; here, with every
+    replica parked between cells, the fork server's children are the pool's."""
+    pids = set()
+    for child in psutil.Process(ls_pid).children():
+        argv = " ".join(child.cmdline())
+        if "notebookos.local_scheduler.prewarm_main" in argv:
+            pids.add(child.pid)
+        elif "notebookos.local_scheduler.fork_server_main" in argv:
+            pids.update(p.pid for p in child.children())
+    return pids
 
 
 def test_batch_runs_each_cell_in_a_fresh_container_restored_from_the_checkpoint(make_cluster):

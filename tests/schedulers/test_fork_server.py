@@ -169,3 +169,31 @@ def test_the_launcher_forks_when_the_pool_is_empty_and_starts_cold_while_the_ser
         _wait_for("stops not reported", lambda: {cold.pid, again.pid} <= exits.keys(), 10)
     finally:
         launcher.close()
+
+
+def test_the_pool_keeps_forked_replicas_that_wait_for_their_order(tmp_path: Path,
+                                                                 probe_module: str) -> None:
+    launcher = ProcessLauncher(tmp_path / "work", lambda r, code: None, module=probe_module,
+                               fork_server=True)
+    spec = ReplicaSpec("k1", 1, "127.0.0.1:0", (), "file:///nowhere", "key", "hmac-sha256",
+                       env={"PROBE_VALUE": "promoted"})
+    try:
+        waiting = launcher.start_prewarmed()  # waits for the fork server's start
+        assert launcher.fork_server is not None
+        assert _parent(waiting.process.pid) == launcher.fork_server._process.pid  # noqa: SLF001
+        time.sleep(0.3)
+        assert waiting.alive  # waits for its order
+        replica = launcher.launch(spec, waiting)
+        assert replica.from_prewarm_pool and replica.pid == waiting.process.pid
+        assert replica.log_path is not None
+        out = _output(replica.log_path)
+        assert out["pid"] == replica.pid == out["sid"] and out["env"] == "promoted"
+        assert replica.process.wait(30) == 0
+
+        discarded = launcher.start_prewarmed()
+        discarded.discard()
+        assert not discarded.alive and not pid_alive(discarded.process.pid)
+        with pytest.raises(ForkServerError, match="no waiting child"):
+            launcher.fork_server.promote(discarded.process.pid, [], {}, tmp_path / "x.log")
+    finally:
+        launcher.close()

@@ -98,8 +98,8 @@ def test_every_endpoint_is_live_lints_clean_and_counts_events(make_cluster, prom
     for url in urls["local_schedulers"].values():
         text = fetch(url)
         check_metrics(promtool, text)
-        starts += value(text, "notebookos_replica_starts_total", source="cold",
-                        outcome="succeeded")
+        starts += sum(value(text, "notebookos_replica_starts_total", source=source,
+                            outcome="succeeded") for source in ("fork_server", "cold"))
         commits += value(text, "notebookos_gpu_commits_total", outcome="committed")
         assert value(text, "notebookos_host_gpus", state="idle") == 2  # released after the cell
     assert starts == 3
