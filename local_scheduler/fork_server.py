@@ -67,6 +67,9 @@ class ForkServer:
         self._children_lock = threading.Lock()
         self._orders = 0
         self._closed = False
+        self._starting = False
+        self._settled = threading.Event()  # set while no start is in progress
+        self._settled.set()
 
     @property
     def alive(self) -> bool:
@@ -75,6 +78,49 @@ class ForkServer:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def start_in_background(self) -> None:
+        """Start the server on a thread of its own, unless it runs, starts or was closed."""
+        with self._lock:
+            if self._starting or self._closed or self.alive:
+                return
+            self._starting = True
+            self._settled.clear()
+
+        def run() -> None:
+            try:
+                self.start()
+            except OSError as exc:
+                log.warning("replicas start as new interpreters: %s", exc)
+            finally:
+                with self._lock:
+                    self._starting = False
+                    self._settled.set()
+
+        threading.Thread(target=run, daemon=True, name="fork-server-start").start()
+
+    def fork_or_none(self, argv: list[str], env: dict[str, str],
+                     log_path: Path) -> ForkedProcess | None:
+        """``fork``, or None when the server is not up (it is started again meanwhile)."""
+        try:
+            return self.fork(argv, env, log_path)
+        except ForkServerError as exc:
+            if self.alive:
+                log.warning("a replica starts as a new interpreter: %s", exc)
+            self.start_in_background()
+            return None
+
+    def waiting_or_none(self) -> ForkedPrewarmed | None:
+        """``fork_waiting`` once a start in progress is over, or None when the server is not up
+        (it is started again meanwhile)."""
+        self._settled.wait(READY_TIMEOUT_S)
+        try:
+            return self.fork_waiting()
+        except ForkServerError as exc:
+            if self.alive:
+                log.warning("a prewarmed replica starts as a new interpreter: %s", exc)
+            self.start_in_background()
+            return None
 
     def start(self) -> None:
         """Start the server and wait until its imports are done; ForkServerError if it fails."""

@@ -24,13 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from notebookos.local_scheduler import spawn
-from notebookos.local_scheduler.fork_server import (
-    READY_TIMEOUT_S,
-    ForkedPrewarmed,
-    ForkedProcess,
-    ForkServer,
-    ForkServerError,
-)
+from notebookos.local_scheduler.fork_server import ForkedPrewarmed, ForkedProcess, ForkServer
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
 from notebookos.ports import bindable, free_ports
 from notebookos.resources import ResourceSpec
@@ -172,53 +166,12 @@ class ProcessLauncher(Launcher):
         self.module = module
         self.kernel_class = kernel_class
         self.python = python
-        # Replicas started when the prewarm pool is empty fork from a preloaded interpreter
-        # (fork_server.py) instead of starting cold; None: every such start is cold.
+        # Replicas started when the prewarm pool is empty, and the pool's own, fork from a
+        # preloaded interpreter (fork_server.py); None: they start as new interpreters.
         self.fork_server = (ForkServer(python, module, self.workdir / "fork-server.log")
                             if fork_server else None)
-        self._fork_server_lock = threading.Lock()
-        self._fork_server_starting = False
-        self._fork_server_settled = threading.Event()  # no start of it in progress
-        self._fork_server_settled.set()
         if self.fork_server is not None:
-            self._start_fork_server()
-
-    def _start_fork_server(self) -> None:
-        """(Re)start the fork server in the background; launches go cold until it is ready."""
-        with self._fork_server_lock:
-            if self._fork_server_starting or self.fork_server is None or self.fork_server.closed:
-                return
-            self._fork_server_starting = True
-            self._fork_server_settled.clear()
-
-        def run() -> None:
-            assert self.fork_server is not None
-            try:
-                self.fork_server.start()
-            except OSError as exc:
-                log.warning("replicas start cold: %s", exc)
-            finally:
-                with self._fork_server_lock:
-                    self._fork_server_starting = False
-                    self._fork_server_settled.set()
-
-        threading.Thread(target=run, daemon=True, name="fork-server-start").start()
-
-    def _fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> ReplicaProcess | None:
-        """The replica forked by the fork server, or None (not running: start it again)."""
-        server = self.fork_server
-        if server is None:
-            return None
-        if not server.alive:
-            self._start_fork_server()
-            return None
-        try:
-            return server.fork(argv, env, log_path)
-        except ForkServerError as exc:
-            log.warning("replica %s starts cold: %s", argv[:1], exc)
-            if not server.alive:
-                self._start_fork_server()
-            return None
+            self.fork_server.start_in_background()
 
     def argv(self, spec: ReplicaSpec, connection_file: Path) -> list[str]:
         """The replica's arguments after ``python -m MODULE`` (the kernel's documented flags)."""
@@ -227,17 +180,8 @@ class ProcessLauncher(Launcher):
     def start_prewarmed(self) -> PrewarmedProcess | ForkedPrewarmed:
         """Forked by the fork server (a fork, not an interpreter's start and imports) when it
         runs; while it starts, once it is up; else a new process."""
-        server = self.fork_server
-        if server is not None:
-            self._fork_server_settled.wait(READY_TIMEOUT_S)
-            if server.alive:
-                try:
-                    return server.fork_waiting()
-                except ForkServerError as exc:
-                    log.warning("a prewarmed replica starts as a new process: %s", exc)
-            else:
-                self._start_fork_server()
-        return start_prewarm_process(self.python, self.module)
+        waiting = self.fork_server.waiting_or_none() if self.fork_server is not None else None
+        return waiting or start_prewarm_process(self.python, self.module)
 
     def launch(
         self, spec: ReplicaSpec, prewarmed: Prewarmed | None = None,
@@ -265,7 +209,8 @@ class ProcessLauncher(Launcher):
         if prewarmed is not None:
             process = prewarmed.promote(argv, env, log_path)
         else:
-            process = self._fork(argv, env, log_path)
+            process = (self.fork_server.fork_or_none(argv, env, log_path)
+                       if self.fork_server is not None else None)
         if process is None:
             with open(log_path, "ab") as log_file:
                 process = spawn.popen(
