@@ -119,7 +119,7 @@ def serve(module: str) -> int:
                             break
                     except BlockingIOError:
                         break
-                for pid in _reap():
+                for pid in _reap():  # a waiting child that died: its order pipe goes too
                     fd = waiting.pop(pid, None)
                     if fd is not None:
                         os.close(fd)
@@ -175,10 +175,6 @@ def serve(module: str) -> int:
                     os.close(order_r)
                     waiting[pid] = order_w
                 _answer({"tag": tag, "pid": pid})
-        for pid in _reap():  # a SIGCHLD that came while an order was read
-            fd = waiting.pop(pid, None)
-            if fd is not None:
-                os.close(fd)
 
 
 def main(argv: list[str]) -> int:
