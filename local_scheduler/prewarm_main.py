@@ -26,6 +26,15 @@ from notebookos.local_scheduler.spawn import die_with_parent
 
 HEAVY_IMPORTS = ("zmq", "ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "cloudpickle",
                  "pysyncobj", "numpy", "notebookos.kernel.app")  # the last: the replica itself
+# What every replica imports while it starts, after the above (ipykernel and IPython import them
+# inside initialize(): psutil for jupyter_client's local interfaces, sqlite3 for the history,
+# pdb for the debugger; the replica its state sync and store). ~50 ms of CPU per replica, three
+# replicas at once. tests/schedulers/test_prewarm_imports.py keeps this list complete.
+START_IMPORTS = ("psutil", "sqlite3", "pdb", "IPython.core.debugger", "IPython.core.completerlib",
+                 "IPython.core.oinspect", "IPython.extensions.storemagic",
+                 "tornado.platform.asyncio", "tornado.queues", "blake3", "faulthandler",
+                 "unicodedata", "notebookos.kernel.checkpoint_log", "notebookos.kernel.iostream",
+                 "notebookos.store.file_store")
 USAGE = "usage: python -m notebookos.local_scheduler.prewarm_main [--order-file PATH] MODULE"
 
 
@@ -50,7 +59,7 @@ def preload(module: str) -> None:
         spec = None
     own = module if spec is not None and spec.submodule_search_locations is not None else (
         module.rpartition(".")[0])
-    for name in (*HEAVY_IMPORTS, *([own] if own else [])):
+    for name in (*HEAVY_IMPORTS, *START_IMPORTS, *([own] if own else [])):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a missing optional import only costs start time
