@@ -242,6 +242,9 @@ class KernelFront:
         # the front's XPUB is new, and what it publishes before the client's SUB reconnects is
         # lost (ZMQ's slow joiner), so the client would wait forever for the cell's idle.
         self._iopub_subscribed = False
+        # Set by a client's first frame on any client socket (an IOPub subscription, a request,
+        # a heartbeat) or by close(): a kernel's replicas may wait for it to start (lifecycle).
+        self.client_attached = threading.Event()
         self._deferred: list[tuple[str, list[bytes]]] = []
         self._subscription_wait_s = 3.0
         # IOPub for clients: held while no client subscribes (see the module doc).
@@ -318,6 +321,7 @@ class KernelFront:
 
     def close(self) -> None:
         self._stop.set()
+        self.client_attached.set()  # a start waiting for a client goes on (and finds it gone)
         self._placer.close()
         self._wake()
         if self._thread is not None:
@@ -589,6 +593,8 @@ class KernelFront:
             self._commands.popleft()()
 
     def _dispatch(self, name: str, rid: int | None, frames: list[bytes]) -> None:
+        if not self.client_attached.is_set() and not name.startswith("replica"):
+            self.client_attached.set()
         if name in ("shell", "control"):
             log.debug("kernel %s: %s message from a client (%d frames)", self.kernel_id, name,
                       len(frames))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -47,9 +48,12 @@ class KernelLifecycleMixin:
         except InvalidHints as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{exc}")
         try:
+            # The replicas start once this answer is sent (gRPC calls the callback when the
+            # call ends): their start would otherwise take the interpreter from this answer.
             entry = self.start_kernel(request.kernel_id, spec, request.key, scheme,
                                       request.kernel_name, dict(request.env),
-                                      return_when_bound=request.return_when_bound, hints=hints)
+                                      return_when_bound=request.return_when_bound, hints=hints,
+                                      after_answer=context.add_callback)
         except StartError as exc:
             context.abort(exc.code, str(exc))
         with self.lock:
@@ -60,10 +64,13 @@ class KernelLifecycleMixin:
     def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
                      kernel_name: str = "", env: dict[str, str] | None = None, *,
                      return_when_bound: bool = False,
-                     hints: KernelHints | None = None) -> KernelEntry:
+                     hints: KernelHints | None = None,
+                     after_answer: Callable[[Callable[[], None]], bool] | None = None,
+                     ) -> KernelEntry:
         """Start a kernel; with ``return_when_bound`` (replica-per-host policies), return once
         its replicas' hosts are chosen and its front is bound: the replicas start behind it
-        (``_finish_start``) while it holds the client's requests."""
+        (``_finish_start``) while it holds the client's requests, at once or, given
+        ``after_answer`` (a gRPC context's ``add_callback``), once the caller has its answer."""
         with self.lock:
             if kernel_id in self.kernels:
                 raise StartError(grpc.StatusCode.ALREADY_EXISTS,
@@ -74,7 +81,7 @@ class KernelLifecycleMixin:
             self.kernels[kernel_id] = entry
         started = time.monotonic()
         if return_when_bound and self.mode.starts_behind_front:
-            return self._start_behind_front(entry, spec, started)
+            return self._start_behind_front(entry, spec, started, after_answer)
         try:
             self._start_retrying(kernel_id, "start",
                                  lambda: self.mode.start_containers(kernel_id))
@@ -99,10 +106,12 @@ class KernelLifecycleMixin:
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
 
-    def _start_behind_front(self, entry: KernelEntry, spec: ResourceSpec,
-                            started: float) -> KernelEntry:
+    def _start_behind_front(self, entry: KernelEntry, spec: ResourceSpec, started: float,
+                            after_answer: Callable[[Callable[[], None]], bool] | None = None,
+                            ) -> KernelEntry:
         """Admit the kernel (choose its replicas' hosts: a refusal is answered now), bind its
-        front in the starting state, and start the replicas on another thread."""
+        front in the starting state, and start the replicas on another thread (once the answer
+        is sent, given ``after_answer``, which returns False for a call already ended)."""
         kernel_id = entry.kernel_id
         try:
             plan = self._plan_replicas(kernel_id, self.replicas_per_kernel, join=False)
@@ -118,15 +127,27 @@ class KernelLifecycleMixin:
             log.exception("kernel %s failed to start", kernel_id)
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
-        threading.Thread(target=self._finish_start, args=(entry, spec, plan, started),
-                         daemon=True, name=f"start-{kernel_id}").start()
+        finish = threading.Thread(target=self._finish_start, args=(entry, spec, plan, started),
+                                  daemon=True, name=f"start-{kernel_id}").start
+        if after_answer is None or not after_answer(finish):
+            finish()
         return entry
 
     def _finish_start(self, entry: KernelEntry, spec: ResourceSpec, plan: object,
                       started: float) -> None:
         """The replicas of a kernel whose front is bound: start them (the planned ones first;
-        a retry places anew), then let the front send what it held, or fail it with why."""
+        a retry places anew) once a client attaches to the front or
+        ``replicas_wait_for_client_s`` has passed, then let the front send what it held, or
+        fail it with why."""
         kernel_id = entry.kernel_id
+        if self.replicas_wait_for_client_s > 0:
+            # Jupyter Server subscribes to the kernel's IOPub ~15 ms after its StartKernel is
+            # answered, as the last step of the REST create; replicas starting meanwhile on
+            # the same machine take its CPU (docs/performance.md, issue 18).
+            entry.front.client_attached.wait(self.replicas_wait_for_client_s)
+            with self.lock:
+                if self.kernels.get(kernel_id) is not entry:
+                    return  # stopped meanwhile
         plans = [plan]
         try:
             self._start_retrying(kernel_id, "start", lambda: self._add_replicas(

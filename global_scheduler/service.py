@@ -72,6 +72,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         cell_queue_timeout_s: float = 300.0,
         cell_checkpoint_timeout_s: float = 60.0,
         cell_order: CellOrder | None = None,
+        replicas_wait_for_client_s: float = 0.0,
         connect: Connect,
     ) -> None:
         self.policy = policy
@@ -84,6 +85,9 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.start_timeout_s = start_timeout_s
+        # A kernel started behind its front (Jupyter's provisioner) starts its replicas once a
+        # client attaches, or after this long (0: at once). See lifecycle._finish_start.
+        self.replicas_wait_for_client_s = replicas_wait_for_client_s
         self.instance_id = uuid.uuid4().hex
         self.cluster = Cluster(self.replicas_per_kernel)
         self.hosts: dict[str, HostLink] = {}

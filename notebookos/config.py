@@ -188,6 +188,13 @@ class GlobalSchedulerSettings:
         "local_scheduler.virtual_gpus virtual GPUs on this machine; `static` keeps a fixed pool "
         "of registered hosts and moves idle ones in and out of reserve; `none` never adds hosts.",
         lambda v: None if v in ("local", "static", "none") else "local, static or none")
+    replicas_wait_for_client_s: float = setting(
+        0.25, "A kernel started from Jupyter (its front bound first) starts its replicas once "
+        "a client attaches to it (Jupyter Server's IOPub subscription, ~15 ms after the start "
+        "was answered, or any request), or after this long; 0 starts them at once. Replicas "
+        "starting on the machine that runs Jupyter Server take its CPU while it finishes the "
+        "REST create (docs/performance.md); where they run on other machines, 0 saves the first "
+        "cell those ~15 ms.", _at_least(0.0))
     replica_start_timeout_s: float = setting(
         120.0, "How long a new replica may take to answer before its start fails.",
         _at_least(1.0))

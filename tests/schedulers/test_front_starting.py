@@ -140,3 +140,29 @@ def test_held_requests_fail_with_the_reason_when_the_replicas_never_come(startin
     assert reply is not None and reply["parent_header"]["msg_id"] == again
     assert reply["content"]["ename"] == START_FAILED
     assert hooks.placed == []
+
+
+def test_a_client_attaching_is_seen_and_a_close_releases_whoever_waits_for_one() -> None:
+    """The replicas of a kernel started behind its front wait for ``client_attached``."""
+    for attach in ("iopub", "shell", None):
+        front = KernelFront(f"k-attach-{attach}", KEY, "hmac-sha256", FrontHooks(),
+                            starting=True)
+        front.start()
+        sock = None
+        try:
+            assert not front.client_attached.wait(0.3)
+            if attach is None:
+                front.close()
+            else:
+                sock = zmq.Context.instance().socket(zmq.SUB if attach == "iopub" else zmq.DEALER)
+                sock.linger = 0
+                sock.connect(f"tcp://127.0.0.1:{front.ports[f'{attach}_port']}")
+                if attach == "iopub":
+                    sock.setsockopt(zmq.SUBSCRIBE, b"")
+                else:
+                    Session(key=KEY.encode()).send(sock, "kernel_info_request", {})
+            assert front.client_attached.wait(5), attach
+        finally:
+            if sock is not None:
+                sock.close(linger=0)
+            front.close()
