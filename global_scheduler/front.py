@@ -50,14 +50,13 @@ import zmq
 from jupyter_client.session import Session
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
+from notebookos.global_scheduler.front_sockets import FrontSockets
 from notebookos.global_scheduler.kernel_info import starting_kernel_info
 from notebookos.global_scheduler.placement_worker import PlacementWorker
-from notebookos.ports import free_ports
 from notebookos.unrouted import UnroutedReplies
 
 log = logging.getLogger(__name__)
 
-FRONT_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 BROADCAST_CONTROL = ("interrupt_request", "shutdown_request")
 ALL_YIELDED = "NotebookOSAllReplicasYielded"  # docs/kernel-protocol.md
 REPLICAS_LOST = "NotebookOSReplicasLost"  # every replica running a started cell was lost
@@ -186,6 +185,7 @@ class KernelFront:
         ports: dict[str, int] | None = None,
         starting: bool = False,
         kernel_info: dict | None = None,
+        bound: FrontSockets | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         self.hooks = hooks
@@ -264,55 +264,22 @@ class KernelFront:
         self._epoch = os.urandom(4).hex()  # this instance, in what it sends the replicas
         self._requests_seen: OrderedDict[str, str] = OrderedDict()  # msg_id -> session|date
         self._renamed = 0
-        self._bind(ports or {})
+        self._bind(ports or {}, bound)
 
     # -- setup ------------------------------------------------------------------------------
 
-    def _bind(self, ports: dict[str, int]) -> None:
-        """Bind the five client-facing sockets on ``ports`` (a restart re-binds the ports its
-        clients know), else on ports drawn below the kernel's ephemeral range
-        (``notebookos.ports``): a port the OS hands out for port 0 is free again while the
-        Global Scheduler is down, and a restarted daemon binding port 0 (its metrics server)
-        or any outgoing connection could take it, leaving the kernel without its front."""
-        if ports:
-            self._bind_on(ports)
-            return
-        for attempt in range(5):
-            drawn = dict(zip((f"{name}_port" for name in FRONT_CHANNELS),
-                             free_ports(len(FRONT_CHANNELS), self.ip), strict=True))
-            try:
-                self._bind_on(drawn)
-                return
-            except zmq.ZMQError as exc:  # taken between the draw and the bind: draw again
-                if exc.errno != zmq.EADDRINUSE or attempt == 4:
-                    raise
-
-    def _bind_on(self, ports: dict[str, int]) -> None:
-        kinds = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER,
-                 "iopub": zmq.XPUB, "hb": zmq.REP}
-        self._sockets = {}
-        self.ports = {}
-        try:
-            for name in FRONT_CHANNELS:
-                sock = self.context.socket(kinds[name])
-                sock.linger = 0
-                if name in ("shell", "control", "stdin"):
-                    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-                if name == "iopub":  # a held backlog goes out in one burst on subscription
-                    sock.sndhwm = max(1000, self.iopub_held.max_messages)
-                    sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription
-                port = ports[f"{name}_port"]
-                self._sockets[name] = sock
-                sock.bind(f"tcp://{self.ip}:{port}")
-                self.ports[f"{name}_port"] = port
-            # a reply for a client that has not (re)connected yet is kept, not dropped
-            # (retried at most every poll interval, not on every message the loop handles)
-            self._unrouted = UnroutedReplies(self._sockets["shell"], keep_s=UNROUTED_KEEP_S,
-                                             retry_every_s=POLL_S)
-        except zmq.ZMQError:
-            for sock in self._sockets.values():
-                sock.close(linger=0)
-            raise
+    def _bind(self, ports: dict[str, int], bound: FrontSockets | None) -> None:
+        """The five client-facing sockets: ``bound`` (a spare set bound ahead, when given and no
+        ``ports`` are asked for), else bound here (``front_sockets.FrontSockets``)."""
+        if bound is None or ports:
+            if bound is not None:
+                bound.close()
+            bound = FrontSockets(self.ip, max(1000, self.iopub_held.max_messages), ports)
+        self._sockets, self.ports = bound.sockets, bound.ports
+        # a reply for a client that has not (re)connected yet is kept, not dropped
+        # (retried at most every poll interval, not on every message the loop handles)
+        self._unrouted = UnroutedReplies(self._sockets["shell"], keep_s=UNROUTED_KEEP_S,
+                                         retry_every_s=POLL_S)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, daemon=True,

@@ -100,7 +100,8 @@ class ReplicatedKernels(KernelMode):
         s = self.service
         return KernelFront(entry.kernel_id, entry.key, entry.signature_scheme, s, ip=s.ip,
                            ports=ports, starting=starting,
-                           kernel_info=entry.kernel_info or s.kernel_info_seen)
+                           kernel_info=entry.kernel_info or s.kernel_info_seen,
+                           bound=None if ports else s.spare_fronts.take())
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
         return self.service._place_on_replicas(kernel_id, msg_id)
@@ -135,6 +136,7 @@ class CellContainers(KernelMode):
         kernel_id = entry.kernel_id
         return CellFront(kernel_id, entry.key, entry.signature_scheme, s, ip=s.ip,
                          ports=ports, kernel_info=entry.kernel_info,
+                         bound=None if ports else s.spare_fronts.take(),
                          on_interrupt_parked=lambda: s.cancel_waiting_cells(kernel_id))
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:

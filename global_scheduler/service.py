@@ -26,11 +26,13 @@ from concurrent import futures
 import zmq
 
 from notebookos import __version__
+from notebookos.backlog import DEFAULT_MAX_MESSAGES
 from notebookos.cluster import AccountingError, Cluster, ReplicaState
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import KernelFront
+from notebookos.global_scheduler.front_sockets import SpareFrontSockets
 from notebookos.global_scheduler.host_registry import HostRegistryMixin
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernel_modes import kernel_mode_for
@@ -103,6 +105,10 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self._orphan_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._stranger_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
+        # The next kernel's front sockets, bound ahead (front_sockets.py); first bound once
+        # restore() has re-bound the known kernels' ports, so that no spare takes one of them.
+        self.spare_fronts = SpareFrontSockets(ip, max(1000, DEFAULT_MAX_MESSAGES),
+                                              self._pool.submit)
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
         # The policy's strategies (notebookos/policies/framework.py) choose the mechanisms:
@@ -158,6 +164,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                     log.exception("registry: could not restore kernel %s: %s", kernel_id, exc)
         log.info("registry restored: %d host(s), %d kernel(s)", len(self.hosts),
                  len(self.kernels))
+        self.spare_fronts.prepare()
 
     def _restore_kernel(self, kernel_id: str, doc: dict) -> None:
         request = ResourceSpec.from_dict(doc["request"])
@@ -244,6 +251,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                 entry.front.close()
         for link in links:
             link.close()
+        self.spare_fronts.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -113,13 +113,17 @@ def free_ports(
 ) -> list[int]:
     """``count`` distinct free ports on ``host``; held open together so none repeats, and none
     of ``exclude`` (ports already promised to the same process but not bound yet), nor one
-    another process of this machine drew in the last CLAIM_S seconds."""
+    another process of this machine drew in the last CLAIM_S seconds. Raises OSError when
+    ``host`` takes no port at all (not an address of this machine)."""
     low, high = allocation_range()
     sockets: list[socket.socket] = []
     try:
         tries = 0
         while len(sockets) < count:
             tries += 1
+            if tries > 60 * count:
+                raise OSError(f"cannot bind {count} port(s) on {host}: is it an address of "
+                              "this machine?")
             port = random.randrange(low, high) if high and tries <= 50 * count else 0
             if port in exclude or (port and not _claim(port)):
                 continue

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from notebookos.ports import allocation_range, free_ports, raft_port, raft_port_range
 
 
@@ -75,3 +77,8 @@ def test_a_port_drawn_by_one_process_is_not_drawn_by_another_for_a_while() -> No
     first, second = ({int(p) for p in run.stdout.split()} for run in runs)
     assert len(first) == len(second) == 300
     assert not first & second
+
+
+def test_an_address_of_another_machine_is_refused_not_probed_forever() -> None:
+    with pytest.raises(OSError, match="192.0.2.1"):  # TEST-NET-1: never this machine's
+        free_ports(2, "192.0.2.1")
