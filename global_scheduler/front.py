@@ -274,7 +274,7 @@ class KernelFront:
         if bound is None or ports:
             if bound is not None:
                 bound.close()
-            bound = FrontSockets(self.ip, max(1000, self.iopub_held.max_messages), ports)
+            bound = FrontSockets(self.ip, ports)
         self._sockets, self.ports = bound.sockets, bound.ports
         # a reply for a client that has not (re)connected yet is kept, not dropped
         # (retried at most every poll interval, not on every message the loop handles)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import zmq
 
+from notebookos.backlog import DEFAULT_MAX_MESSAGES
 from notebookos.ports import free_ports
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,8 @@ FRONT_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 SOCKET_KINDS = {"shell": zmq.ROUTER, "control": zmq.ROUTER, "stdin": zmq.ROUTER,
                 "iopub": zmq.XPUB, "hb": zmq.REP}
 BIND_ATTEMPTS = 5
+# IOPub's send high-water mark: a front's held backlog goes out in one burst on subscription
+IOPUB_HWM = max(1000, DEFAULT_MAX_MESSAGES)
 
 
 class FrontSockets:
@@ -32,9 +35,8 @@ class FrontSockets:
     binding port 0 (its metrics server) or any outgoing connection could take it, leaving the
     kernel without its front. Raises zmq.ZMQError when they cannot be bound."""
 
-    def __init__(self, ip: str, iopub_hwm: int, ports: dict[str, int] | None = None) -> None:
+    def __init__(self, ip: str, ports: dict[str, int] | None = None) -> None:
         self.ip = ip
-        self.iopub_hwm = iopub_hwm
         self.sockets: dict[str, zmq.Socket] = {}
         self.ports: dict[str, int] = {}
         if ports:
@@ -59,8 +61,8 @@ class FrontSockets:
                 sock.linger = 0
                 if name in ("shell", "control", "stdin"):
                     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-                if name == "iopub":  # a held backlog goes out in one burst on subscription
-                    sock.sndhwm = self.iopub_hwm
+                if name == "iopub":
+                    sock.sndhwm = IOPUB_HWM
                     sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription
                 port = ports[f"{name}_port"]
                 self.sockets[name] = sock
@@ -81,10 +83,8 @@ class SpareFrontSockets:
     ``submit`` (a worker pool's). A set that cannot be bound is logged; the next take tries
     again."""
 
-    def __init__(self, ip: str, iopub_hwm: int,
-                 submit: Callable[[Callable[[], None]], object]) -> None:
+    def __init__(self, ip: str, submit: Callable[[Callable[[], None]], object]) -> None:
         self.ip = ip
-        self.iopub_hwm = iopub_hwm
         self._submit = submit
         self._lock = threading.Lock()
         self._spare: FrontSockets | None = None
@@ -111,7 +111,7 @@ class SpareFrontSockets:
 
     def _bind_spare(self) -> None:
         try:
-            sockets: FrontSockets | None = FrontSockets(self.ip, self.iopub_hwm)
+            sockets: FrontSockets | None = FrontSockets(self.ip)
         except (zmq.ZMQError, OSError) as exc:
             log.warning("could not bind a spare kernel front on %s: %s", self.ip, exc)
             sockets = None

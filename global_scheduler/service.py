@@ -26,7 +26,6 @@ from concurrent import futures
 import zmq
 
 from notebookos import __version__
-from notebookos.backlog import DEFAULT_MAX_MESSAGES
 from notebookos.cluster import AccountingError, Cluster, ReplicaState
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import CellQueue
@@ -107,8 +106,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
         # The next kernel's front sockets, bound ahead (front_sockets.py); first bound once
         # restore() has re-bound the known kernels' ports, so that no spare takes one of them.
-        self.spare_fronts = SpareFrontSockets(ip, max(1000, DEFAULT_MAX_MESSAGES),
-                                              self._pool.submit)
+        self.spare_fronts = SpareFrontSockets(ip, self._pool.submit)
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
         # The policy's strategies (notebookos/policies/framework.py) choose the mechanisms:

@@ -34,11 +34,11 @@ def _wait_spare(spare: SpareFrontSockets, timeout: float = 10) -> FrontSockets:
 
 def test_sockets_bind_on_given_ports_and_release_them_on_close() -> None:
     ports = dict(zip((f"{n}_port" for n in FRONT_CHANNELS), free_ports(5), strict=True))
-    bound = FrontSockets("127.0.0.1", 1000, ports)
+    bound = FrontSockets("127.0.0.1", ports)
     assert bound.ports == ports
     assert not any(bindable("127.0.0.1", p) for p in ports.values())
     with pytest.raises(zmq.ZMQError):  # taken: a second set on the same ports is refused
-        FrontSockets("127.0.0.1", 1000, ports)
+        FrontSockets("127.0.0.1", ports)
     bound.close()
     time.sleep(0.1)  # ZMQ closes listeners on its I/O thread
     assert all(bindable("127.0.0.1", p) for p in ports.values())
@@ -46,7 +46,7 @@ def test_sockets_bind_on_given_ports_and_release_them_on_close() -> None:
 
 def test_a_spare_set_is_bound_ahead_and_a_front_serves_on_it() -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        spare = SpareFrontSockets("127.0.0.1", 1000, pool.submit)
+        spare = SpareFrontSockets("127.0.0.1", pool.submit)
         assert spare.take() is None  # nothing bound yet: the first kernel binds its own
         first = _wait_spare(spare)
         second = _wait_spare(spare)  # the take above had the next one bound
@@ -73,7 +73,7 @@ def test_a_spare_set_is_bound_ahead_and_a_front_serves_on_it() -> None:
 
 
 def test_a_front_given_ports_binds_them_and_closes_the_spare_it_was_offered() -> None:
-    spare = FrontSockets("127.0.0.1", 1000)
+    spare = FrontSockets("127.0.0.1")
     ports = dict(zip((f"{n}_port" for n in FRONT_CHANNELS), free_ports(5), strict=True))
     front = KernelFront("k-ports", KEY, "hmac-sha256", FrontHooks(), ports=ports, bound=spare)
     try:
@@ -86,7 +86,7 @@ def test_a_front_given_ports_binds_them_and_closes_the_spare_it_was_offered() ->
 def test_a_spare_that_cannot_be_bound_is_logged_and_the_next_take_tries_again(
         caplog: pytest.LogCaptureFixture) -> None:
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        spare = SpareFrontSockets("192.0.2.1", 1000, pool.submit)  # TEST-NET: not this host's
+        spare = SpareFrontSockets("192.0.2.1", pool.submit)  # TEST-NET: not this host's
         spare.prepare()
         deadline = time.monotonic() + 10
         while "could not bind a spare kernel front" not in caplog.text:
