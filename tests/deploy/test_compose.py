@@ -126,7 +126,10 @@ def test_compose_down_leaves_nothing(compose: ComposeDeployment, tmp_path: Path)
     the Local Schedulers made) and the network, keeps the state volumes; `down -v` drops them."""
     from notebookos.testing.deployment import start_kernel
 
-    kernel_id = asyncio.run(start_kernel(compose.jupyter_port, compose.token()))
+    port, token = compose.jupyter_port, compose.token()
+    kernel_id = asyncio.run(start_kernel(port, token))
+    # The REST create answers once the kernel's front is bound; its replicas start behind it.
+    assert asyncio.run(run_cells(port, token, kernel_id, ["1"]))[0]["reply"]["status"] == "ok"
     assert len(compose.replica_containers(kernel_id)) == 3
     started = time.monotonic()
     with compose.following_logs(tmp_path / "down.log") as log:
