@@ -20,6 +20,15 @@ pytestmark = pytest.mark.timeout(240)
 WAIT_S = 10.0
 
 
+def _three_hosts(make_cluster):  # noqa: ANN001, ANN202
+    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICAS_WAIT_FOR_CLIENT_S": str(WAIT_S)})
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(3)
+    return cluster
+
+
 def _start_behind_front(cluster, kernel_id: str) -> common_pb2.ConnectionInfo:  # noqa: ANN001
     return cluster.stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
         kernel_id=kernel_id, key=uuid.uuid4().hex, return_when_bound=True,
@@ -31,11 +40,7 @@ def _started_replicas(cluster, kernel_id: str) -> int:  # noqa: ANN001
 
 
 def test_replicas_start_for_a_client_at_once_and_without_one_after_the_wait(make_cluster) -> None:  # noqa: ANN001
-    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICAS_WAIT_FOR_CLIENT_S": str(WAIT_S)})
-    cluster.start_gs()
-    for i in range(3):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(3)
+    cluster = _three_hosts(make_cluster)
 
     alone = _start_behind_front(cluster, "k-alone")
     started = time.monotonic()
@@ -55,11 +60,7 @@ def test_replicas_start_for_a_client_at_once_and_without_one_after_the_wait(make
 
 
 def test_a_kernel_stopped_while_it_waits_for_a_client_starts_no_replica(make_cluster) -> None:  # noqa: ANN001
-    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICAS_WAIT_FOR_CLIENT_S": str(WAIT_S)})
-    cluster.start_gs()
-    for i in range(3):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(3)
+    cluster = _three_hosts(make_cluster)
     _start_behind_front(cluster, "k-stopped")
     cluster.stub.StopKernel(global_scheduler_pb2.StopKernelRequest(kernel_id="k-stopped"),
                             timeout=30)
