@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import select
+import signal
 import subprocess
 import threading
 from concurrent.futures import Future
@@ -203,7 +203,7 @@ class ForkServer:
                 if answer is not None:
                     answer.set_result(child)
                 else:  # its order timed out meanwhile: nobody will watch it
-                    _kill_group(child.pid)
+                    spawn.signal_group(child.pid, signal.SIGKILL)
             elif answer is not None:
                 answer.set_exception(ForkServerError(f"the fork server could not fork: "
                                                      f"{doc.get('error')}"))
@@ -248,7 +248,7 @@ class ForkedPrewarmed:
 
     def discard(self) -> None:
         if self.process.poll() is None:
-            _kill_group(self.process.pid)
+            spawn.signal_group(self.process.pid, signal.SIGKILL)
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -258,7 +258,7 @@ class ForkedPrewarmed:
 def _kill(process: subprocess.Popen) -> None:
     """Kill the server (its reader, if any, sees EOF and closes stdout)."""
     if process.poll() is None:
-        _kill_group(process.pid)
+        spawn.signal_group(process.pid, signal.SIGKILL)
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -268,17 +268,3 @@ def _kill(process: subprocess.Popen) -> None:
             process.stdin.close()
         except OSError:
             pass
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL the process group ``pid`` leads; the process alone if it has not made its group
-    yet (a child just forked, before its ``setsid``)."""
-    try:
-        os.killpg(pid, 9)
-    except ProcessLookupError:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-    except PermissionError:
-        pass

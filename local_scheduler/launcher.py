@@ -237,11 +237,11 @@ class ProcessLauncher(Launcher):
         proc = replica.process
         assert isinstance(proc, subprocess.Popen | ForkedProcess)
         if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+            spawn.signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=grace_period_s)
             except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
+                spawn.signal_group(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         return proc.returncode
 
@@ -252,18 +252,6 @@ class ProcessLauncher(Launcher):
     def close(self) -> None:
         if self.fork_server is not None:
             self.fork_server.close()
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    """Signal the replica's process group; the replica alone if it has not made its group yet
-    (forked a moment ago, before its ``setsid``: it has started nothing)."""
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def log_tail(path: Path, limit: int = 2000) -> str:

@@ -25,6 +25,21 @@ PR_SET_PDEATHSIG = 1
 PARENT_ENV = "NOTEBOOKOS_LS_PID"
 
 
+def signal_group(pid: int, sig: int) -> None:
+    """Signal the process group ``pid`` leads; the process alone if it has not made its group
+    yet (a replica forked a moment ago, before its ``setsid``: it has started nothing). A
+    process already gone, or no longer ours, is left alone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    except PermissionError:
+        pass
+
+
 def die_with_parent() -> None:
     """In a child: get SIGKILL when the Local Scheduler dies; exit now if it already has."""
     parent = os.environ.pop(PARENT_ENV, "")
