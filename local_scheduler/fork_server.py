@@ -105,10 +105,7 @@ class ForkServer:
         try:
             return self.fork(argv, env, log_path)
         except ForkServerError as exc:
-            if self.alive:
-                log.warning("a replica starts as a new interpreter: %s", exc)
-            self.start_in_background()
-            return None
+            return self._unavailable("a replica", exc)
 
     def waiting_or_none(self) -> ForkedPrewarmed | None:
         """``fork_waiting`` once a start in progress is over, or None when the server is not up
@@ -117,10 +114,14 @@ class ForkServer:
         try:
             return self.fork_waiting()
         except ForkServerError as exc:
-            if self.alive:
-                log.warning("a prewarmed replica starts as a new interpreter: %s", exc)
-            self.start_in_background()
-            return None
+            return self._unavailable("a prewarmed replica", exc)
+
+    def _unavailable(self, what: str, exc: ForkServerError) -> None:
+        """``what`` starts as a new interpreter: said when the server runs but failed it (a
+        server that is down was said so when it went); the server is started again."""
+        if self.alive:
+            log.warning("%s starts as a new interpreter: %s", what, exc)
+        self.start_in_background()
 
     def start(self) -> None:
         """Start the server and wait until its imports are done; ForkServerError if it fails."""
