@@ -896,9 +896,18 @@ class KernelFront:
         """The request is placed on ``executor`` with ``device_ids`` committed: send it."""
         self._apply_commands()  # a migration may just have connected a new replica
         if executor not in self._replicas:
+            # Lost between its placement and now (SIGKILLed just before the cell came): the
+            # cell never reached a replica, so it is placed again, on the replicas left.
             self.hooks.release_execute(self.kernel_id, msg_id)
+            if attempt < MAX_RESUBMISSIONS:
+                retry_id = f"{msg_id.rsplit(':retry', 1)[0]}:retry{attempt + 1}"
+                log.info("kernel %s: replica %d chosen for %s is gone; placing it again as %s",
+                         self.kernel_id, executor, msg["header"].get("msg_id", ""), retry_id)
+                self._route_execute(idents, msg, retry_id, attempt + 1)
+                return
             self._reply_error("shell", idents, msg, "NotebookOSNoGPUs",
-                              f"replica {executor} chosen for the cell is not connected")
+                              f"replica {executor} chosen for the cell is not connected "
+                              f"(after {attempt + 1} placements)")
             return
         sticky = executor == self.preferred_replica  # it ran the previous cell here
         self.preferred_replica = executor

@@ -146,3 +146,39 @@ def test_a_waiting_cell_leaves_the_front_responsive_and_an_interrupt_withdraws_i
     assert run is not None and run["header"]["msg_id"] == third
     assert run["header"]["msg_type"] == "execute_request"
     assert second not in hooks.placing
+
+
+class _LostFirstHooks(FrontHooks):
+    """The first placement picks replica 2, which the front is not connected to (it was lost
+    between the placement and the send); later ones pick replica 1."""
+
+    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        self.placed.append(msg_id)
+        return (2, [1]) if len(self.placed) == 1 else (1, [0])
+
+
+def test_a_cell_placed_on_a_replica_lost_meanwhile_is_placed_again() -> None:
+    hooks = _LostFirstHooks()
+    replica = FakeReplica(zmq.Context.instance(), 1)
+    front = KernelFront("k-lost", KEY, "hmac-sha256", hooks)
+    front.start()
+    client = None
+    try:
+        front.set_replicas([replica.endpoint()], wait=True)
+        replica.wait_subscribed()
+        client = _Client(front)
+        cell = client.send("shell", "execute_request", {"code": "x + 1", "silent": False})
+        run = replica.receive(timeout_s=5)
+        assert run is not None and run["header"]["msg_type"] == "execute_request"
+        assert run["header"]["msg_id"] == f"{cell}:retry1"
+        assert run["metadata"]["gpu_device_ids"] == [0]
+        assert hooks.released == [cell]  # replica 2's GPUs went back
+        replica.reply(run, "execute_reply", {"status": "ok", "execution_count": 1}, "executor")
+        reply = client.receive("shell", timeout_s=5)
+        assert reply is not None and reply["content"]["status"] == "ok"
+        assert reply["parent_header"]["msg_id"] == cell  # the client sees its own request
+    finally:
+        if client is not None:
+            client.close()
+        front.close()
+        replica.close()
