@@ -32,12 +32,24 @@ class ExecutionMixin(SharingMixin):
         """A cell that arrives while the kernel has no replica because it is being rebuilt or
         its replacements are starting waits for them (up to the replica start timeout) instead
         of failing at once."""
-        deadline = time.monotonic() + self.start_timeout_s
+        started = time.monotonic()
+        deadline = started + self.start_timeout_s
+        told = False
         while time.monotonic() < deadline:
             with self.lock:
                 entry = self.kernels.get(kernel_id)
-                if entry is None or entry.replicas or entry.state in ("stopping", "failed"):
+                if entry is None or entry.replicas or entry.state == "stopping":
                     return
+                if entry.state == "failed":
+                    raise PlacementFailed(f"the kernel has no replica and could not be "
+                                          f"recovered: {entry.message}")
+                why = entry.message
+                front = entry.front
+            if not told and time.monotonic() - started >= 0.2 and front is not None:
+                told = True  # a rebuild takes seconds: say why the cell waits
+                front.cell_waiting(msg_id, "waiting for the kernel's replicas to be replaced"
+                                   + (f" ({why})" if why else "")
+                                   + "; the cell runs once they are ready")
             self._placement_pause(kernel_id, msg_id, 0.1)
 
     # -- waiting for GPUs: a withdrawn cell (interrupt) and a GPU release wake the wait -------

@@ -759,8 +759,26 @@ class KernelFront:
                               f"the kernel's replicas could not be started: "
                               f"{self._start_failure}")
             return
+        msg_type = msg["header"].get("msg_type", "")
+        if channel == "shell" and msg_type == "execute_request":
+            # Its replicas are being replaced (every one was lost, a rebuild from the
+            # checkpoint, a restart of the Global Scheduler): the placement waits for them and
+            # tells the cell why, so the cell is not lost.
+            self._route_execute(idents, msg, self._election_id(msg), attempt=0)
+            return
+        if msg_type == "kernel_info_request":  # the kernel is alive, only its replicas move
+            self._answer_here(channel, idents, msg, "kernel_info_reply",
+                              dict(self.kernel_info or starting_kernel_info()),
+                              {"notebookos": {"replicas": 0}})
+            return
+        if msg_type == "interrupt_request":  # nothing runs: the waiting cells are withdrawn
+            self._withdraw_waiting("the kernel was interrupted")
+            self._answer_here(channel, idents, msg, "interrupt_reply", {"status": "ok"})
+            return
         self._reply_error(channel, idents, msg, "NoReplicas",
-                          "the kernel has no live replica right now; retry shortly")
+                          f"the kernel has no live replica right now (its replicas are being "
+                          f"replaced), so {msg_type or 'the request'} cannot be answered; "
+                          "retry shortly")
 
     def _election_id(self, msg: dict) -> str:
         """The id a client's execute request runs under: its msg_id, unless an earlier request

@@ -16,6 +16,8 @@ from sched_cluster import (  # noqa: F401 - fixture
     make_cluster_fixture,
     result_text,
     run_cell,
+    run_seen,
+    stream_text,
 )
 
 from notebookos.ports import allocation_range, raft_port_range
@@ -323,6 +325,26 @@ def test_losing_the_majority_rebuilds_the_kernel_from_its_last_checkpoint(make_c
     assert "checkpoint" in status.message
     assert not pid_alive(before[max(before)][1])  # the survivor was stopped, not left diverging
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b', 'e']"
+
+
+def test_a_cell_sent_while_every_replica_is_being_replaced_waits_and_runs(make_cluster):  # noqa: ANN001
+    """Every replica of an idle kernel SIGKILLed, and a cell sent while none is connected: it
+    waits for the rebuilt group (told why on stderr) and runs there, instead of the error
+    "no live replica, retry shortly" it got before (found by a user trial: a Global Scheduler
+    restart that left the kernel without replicas)."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    _wait_checkpointed(kc, run_cell(kc, "pass")["reply"]["content"]["execution_count"])
+    before = _replicas(cluster, kernel_id)
+    for _, pid in before.values():
+        os.kill(pid, signal.SIGKILL)
+    cluster.wait(lambda: not cluster.kernel(kernel_id).replicas, 30, "every replica dropped")
+    run = run_seen(kc, "sorted(data)", timeout=120)
+    assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
+    results = [m["content"]["data"]["text/plain"] for m in run["iopub"]
+               if m["msg_type"] == "execute_result"]
+    assert results == ["['a', 'b']"]
+    assert "waiting for the kernel's replicas" in stream_text(run, "stderr")
+    assert not set(_replicas(cluster, kernel_id)) & set(before)
 
 
 def test_replacements_joining_a_rebuilt_group_hold_the_checkpoint_too(make_cluster):

@@ -182,3 +182,42 @@ def test_a_cell_placed_on_a_replica_lost_meanwhile_is_placed_again() -> None:
             client.close()
         front.close()
         replica.close()
+
+
+def test_a_cell_sent_while_the_kernel_has_no_replica_waits_for_the_new_ones() -> None:
+    """Every replica lost (a rebuild from the checkpoint, a Global Scheduler restart): the cell
+    waits in placement instead of an error reply, and runs on the replicas that come;
+    kernel_info is answered meanwhile (the kernel is alive)."""
+    hooks = _BlockingHooks()
+    replica = FakeReplica(zmq.Context.instance(), 1)
+    front = KernelFront("k-rebuilt", KEY, "hmac-sha256", hooks,
+                        kernel_info={"implementation": "ipython", "status": "ok"})
+    front.start()
+    client = None
+    try:
+        client = _Client(front)
+        info = client.send("shell", "kernel_info_request", {})
+        reply = client.receive("shell", timeout_s=5)
+        assert reply is not None and reply["parent_header"]["msg_id"] == info
+        assert reply["content"]["implementation"] == "ipython"
+        assert reply["metadata"]["notebookos"] == {"replicas": 0}
+
+        cell = client.send("shell", "execute_request", {"code": "sorted(data)", "silent": False})
+        deadline = time.monotonic() + 5
+        while not hooks.placing and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hooks.placing == [cell]
+        assert client.receive("shell", timeout_s=0.3) is None  # no error: it waits
+
+        front.set_replicas([replica.endpoint()], wait=True)  # the rebuilt group is ready
+        replica.wait_subscribed()
+        hooks.gate.set()
+        run = replica.receive(timeout_s=5)
+        assert run is not None and run["header"]["msg_id"] == cell
+        assert run["header"]["msg_type"] == "execute_request"
+    finally:
+        hooks.gate.set()
+        if client is not None:
+            client.close()
+        front.close()
+        replica.close()
