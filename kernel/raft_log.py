@@ -276,6 +276,11 @@ class RaftLog:
         """Whether this replica's Raft timers rest (raft_rest.py)."""
         return self.rest is not None and self.rest.resting
 
+    def leader_address(self) -> str | None:
+        """The Raft address of the leader this replica last heard of (None while none)."""
+        node = self._sync._getLeader()
+        return getattr(node, "address", None) if node is not None else None
+
     def has_quorum(self) -> bool:
         return bool(self._sync.hasQuorum)
 

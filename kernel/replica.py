@@ -1030,5 +1030,6 @@ class ReplicaKernel(IPythonKernel):
                 "caught_up": not self._behind() and not self._diverged,
                 "has_quorum": self.raft.has_quorum(),
                 "raft_resting": self.raft.is_resting(),
+                "raft_leader": self.raft.leader_address(),
             }
         self.session.send(stream, "replica_status_reply", content, parent, ident=ident)
