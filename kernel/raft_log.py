@@ -97,8 +97,10 @@ class _BookConsumer(SyncObjConsumer):
         members: dict[int, str],
         on_commit: CommitHandler,
         on_restore: Callable[[], None],
+        self_address: str = "",
     ) -> None:
         # attributes set before SyncObjConsumer.__init__ are local, never serialised
+        self._self_address = self_address
         self._on_commit = on_commit
         self._on_restore = on_restore
         self.lock = threading.RLock()
@@ -118,9 +120,15 @@ class _BookConsumer(SyncObjConsumer):
                 self._on_commit(record, applied)
             except Exception:  # noqa: BLE001
                 log.exception("commit handler failed for %r", record)
-            if _nobody_waits_for(record, applied):
+            if _nobody_waits_for(record, applied, self._proposed_here(record)):
                 self.lazy_applied += 1
         return True
+
+    def _proposed_here(self, record: Record) -> bool:
+        """Whether this replica proposed ``record`` (its LEAD, its Completion)."""
+        proposer = (record.executor if isinstance(record, Completion)
+                    else getattr(record, "replica_id", None))
+        return proposer is not None and self.book.members.get(proposer) == self._self_address
 
     def _deserialize(self, data):  # a snapshot from the leader replaces the whole book
         with self.lock:
@@ -131,13 +139,18 @@ class _BookConsumer(SyncObjConsumer):
             log.exception("snapshot restore handler failed")
 
 
-def _nobody_waits_for(record: Record, applied: Applied) -> bool:
+def _nobody_waits_for(record: Record, applied: Applied, proposed_here: bool) -> bool:
     """Records of a cell on the replica that ran the previous one, which the other members
     need not learn committed at once: its LEAD, which decided the election alone (the standbys
     were not asked, or learn it with the next record), and its Completion (the standbys apply
-    the update when they learn it; anyone's next record tells them). Every other record
-    (proposals and votes of a contested election, aborts, membership, checkpoints) is
-    announced at once: members are waiting for it."""
+    the update when they learn it; anyone's next record tells them). Only where the leader
+    applying them proposed them itself (the executor leads, as leadership follows it): an
+    executor that is a follower (the transfer to it was refused, a rested group's first cell)
+    waits for its LEAD to commit, and learning it a heartbeat late cost the cell 50 ms. Every
+    other record (proposals and votes of a contested election, aborts, membership,
+    checkpoints) is announced at once: members are waiting for it."""
+    if not proposed_here:
+        return False
     if isinstance(record, Completion):
         return True
     return isinstance(record, Proposal) and record.kind == LEAD and applied.decided
@@ -166,7 +179,7 @@ class RaftLog:
         check_bindable(self_address)
         self.self_address = self_address
         self._closed = False
-        self._consumer = _BookConsumer(members, on_commit, on_restore)
+        self._consumer = _BookConsumer(members, on_commit, on_restore, self_address)
         conf = SyncObjConf(
             fullDumpFile=None,
             journalFile=None,
