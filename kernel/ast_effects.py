@@ -77,6 +77,7 @@ def analyze_cell(source: str) -> CellEffects:
     collector = _Collector()
     for statement in tree.body:
         collector.module_statement(statement)
+    collector.add_what_defined_functions_use()
     return CellEffects(
         bound=frozenset(collector.bound),
         deleted=frozenset(collector.deleted),
@@ -119,6 +120,10 @@ class _Collector:
         self.called: set[str] = set()
         self.imports: list[str] = []
         self.rescan = False
+        # Names loaded at module level (a function passed on, aliased, called), and the names
+        # each function the cell defines uses, over every definition of that name in the cell
+        self.loaded: set[str] = set()
+        self.defined_uses: dict[str, set[str]] = {}
         # Names local to the comprehensions being walked (innermost last).
         self._comprehension_locals: list[set[str]] = []
 
@@ -129,6 +134,10 @@ class _Collector:
             self.bound.add(node.name)
             self._function_header(node.decorator_list, node.args, node.returns)
             _GlobalScan(self).scan_scope(node)
+            uses = _names_used_in(node)
+            self.defined_uses.setdefault(node.name, set()).update(uses)
+            if node.decorator_list:  # a decorator is given the function: it may call it now
+                self.mutated |= uses
         elif isinstance(node, ast.ClassDef):
             self.bound.add(node.name)
             for expression in [*node.decorator_list, *node.bases, *node.keywords]:
@@ -139,6 +148,14 @@ class _Collector:
             _GlobalScan(self).scan_scope(node)
         elif isinstance(node, ast.Import | ast.ImportFrom):
             self._import(node)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda) \
+                and all(isinstance(target, ast.Name) for target in node.targets):
+            # `step = lambda x: seen.add(x)`: as a `def`, what it uses counts once it may run
+            self._function_header([], node.value.args, None)
+            for target in node.targets:
+                self.bind_target(target)
+                self.defined_uses.setdefault(target.id, set()).update(
+                    _names_used_in(node.value))
         elif isinstance(node, ast.Assign):
             self.expression(node.value)
             for target in node.targets:
@@ -215,6 +232,19 @@ class _Collector:
         self.mutated |= inner.mutated
         self.called |= inner.called
         self.rescan |= inner.rescan
+        self.loaded |= inner.loaded
+        for name, uses in inner.defined_uses.items():  # methods: what they use, if called now
+            self.mutated |= uses if name in inner.called | inner.loaded else set()
+
+    def add_what_defined_functions_use(self) -> None:
+        """A function the cell defines and may have run (called, passed on, aliased) may have
+        mutated what its body uses. The encoder follows a called name's function as the
+        namespace holds it after the cell, which misses a definition the cell replaced (``def
+        grow(): b.append(7)``, ``grow()``, ``def grow(): ...``) or deleted; so every
+        definition's uses count (found by the property test of tests/kernel/test_shared_identity.py)."""
+        for name, uses in self.defined_uses.items():
+            if name in self.called or name in self.loaded:
+                self.mutated |= uses
 
     def _function_header(
         self, decorators: list[ast.expr], args: ast.arguments, returns: ast.expr | None
@@ -286,7 +316,13 @@ class _Collector:
         """Walk an expression evaluated at module level (or in a module-level comprehension)."""
         if isinstance(node, ast.Lambda):
             self._function_header([], node.args, None)
-            return  # its body runs later, in its own scope
+            # its body runs in its own scope, later or now (``(lambda: b.append(1))()``,
+            # ``map(lambda x: seen.add(x), xs)``): what it uses may change
+            self.mutated |= _names_used_in(node)
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            self.loaded.add(node.id)
+            return
         if isinstance(node, _COMPREHENSIONS):
             self._comprehension(node)
             return
@@ -343,6 +379,18 @@ class _Collector:
                 self.expression(node.elt)
         finally:
             self._comprehension_locals.pop()
+
+
+def _names_used_in(function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
+    """Every name a function's body (nested functions included) loads: the globals it may
+    mutate, over-approximated with its locals (a local that is also a global costs one
+    comparison)."""
+    roots = [function.body] if isinstance(function, ast.Lambda) else function.body
+    a = function.args
+    parameters = {arg.arg for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+                  if arg is not None}
+    return {node.id for root in roots for node in ast.walk(root)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)} - parameters
 
 
 def _is_get_ipython(node: ast.expr) -> bool:

@@ -116,6 +116,16 @@ MUTATION_FORMS = [
     ("call_in_class_body", "class C:\n    log.append('defined')", {"log"}),
     ("call_in_decorator", "@app.route('/')\ndef view():\n    pass", {"app"}),
     ("optimizer_step", "opt.step()", {"opt"}),
+    # A function the cell defines and may run: what its body uses, whatever the namespace holds
+    # after the cell (the encoder follows only that)
+    ("function_replaced_after_its_call",
+     "def grow():\n    b.append(7)\ngrow()\ndef grow():\n    a.append(7)", {"a", "b"}),
+    ("function_deleted_after_its_call", "def f():\n    b.append(1)\nf()\ndel f", {"b"}),
+    ("function_passed_on", "def f(x):\n    seen.add(x)\nlist(map(f, xs))\ndel f", {"seen"}),
+    ("decorated_function", "@run_now\ndef f():\n    b.append(1)", {"b"}),
+    ("lambda_called_at_once", "(lambda: b.append(7))()", {"b"}),
+    ("lambda_passed_on", "list(map(lambda x: seen.add(x), xs))", {"seen"}),
+    ("named_lambda_called", "g = lambda q: b.append(q)\ng(1)\ng = None", {"b"}),
 ]
 
 
@@ -134,6 +144,8 @@ NOT_REPORTED = [
     ("generator_target", "sum(j for j in range(3))", {"j"}),
     ("function_locals", "def f(a):\n    b = a\n    c.append(1)\n    return b", {"a", "b", "c"}),
     ("lambda_body", "g = lambda q: q.append(1)", {"q"}),
+    ("named_lambda_never_run", "g = lambda: b.append(1)", {"b"}),
+    ("function_never_run", "def train():\n    model.fit()", {"model"}),
     ("nonlocal_not_global", "def f():\n    x = 1\n    def g():\n        nonlocal x\n        x = 2",
      {"x"}),
     ("class_attributes", "class C:\n    attr = 1\n    def m(self):\n        self.y = 2", {"attr", "y"}),

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from codec_pair import HMAC_KEY, Pair, new_namespace
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from programs import SETUP, canon, cells
 
@@ -216,6 +216,12 @@ EXAMPLES = int(os.environ.get("NOTEBOOKOS_DIFF_EXAMPLES", "60"))
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=cells(), failovers=st.lists(st.booleans(), min_size=6, max_size=6))
+@example(  # found by this test: the grow() that ran was replaced by the end of the cell
+    program=["try:\n    b = []\nexcept Exception:\n    pass",
+             "try:\n    def grow():\n        b.append(7)\n    grow()\nexcept Exception:\n"
+             "    pass\ntry:\n    def grow():\n        a.append(7)\n    grow()\n"
+             "except Exception:\n    pass"],
+    failovers=[False] * 6)
 def test_random_programs_match_plain_python_across_failovers(
     tmp_path_factory: pytest.TempPathFactory, program: list[str], failovers: list[bool]
 ) -> None:
