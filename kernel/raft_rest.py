@@ -22,6 +22,12 @@ TiKV hibernates idle regions); this module does the same for one kernel's group:
    the disconnect and elect within the normal election timeout (the Local Scheduler reports the
    death as well). A hung-but-alive leader of a resting group is found by the rest election
    timeout instead of the normal one.
+4. A follower that loses its connection to the leader (a SIGKILLed replica's sockets close at
+   once) elects now, awake or resting, instead of after the election timeout (0.25-0.6 s, which
+   put failover over 0.5 s in a third of the tries): the survivors wait
+   ``leader_lost_election`` plus ``leader_lost_stagger`` times their rank among the members left
+   (sorted by address), so one asks first and wins without a split vote; if its log is behind,
+   the next one's turn comes ``leader_lost_stagger`` later.
 
 Only the timing changes: the log, its commits and Raft's safety rules are pysyncobj's own. The
 messages are sent on pysyncobj's transport (encrypted with the group's password) and caught by
@@ -50,7 +56,11 @@ WAKE = "nbos_wake"
 _LEADER, _FOLLOWER = 2, 0  # pysyncobj's _RAFT_STATE values
 _NEEDED = ("raftLog", "raftCommitIndex", "raftLastApplied", "raftState", "raftLeader",
            "raftCurrentTerm", "raftElectionDeadline", "newAppendEntriesTime", "raftMatchIndex",
-           "otherNodes", "connectedNodes", "conf", "transport")
+           "otherNodes", "connectedNodes", "conf", "transport", "selfNode")
+
+
+def _address(node: Any) -> str:
+    return str(getattr(node, "address", node))
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,8 @@ class RestTimings:
     rest_election_max: float = 16.0
     rest_fallback: float = 40.0
     fallback_grace: float = 1.0  # a woken leader keeps the long fallback this long
+    leader_lost_election: float = 0.02
+    leader_lost_stagger: float = 0.1
 
 
 class RestingTransport(TCPTransport):
@@ -94,6 +106,7 @@ class RestingTransport(TCPTransport):
         super()._onNodeDisconnected(node)
         if was_connected:
             rest.wake("disconnected")
+            rest.leader_lost(node)
 
     def touch_connections(self) -> None:
         """Count now as a read on every connection: a link that carried nothing because the
@@ -228,6 +241,19 @@ class RaftRest:
             peers = [leader] if leader is not None else self._get("otherNodes")
         for node in list(peers):
             transport.send(node, {"type": WAKE})
+
+    def leader_lost(self, node: Any) -> None:
+        """``node``'s connection closed: if it led, elect soon (point 4 of the module's
+        docstring)."""
+        if not self.enabled or self._get("raftState") != _FOLLOWER \
+                or node != self._get("raftLeader"):
+            return
+        me = _address(self._get("selfNode"))
+        left = sorted({_address(n) for n in self._get("otherNodes") if n != node} | {me})
+        t = self.timings
+        delay = t.leader_lost_election + t.leader_lost_stagger * left.index(me)
+        self._set("raftElectionDeadline", raft_clock() + delay)
+        log.debug("raft leader %s lost: electing in %.2fs", _address(node), delay)
 
     # ---- entering rest -----------------------------------------------------------------------
     def _maybe_rest_follower(self) -> None:
