@@ -120,15 +120,17 @@ class _BookConsumer(SyncObjConsumer):
                 self._on_commit(record, applied)
             except Exception:  # noqa: BLE001
                 log.exception("commit handler failed for %r", record)
-            if _nobody_waits_for(record, applied, self._proposed_here(record)):
+            if _nobody_waits_for(record, applied) and self._proposed_here(record):
                 self.lazy_applied += 1
         return True
 
-    def _proposed_here(self, record: Record) -> bool:
-        """Whether this replica proposed ``record`` (its LEAD, its Completion)."""
-        proposer = (record.executor if isinstance(record, Completion)
-                    else getattr(record, "replica_id", None))
-        return proposer is not None and self.book.members.get(proposer) == self._self_address
+    def _proposed_here(self, record: Completion | Proposal) -> bool:
+        """Whether this replica proposed ``record``. Only the leader's answer matters (it alone
+        sends AppendEntries): a record it proposed itself is one whose proposer is not waiting
+        for the news. An executor that is a follower (the transfer of leadership to it was
+        refused) waits for its LEAD to commit: told a heartbeat late, the cell took 50 ms more."""
+        proposer = record.executor if isinstance(record, Completion) else record.replica_id
+        return self.book.members.get(proposer) == self._self_address
 
     def _deserialize(self, data):  # a snapshot from the leader replaces the whole book
         with self.lock:
@@ -139,18 +141,14 @@ class _BookConsumer(SyncObjConsumer):
             log.exception("snapshot restore handler failed")
 
 
-def _nobody_waits_for(record: Record, applied: Applied, proposed_here: bool) -> bool:
+def _nobody_waits_for(record: Record, applied: Applied) -> bool:
     """Records of a cell on the replica that ran the previous one, which the other members
     need not learn committed at once: its LEAD, which decided the election alone (the standbys
     were not asked, or learn it with the next record), and its Completion (the standbys apply
-    the update when they learn it; anyone's next record tells them). Only where the leader
-    applying them proposed them itself (the executor leads, as leadership follows it): an
-    executor that is a follower (the transfer to it was refused, a rested group's first cell)
-    waits for its LEAD to commit, and learning it a heartbeat late cost the cell 50 ms. Every
-    other record (proposals and votes of a contested election, aborts, membership,
-    checkpoints) is announced at once: members are waiting for it."""
-    if not proposed_here:
-        return False
+    the update when they learn it; anyone's next record tells them), provided the leader
+    proposed them itself (``_BookConsumer._proposed_here``). Every other record (proposals and
+    votes of a contested election, aborts, membership, checkpoints) is announced at once:
+    members are waiting for it."""
     if isinstance(record, Completion):
         return True
     return isinstance(record, Proposal) and record.kind == LEAD and applied.decided

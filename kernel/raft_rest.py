@@ -19,8 +19,7 @@ TiKV hibernates idle regions); this module does the same for one kernel's group:
    change. A replica that wakes restores its timings and sends ``nbos_wake`` to the others it
    knows (a leader to every member, a follower to its leader), so the whole group wakes together
    and the next cell pays nothing. A SIGKILLed leader closes its sockets: the followers wake on
-   the disconnect and elect within the normal election timeout (the Local Scheduler reports the
-   death as well). A hung-but-alive leader of a resting group is found by the rest election
+   the disconnect and elect at once (point 4; the Local Scheduler reports the death as well). A hung-but-alive leader of a resting group is found by the rest election
    timeout instead of the normal one.
 4. A follower that loses its connection to the leader (a SIGKILLed replica's sockets close at
    once) elects now, awake or resting, instead of after the election timeout (0.25-0.6 s, which
