@@ -233,8 +233,9 @@ class _Collector:
         self.called |= inner.called
         self.rescan |= inner.rescan
         self.loaded |= inner.loaded
-        for name, uses in inner.defined_uses.items():  # methods: what they use, if called now
-            self.mutated |= uses if name in inner.called | inner.loaded else set()
+        for name, uses in inner.defined_uses.items():  # a method the class body itself runs
+            if name in inner.called or name in inner.loaded:
+                self.mutated |= uses
 
     def add_what_defined_functions_use(self) -> None:
         """A function the cell defines and may have run (called, passed on, aliased) may have
