@@ -169,6 +169,11 @@ class _Polled:
     sockets: dict[Any, tuple[str, int | None]] = field(default_factory=dict)
 
 
+def _retry_id(msg_id: str, attempt: int) -> str:
+    """The id a request runs under when it is placed again (``<client id>:retry<attempt>``)."""
+    return f"{msg_id.rsplit(':retry', 1)[0]}:retry{attempt}"
+
+
 class KernelFront:
     # A started cell whose replicas were all lost fails with REPLICAS_LOST here; a front whose
     # placement answers for such a cell itself (per-cell containers) turns this off.
@@ -727,19 +732,29 @@ class KernelFront:
         """The replicas are not ready yet: kernel_info is answered here (so the client sees a
         live kernel at once), everything else waits for them."""
         msg_type = msg["header"].get("msg_type")
-        if msg_type == "kernel_info_request":
-            self._answer_here(channel, idents, msg, "kernel_info_reply",
-                              dict(self.kernel_info or starting_kernel_info()),
-                              {"notebookos": {"starting": True}})
-            return
-        if msg_type == "interrupt_request":  # nothing runs yet: the held cells are withdrawn
-            self._withdraw_waiting("the kernel was interrupted")
-            self._answer_here(channel, idents, msg, "interrupt_reply", {"status": "ok"})
+        if self._answered_without_replicas(channel, idents, msg, {"starting": True}):
             return
         if msg_type == "execute_request":  # its interactivity delay counts from now
             self._remember(self._arrivals, msg["header"].get("msg_id", ""), time.monotonic())
             self._note_wait(msg, "replicas starting", "the kernel's replicas were starting")
         self._held_requests.append((channel, idents, msg, msg_list))
+
+    def _answered_without_replicas(self, channel: str, idents: list[bytes], msg: dict,
+                                   notebookos_md: dict) -> bool:
+        """While no replica can answer (starting, or all being replaced): kernel_info from the
+        reply kept (the kernel is alive), and an interrupt withdraws the cells waiting (nothing
+        runs). True when ``msg`` was one of those and is answered."""
+        msg_type = msg["header"].get("msg_type")
+        if msg_type == "kernel_info_request":
+            self._answer_here(channel, idents, msg, "kernel_info_reply",
+                              dict(self.kernel_info or starting_kernel_info()),
+                              {"notebookos": notebookos_md})
+            return True
+        if msg_type == "interrupt_request":
+            self._withdraw_waiting("the kernel was interrupted")
+            self._answer_here(channel, idents, msg, "interrupt_reply", {"status": "ok"})
+            return True
+        return False
 
     def _answer_here(self, channel: str, idents: list[bytes], parent: dict, reply_type: str,
                      content: dict, metadata: dict | None = None) -> None:
@@ -766,14 +781,7 @@ class KernelFront:
             # tells the cell why, so the cell is not lost.
             self._route_execute(idents, msg, self._election_id(msg), attempt=0)
             return
-        if msg_type == "kernel_info_request":  # the kernel is alive, only its replicas move
-            self._answer_here(channel, idents, msg, "kernel_info_reply",
-                              dict(self.kernel_info or starting_kernel_info()),
-                              {"notebookos": {"replicas": 0}})
-            return
-        if msg_type == "interrupt_request":  # nothing runs: the waiting cells are withdrawn
-            self._withdraw_waiting("the kernel was interrupted")
-            self._answer_here(channel, idents, msg, "interrupt_reply", {"status": "ok"})
+        if self._answered_without_replicas(channel, idents, msg, {"replicas": 0}):
             return
         self._reply_error(channel, idents, msg, "NoReplicas",
                           f"the kernel has no live replica right now (its replicas are being "
@@ -918,7 +926,7 @@ class KernelFront:
             # cell never reached a replica, so it is placed again, on the replicas left.
             self.hooks.release_execute(self.kernel_id, msg_id)
             if attempt < MAX_RESUBMISSIONS:
-                retry_id = f"{msg_id.rsplit(':retry', 1)[0]}:retry{attempt + 1}"
+                retry_id = _retry_id(msg_id, attempt + 1)
                 log.info("kernel %s: replica %d chosen for %s is gone; placing it again as %s",
                          self.kernel_id, executor, msg["header"].get("msg_id", ""), retry_id)
                 self._route_execute(idents, msg, retry_id, attempt + 1)
@@ -1143,7 +1151,7 @@ class KernelFront:
                               "cell that is): run the cell again then")
             return
         if yielded and client is not None and pending.attempt < MAX_RESUBMISSIONS:
-            retry_id = f"{msg_id.rsplit(':retry', 1)[0]}:retry{pending.attempt + 1}"
+            retry_id = _retry_id(msg_id, pending.attempt + 1)
             log.info("kernel %s: no replica ran %s; resubmitting as %s", self.kernel_id,
                      pending.client_msg_id, retry_id)
             self._remember(self._superseded, msg_id, pending.attempt)
