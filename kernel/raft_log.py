@@ -30,6 +30,7 @@ from cryptography.fernet import Fernet
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 from .election import Applied, ElectionBook
+from .raft_random import keep_raft_off_the_users_generator
 from .raft_rest import RaftRest, RestingTransport, RestTimings
 from .raft_start import QuickStart
 from .records import LEAD, Completion, Proposal, Record
@@ -172,6 +173,7 @@ class RaftLog:
         rest: RestTimings | None = DEFAULT_REST,
         quick_start: bool = False,
     ) -> None:
+        keep_raft_off_the_users_generator()
         """``quick_start``: this replica founds a new group (not ``--join``): its first
         election need not wait pysyncobj's timeouts (raft_start.py)."""
         check_bindable(self_address)

@@ -41,12 +41,13 @@ written) here only, and if a pysyncobj release lacks one of them resting is swit
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any
 
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.transport import TCPTransport
+
+from .raft_random import RAFT_RANDOM
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class RaftRest:
             self._set("newAppendEntriesTime", 0.0)  # a heartbeat on this very tick
             peers = self._get("otherNodes")
         else:
-            self._set("raftElectionDeadline", raft_clock() + random.uniform(
+            self._set("raftElectionDeadline", raft_clock() + RAFT_RANDOM.uniform(
                 self._normal["raftMinTimeout"], self._normal["raftMaxTimeout"]))
             leader = self._get("raftLeader")
             peers = [leader] if leader is not None else self._get("otherNodes")
@@ -264,7 +265,7 @@ class RaftRest:
         conf.raftMinTimeout, conf.raftMaxTimeout = t.rest_election_min, t.rest_election_max
         conf.autoTickPeriod = t.rest_tick
         self._set("raftElectionDeadline",
-                  raft_clock() + random.uniform(t.rest_election_min, t.rest_election_max))
+                  raft_clock() + RAFT_RANDOM.uniform(t.rest_election_min, t.rest_election_max))
         self.resting = True
         self.rests += 1
         self._get("transport").send(leader, {"type": REST, "term": self._get("raftCurrentTerm"),

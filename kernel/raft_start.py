@@ -18,10 +18,11 @@ pysyncobj's own, so safety does not depend on any of this.
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any
 
 from pysyncobj.monotonic import monotonic as raft_clock
+
+from .raft_random import RAFT_RANDOM
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class QuickStart:
         if len(self._get("connectedNodes")) + 1 <= self.size / 2:
             return  # a vote now could not win: wait for a majority of the members
         now = raft_clock()  # pysyncobj's clock (raft_rest.py)
-        self.campaign_at = now + self.rank * self._step + random.uniform(0.0, self._jitter)
+        self.campaign_at = now + self.rank * self._step + RAFT_RANDOM.uniform(0.0, self._jitter)
         if self.campaign_at < self._get("raftElectionDeadline"):
             self._sync._SyncObj__raftElectionDeadline = self.campaign_at
 

@@ -41,7 +41,7 @@ def parts(torch: Any, tensor: Any, inline_limit: int) -> list[bytes | memoryview
     if data.device.type != "cpu":
         data = data.cpu()
     data = data.resolve_conj().resolve_neg().contiguous()
-    body = _memory_of(data)
+    body = memory_of(data)
     header = pickle.dumps(
         {
             "v": 1, "dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape),
@@ -55,7 +55,7 @@ def parts(torch: Any, tensor: Any, inline_limit: int) -> list[bytes | memoryview
     return [MAGIC + HEADER_LENGTH.pack(len(header)) + header, *pieces]
 
 
-def _memory_of(tensor: Any) -> memoryview:
+def memory_of(tensor: Any) -> memoryview:
     """A read-only view of a contiguous CPU tensor's bytes that keeps the tensor alive.
 
     ctypes over its memory, not ``.numpy()``: that marks the storage unresizable for good, and
@@ -69,7 +69,7 @@ def _memory_of(tensor: Any) -> memoryview:
 
 def _memory(tensor: Any, nbytes: int) -> Any:
     """A writable buffer over the first ``nbytes`` of a CPU tensor's memory that keeps the tensor
-    alive (ctypes, not ``.numpy()``: see ``_memory_of``)."""
+    alive (ctypes, not ``.numpy()``: see ``memory_of``)."""
     memory = (ctypes.c_char * nbytes).from_address(tensor.data_ptr())
     memory.owner = tensor
     return memory

@@ -85,9 +85,10 @@ class StateSync:
         effects = analyze_cell(source)
         encoder = self._encoder
         try:
-            if effects.rescan or encoder.candidate_names(shell.user_ns, effects):
+            if (effects.rescan or encoder.candidate_names(shell.user_ns, effects)
+                    or encoder.holds_tensors()):
                 update = await asyncio.to_thread(encoder.encode, shell.user_ns, effects)
-            else:  # the cell touched no name (``1+1``, ``print(3)``): nothing to pickle
+            else:  # the cell touched no name (``1+1``) and no tensor is held: nothing to pickle
                 update = encoder.encode(shell.user_ns, effects)
         except Exception as exc:  # noqa: BLE001 - never hang or crash the kernel on sync
             self.log.exception("state sync failed")

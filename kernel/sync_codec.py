@@ -57,7 +57,7 @@ import blake3
 import cloudpickle
 import cloudpickle.cloudpickle as cloudpickle_internals
 
-from notebookos.kernel import raw_tensor
+from notebookos.kernel import raw_tensor, rng_state
 from notebookos.kernel.ast_effects import CellEffects
 from notebookos.kernel.plain_pickle import PlainUnpickler as _PlainUnpickler
 from notebookos.kernel.shared_objects import (
@@ -280,6 +280,8 @@ class _TensorRecord:
     digest: str
     blob: bytes | None  # serialised bytes of a small tensor
     store_key: str | None  # store key of a large tensor
+    content: str | None = None  # a small tensor's element bytes' digest (``_content_of``)
+    grad: str | None = None  # the token of a leaf tensor's ``.grad`` when it was recorded
 
 
 class _WeakIdMap:
@@ -323,6 +325,8 @@ class SyncState:
         self._token_prefix = uuid.uuid4().hex[:16]  # tokens must not collide across replicas
         # shared objects (reachable from two roots) and which root holds which object inline
         self.identity = IdentityTable(self._token_prefix)
+        # the global random generators as this replica started (each counts once it is used)
+        self.rng_at_start = rng_state.Baseline()
 
     def token_for(self, tensor: Any) -> str:
         token = self._tokens.get(tensor)
@@ -348,8 +352,23 @@ class SyncState:
                  store_key: str | None) -> None:
         self._tokens.set(tensor, token)
         self._records[token] = _TensorRecord(
-            token, weakref.ref(tensor), _fingerprint(tensor), digest, blob, store_key
+            token, weakref.ref(tensor), _fingerprint(tensor), digest, blob, store_key,
+            _content_of(tensor) if blob is not None else None, self.grad_token(tensor),
         )
+
+    def grad_token(self, tensor: Any) -> str | None:
+        """The token of a leaf tensor's gradient (None without one, or for an array)."""
+        grad = _grad_of(tensor)
+        return None if grad is None else self.token_for(grad)
+
+    def live_records(self) -> list[tuple[_TensorRecord, Any]]:
+        """Every recorded tensor or array that still exists, with it."""
+        found = []
+        for record in list(self._records.values()):
+            obj = record.ref()
+            if obj is not None:
+                found.append((record, obj))
+        return found
 
     def forget_objects(self, store_keys: set[str]) -> None:
         """Forget tensors stored under these keys (their upload failed)."""
@@ -386,11 +405,33 @@ def _deserialise_tensor(blob: Any) -> Any:
                       weights_only=True)
 
 
-def _serialise_array(array: Any) -> memoryview:
-    """``numpy.save`` bytes (no pickle inside: object arrays are never extracted)."""
+def _serialise_array(array: Any) -> list[bytes | memoryview]:
+    """``numpy.save``'s bytes (no pickle inside: object arrays are never extracted), in pieces:
+    the header, then a view of a contiguous array's own memory, so that hashing and storing it
+    make no copy (checked after every cell, see ``StateEncoder._recheck``)."""
+    numpy = sys.modules["numpy"]
+    header_of = _npy_header_writer()
+    if header_of is not None and (array.flags.c_contiguous or array.flags.f_contiguous):
+        try:
+            body = memoryview(array if array.flags.c_contiguous else array.T).cast("B")
+            head = io.BytesIO()
+            header_of(head, numpy.lib.format.header_data_from_array_1_0(array), None)
+            return [head.getvalue(), body]
+        except (TypeError, ValueError):  # a dtype the buffer protocol cannot show (datetime64)
+            pass
     buffer = io.BytesIO()
-    sys.modules["numpy"].save(buffer, array, allow_pickle=False)
-    return buffer.getbuffer()
+    numpy.save(buffer, array, allow_pickle=False)
+    return [buffer.getbuffer()]
+
+
+def _npy_header_writer() -> Callable[..., None] | None:
+    """numpy.save's own header writer (private: found where this numpy keeps it, else None)."""
+    for where in ("numpy.lib._format_impl", "numpy.lib.format"):
+        module = sys.modules.get(where)
+        writer = getattr(module, "_write_array_header", None)
+        if writer is not None:
+            return writer
+    return None
 
 
 def _deserialise_array(blob: Any) -> Any:
@@ -408,7 +449,7 @@ def _serialise_extracted(obj: Any) -> list[bytes | memoryview]:
     if _is_torch_tensor(obj):
         parts = raw_tensor.parts(_torch(), obj, TENSOR_INLINE_LIMIT)
         return parts if parts is not None else [_serialise_tensor(obj)]
-    return [_serialise_array(obj)]
+    return _serialise_array(obj)
 
 
 def _fingerprint(obj: Any) -> tuple | None:
@@ -416,8 +457,37 @@ def _fingerprint(obj: Any) -> tuple | None:
     return _tensor_fingerprint(obj) if _is_torch_tensor(obj) else None
 
 
+def _content_of(obj: Any) -> str | None:
+    """A digest of a small tensor's elements (with dtype and shape), taken from its memory: what
+    says, after a cell, that it changed though its version counter did not (``W.data += 1``,
+    a write through ``.numpy()``). None for anything else (large tensors and arrays are
+    checked against the digest of their stored bytes, which are views of their memory)."""
+    if not _is_torch_tensor(obj):
+        return None
+    try:
+        data = obj.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        data = data.resolve_conj().resolve_neg().contiguous()
+        return _digest(f"{data.dtype}{tuple(data.shape)}".encode(), raw_tensor.memory_of(data))
+    except Exception:  # noqa: BLE001 - sparse, quantized, subclasses: their serialised bytes
+        return _digest(*_serialise_extracted(obj))
+
+
+def _grad_of(obj: Any) -> Any:
+    """A leaf tensor's ``.grad`` (None for anything else: a non-leaf's is never kept)."""
+    if not _is_torch_tensor(obj) or not obj.is_leaf or not obj.requires_grad:
+        return None
+    return obj.grad
+
+
 def _tensor_ref(token: str) -> Any:
     """Stands for a tensor in a pickled value; resolved by ``_ValueUnpickler``."""
+    raise pickle.UnpicklingError(f"tensor {token} referenced outside a NotebookOS state update")
+
+
+def _tensor_with_grad_ref(token: str, grad: Any) -> Any:
+    """Stands for a leaf tensor and its ``.grad`` in a pickled value; see ``_tensor_ref``."""
     raise pickle.UnpicklingError(f"tensor {token} referenced outside a NotebookOS state update")
 
 
@@ -474,7 +544,11 @@ class _ValuePickler(cloudpickle.CloudPickler):
         if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
             self._skip_class_members(obj)
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
-            return (_tensor_ref, (self._on_tensor(obj),))  # type: ignore[misc]
+            token = self._on_tensor(obj)  # type: ignore[misc]
+            if obj.is_leaf and obj.requires_grad:
+                # its gradient is part of its state (``W.grad`` after ``backward()``)
+                return (_tensor_with_grad_ref, (token, obj.grad))
+            return (_tensor_ref, (token,))
         if (type(obj) is self._array_type and obj.nbytes > TENSOR_INLINE_LIMIT
                 and not obj.dtype.hasobject):
             return (_array_ref, (self._on_tensor(obj),))  # type: ignore[misc]
@@ -587,10 +661,19 @@ class _ValueUnpickler(pickle.Unpickler):
                 held.pop(id(obj), None)
         return held
 
+    def _tensor_with_grad(self, token: str, grad: Any) -> Any:
+        tensor = _set_grad(self._resolve(token, "torch"), grad)
+        noted = getattr(self._resolve, "grad_set", None)
+        if noted is not None:
+            noted(token, tensor)
+        return tensor
+
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__:
             if name == "_tensor_ref":
                 return lambda token: self._resolve(token, "torch")
+            if name == "_tensor_with_grad_ref":
+                return self._tensor_with_grad
             if name == "_array_ref":
                 return lambda token: self._resolve(token, "numpy")
             if name == "_namespace_ref":
@@ -681,6 +764,10 @@ class StateEncoder:
         self._known_objects: set[str] = set()  # store keys known to exist
         self._upload_threads = upload_threads
 
+    def holds_tensors(self) -> bool:
+        """Whether the synced namespace holds tensors or large arrays (each cell checks them)."""
+        return bool(self.state.live_records())
+
     def snapshot_entries(self) -> dict[str, SyncEntry]:
         """Current name -> entry of the synced namespace (for checkpoints)."""
         with self.state.lock:
@@ -689,7 +776,8 @@ class StateEncoder:
     def candidate_names(self, namespace: Mapping[str, Any], effects: CellEffects) -> list[str]:
         """The names to check: those the cell may have changed, plus what called functions use."""
         if effects.rescan:
-            names = set(namespace) | {n for n in self.state.entries if not is_object_root(n)}
+            names = set(namespace) | {n for n in self.state.entries
+                                      if not is_object_root(n) and not rng_state.is_rng_root(n)}
         else:
             names = set(effects.bound | effects.deleted | effects.mutated)
             # Functions passed as arguments (map(step, xs)) may be called too.
@@ -714,6 +802,7 @@ class StateEncoder:
         tokens_of: dict[str, frozenset[str]] = {}
         entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
         with self.state.lock:
+            self._recheck(uploads, changed_tokens)
             # Three queues, taken in this order: the names to check (and entries to refresh);
             # roots holding an object that has just become shared (until pickled again they still
             # count as its owner, so they go before shared objects; once each, however many of
@@ -722,7 +811,7 @@ class StateEncoder:
             redo: dict[str, None] = {}
             objects: dict[str, None] = {}
             done: set[str] = set()
-            while todo or redo or objects:
+            while True:
                 while todo or redo or objects:
                     if todo:
                         root = todo.popleft()
@@ -740,13 +829,15 @@ class StateEncoder:
                 # An entry synced earlier that holds a tensor whose bytes just changed (opt.step()
                 # changes model's parameters) is stale: refresh it, so that every entry names the
                 # current bytes of each tensor (checkpoints and snapshots then restore consistently).
-                if changed_tokens:
-                    todo.extend(sorted(
-                        name for name, tokens in self.state.entry_tokens.items()
-                        if name not in done and self._root_exists(name, namespace)
-                        and tokens & changed_tokens
-                    ))
+                todo.extend(sorted(
+                    name for name, tokens in self.state.entry_tokens.items()
+                    if name not in done and self._root_exists(name, namespace)
+                    and tokens & changed_tokens
+                ) if changed_tokens else ())
+                if not todo:
+                    break
             self._drop_orphans(entries)
+            self._encode_rng(entries)
             update.entries = list(entries.values())
             try:
                 self._upload(uploads)
@@ -764,6 +855,24 @@ class StateEncoder:
             self.state.entry_tokens.update(tokens_of)
             self.state.prune()
         return update
+
+    def _encode_rng(self, entries: dict[str, SyncEntry]) -> None:
+        """The global random generators' states, when a cell changed them (kernel/rng_state.py):
+        they differ from what this replica last sent or applied, or, before that, from this
+        replica's own at its start (a notebook that never draws a number never sends them)."""
+        try:
+            captured = rng_state.capture()
+        except Exception as exc:  # noqa: BLE001 - never fail a cell's sync for it
+            log.warning("could not capture the random generators' states: %s", exc)
+            return
+        previous = self.state.entries.get(rng_state.RNG_ROOT)
+        if previous is None and self.state.rng_at_start.unchanged(captured):
+            return
+        payload = _PLAIN_PAYLOAD + rng_state.to_bytes(captured)
+        digest = _digest(payload)
+        if previous is None or previous.digest != digest:
+            entries[rng_state.RNG_ROOT] = SyncEntry(rng_state.RNG_ROOT, "inline", digest,
+                                                    payload=payload, size=len(payload))
 
     def _root_exists(self, root: str, namespace: Mapping[str, Any]) -> bool:
         if is_object_root(root):
@@ -979,18 +1088,39 @@ class StateEncoder:
         return SyncEntry(root, "inline", digest, payload=payload, size=size, tensors=large)
 
     def _tensor(
-        self, tensor: Any, uploads: dict[str, _Upload], changed_tokens: set[str]
+        self, tensor: Any, uploads: dict[str, _Upload], changed_tokens: set[str],
+        verify: bool = False,
     ) -> tuple[str, _TensorRecord]:
+        """The tensor's (or array's) token and record, serialised again if it changed.
+
+        Unchanged means: torch's version counter and the rest of the fingerprint are the same
+        and, with ``verify``, so are its bytes (a write through ``.data`` or ``.numpy()`` leaves
+        the version counter alone). A leaf tensor whose gradient is another object (or none)
+        counts as changed too, so the entries holding it are pickled again with the new one.
+        """
         state = self.state
         token = state.token_for(tensor)
         record = state.record(token)
         fingerprint = _fingerprint(tensor)
+        parts: list[bytes | memoryview] | None = None
         if record is not None and fingerprint is not None and record.fingerprint == fingerprint:
-            if record.store_key is not None and record.store_key not in self._known_objects:
-                # Known from an applied update or checkpoint: it is in the store already.
-                self._known_objects.add(record.store_key)
-            return token, record
-        parts = _serialise_extracted(tensor)
+            same = True
+            if verify and record.blob is not None:
+                same = _content_of(tensor) == record.content
+            elif verify:
+                parts = _serialise_extracted(tensor)
+                same = _digest(*parts) == record.digest
+            if same:
+                if record.store_key is not None and record.store_key not in self._known_objects:
+                    # Known from an applied update or checkpoint: it is in the store already.
+                    self._known_objects.add(record.store_key)
+                grad = state.grad_token(tensor)
+                if grad != record.grad:
+                    record.grad = grad
+                    changed_tokens.add(token)
+                return token, record
+        if parts is None:
+            parts = _serialise_extracted(tensor)
         digest = _digest(*parts)
         if record is None or record.digest != digest:
             changed_tokens.add(token)
@@ -1001,7 +1131,20 @@ class StateEncoder:
             state.remember(token, tensor, digest, None, key)
         else:
             state.remember(token, tensor, digest, b"".join(parts), None)
+        if record is not None and record.grad != state.record(token).grad:  # type: ignore[union-attr]
+            changed_tokens.add(token)
         return token, state.record(token)  # type: ignore[return-value]
+
+    def _recheck(self, uploads: dict[str, _Upload], changed_tokens: set[str]) -> None:
+        """Check every tensor and large array the synced namespace holds, named by the cell or
+        not: ``W.data += 1``, ``opt.step()`` called through another object, a C extension
+        writing into an array, ``backward()`` filling ``.grad``. Each whose bytes or gradient
+        changed is serialised again, and the entries holding it are refreshed (``encode``).
+
+        The cost is one hash of the bytes held (BLAKE3 over views of their memory, no copy, the
+        GIL released), after the reply; docs/performance.md has the figure for 1 GiB."""
+        for _record, obj in self.state.live_records():
+            self._tensor(obj, uploads, changed_tokens, verify=True)
 
     def _upload(self, uploads: Mapping[str, _Upload]) -> None:
         """Put new objects (skipping those already stored), in parallel; before the update goes out."""
@@ -1304,6 +1447,9 @@ class StateApplier:
     def _apply_entry(self, namespace: MutableMapping[str, Any], entry: SyncEntry) -> None:
         identity = self.state.identity
         self.state.dirty.add(entry.name)
+        if rng_state.is_rng_root(entry.name):
+            self._apply_rng(entry)
+            return
         if entry.kind == "deleted":
             namespace.pop(entry.name, None)
             self.state.entries.pop(entry.name, None)
@@ -1324,6 +1470,21 @@ class StateApplier:
         self.state.entries[entry.name] = entry
         self.state.entry_tokens[entry.name] = frozenset(tokens)
         identity.register(entry.name, held, refs)
+
+    def _apply_rng(self, entry: SyncEntry) -> None:
+        if entry.kind == "deleted":
+            self.state.entries.pop(entry.name, None)
+            return
+        if entry.kind != "inline":
+            raise ValueError("the random generators' states must be an inline entry")
+        current = self.state.entries.get(entry.name)
+        if current is not None and current.digest == entry.digest:
+            return  # set already (this replica captured it, or the update is replayed)
+        payload = self._payload(entry)
+        if payload[:1] != _PLAIN_PAYLOAD:
+            raise ValueError("malformed random generator state")
+        rng_state.restore(rng_state.from_bytes(payload[1:]))
+        self.state.entries[entry.name] = entry
 
     def close(self) -> None:
         """Stop the fetch threads (pending fetches are abandoned). Safe to call twice."""
@@ -1384,6 +1545,23 @@ class _TensorResolver:
                 loaded = current
         state.remember(token, loaded, digest, blob if key is None else None, key)
         return loaded
+
+    def grad_set(self, token: str, tensor: Any) -> None:
+        """The tensor was given its gradient after it was recorded: record that too, so that
+        this replica, as executor, sends the tensor again only when its gradient changes."""
+        record = self.applier.state.record(token)
+        if record is not None:
+            record.grad = self.applier.state.grad_token(tensor)
+
+
+def _set_grad(tensor: Any, grad: Any) -> Any:
+    """Give a leaf tensor the executor's gradient (or none)."""
+    if tensor.grad is not grad:
+        torch = _torch()
+        assert torch is not None
+        with torch.no_grad():
+            tensor.grad = grad
+    return tensor
 
 
 def _replace_tensor_data(current: Any, loaded: Any) -> bool:

@@ -204,3 +204,30 @@ def test_shared_references_survive_an_executor_failover(group: ReplicaGroup):
         result.summary()
     again = group.execute("print(alias is d['k'], d, cfg)", target=3)
     assert again.stdout() == "True {'k': ['x', 'y']} {'optim': {'lr': 0.01}}\n"
+
+
+@pytest.mark.usefixtures("torch_installed")
+def test_training_state_and_seeds_survive_the_executors_death(group: ReplicaGroup):
+    """Issue 31 items 1, 2, 6 on real replicas: an update through ``.data``, a gradient filled
+    by ``backward()`` and the seeded global generators are what the next executor holds.
+    The expected values are plain Python's (computed here the same way)."""
+    import random as plain_random
+
+    import numpy as np
+    import torch
+
+    group.execute("import torch, random, numpy as np\nW = torch.zeros(3, requires_grad=True)",
+                  target=1)
+    group.execute("W.data += 1\n(W * 2).sum().backward()\nnp.random.seed(0)\nrandom.seed(1)\n"
+                  "torch.manual_seed(42)", target=1)
+    group.kill(1)
+    result = group.execute(
+        "print(W.detach().tolist(), W.grad.tolist())\n"
+        "print(np.random.rand(2).tolist(), random.random(), torch.rand(2).tolist())", target=2)
+    assert result.executor() == 2, result.summary()
+    np.random.seed(0)
+    plain_random.seed(1)
+    torch.manual_seed(42)
+    expected = (f"[1.0, 1.0, 1.0] [2.0, 2.0, 2.0]\n"
+                f"{np.random.rand(2).tolist()} {plain_random.random()} {torch.rand(2).tolist()}\n")
+    assert result.stdout() == expected

@@ -16,6 +16,7 @@ from codec_pair import HMAC_KEY, Pair, new_namespace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from notebookos.kernel import rng_state
 from notebookos.kernel.ast_effects import CellEffects, analyze_cell
 from notebookos.kernel.sync_codec import (
     Checkpoint,
@@ -359,7 +360,9 @@ def test_checkpoint_write_read_restore(pair: Pair, file_store: LargeObjectStore)
     checkpoint = read_checkpoint(file_store, pair.kernel_id)
     assert isinstance(checkpoint, Checkpoint)
     assert checkpoint.execution_count == 7 and checkpoint.kernel_id == pair.kernel_id
-    assert set(checkpoint.entries) == {"torch", "math", "model", "opt", "big", "area"}
+    # and the random generators' states: the cell drew from torch's (kernel/rng_state.py)
+    assert set(checkpoint.entries) == {"torch", "math", "model", "opt", "big", "area",
+                                       rng_state.RNG_ROOT}
 
     rebuilt = new_namespace()
     assert restore_namespace(file_store, checkpoint, rebuilt) == []
@@ -617,8 +620,9 @@ def test_nothing_is_resent_when_nothing_changed(pair: Pair) -> None:
     code = textwrap.dedent(cell)
     exec(code, pair.executor)
     first = pair.encoder.encode(pair.executor, analyze_cell(code))
-    # 15 names, and f as a shared object: part holds the same function (part.func is f)
-    assert len(first.entries) == 16 and first.warnings == []
+    # 15 names, f as a shared object (part holds the same function: part.func is f), and the
+    # random generators' states (torch's drew the model's initial weights)
+    assert len(first.entries) == 17 and first.warnings == []
     every_name = frozenset(e.name for e in first.entries if not e.name.startswith("\0"))
     assert len(every_name) == 15
     again = pair.encoder.encode(pair.executor,

@@ -1,0 +1,173 @@
+"""What a cell changes without its AST saying so reaches the standbys (issue 31 items 1, 2, 6).
+
+Training code changes state in ways the cell's text does not name: ``p.data += -lr * p.grad``
+(torch's version counter does not move), ``backward()`` filling ``.grad``, a function kept in a
+dict writing into an array, a seed set in one cell and drawn from in the next. Plain IPython is
+the oracle: after the cell, the standby must hold what the executor holds.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+from codec_pair import Pair
+
+from notebookos.kernel import rng_state
+from notebookos.kernel.ast_effects import analyze_cell
+from notebookos.kernel.sync_codec import SyncUpdate
+
+
+def _same_tensor(pair: Pair, name: str) -> None:
+    import torch
+
+    executor, standby = pair.executor[name], pair.standby[name]
+    assert standby is not executor
+    assert torch.equal(standby.detach(), executor.detach()), name
+
+
+@pytest.mark.usefixtures("torch_installed")
+@pytest.mark.parametrize("size", [3, 1 << 16], ids=["small", "large"])
+def test_an_update_through_data_reaches_the_standby(pair: Pair, size: int) -> None:
+    pair.run(f"import torch\nW = torch.zeros({size}, requires_grad=True)\nparams = [W]")
+    pair.run("W.data += 1")  # named, but W._version does not move
+    _same_tensor(pair, "W")
+    assert float(pair.standby["W"].detach()[0]) == 1.0
+    pair.run("for p in params:\n    p.data.add_(2)")  # W not named at all
+    _same_tensor(pair, "W")
+    assert float(pair.standby["W"].detach()[0]) == 3.0
+    assert pair.standby["params"][0] is pair.standby["W"]
+
+
+@pytest.mark.usefixtures("torch_installed")
+def test_a_manual_training_loop_keeps_weights_and_gradients(pair: Pair) -> None:
+    pair.run("""
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        x, y = torch.randn(8, 4), torch.randn(8, 2)
+    """)
+    step = """
+        loss = ((model(x) - y) ** 2).mean()
+        for p in model.parameters():
+            p.grad = None
+        loss.backward()
+        for p in model.parameters():
+            p.data += -0.1 * p.grad
+    """
+    for _ in range(3):
+        pair.run(step)
+        for name in ("weight", "bias"):
+            executor = getattr(pair.executor["model"], name)
+            standby = getattr(pair.standby["model"], name)
+            assert standby.data.equal(executor.data), name
+            assert standby.grad is not None and standby.grad.equal(executor.grad), name
+
+
+@pytest.mark.usefixtures("torch_installed")
+def test_grad_is_replicated_and_cleared(pair: Pair) -> None:
+    pair.run("import torch\nW = torch.zeros(3, requires_grad=True)")
+    pair.run("(W * 2).sum().backward()")  # W is not the root of any call or store
+    assert pair.standby["W"].grad is not None
+    assert pair.standby["W"].grad.tolist() == [2.0, 2.0, 2.0]
+    pair.run("(W * 3).sum().backward()")  # accumulates into the same grad tensor
+    assert pair.standby["W"].grad.tolist() == [5.0, 5.0, 5.0]
+    pair.run("opt = torch.optim.SGD([W], lr=0.1)\nopt.step()")
+    _same_tensor(pair, "W")
+    pair.run("opt.zero_grad()")  # set_to_none: W.grad becomes None
+    assert pair.executor["W"].grad is None
+    assert pair.standby["W"].grad is None
+
+
+def test_an_array_written_by_a_function_the_cell_does_not_name(pair: Pair) -> None:
+    pair.run("""
+        import numpy as np
+        big = np.zeros(100_000)
+        ops = {"fill": lambda value: big.fill(value)}
+    """)
+    pair.run("ops['fill'](7.0)")
+    assert pair.standby["big"][0] == 7.0
+    assert np.array_equal(pair.standby["big"], pair.executor["big"])
+
+
+def _encode(pair: Pair, code: str) -> SyncUpdate:
+    exec(compile(code, "<cell>", "exec"), pair.executor)
+    record = pair.encoder.encode(pair.executor, analyze_cell(code)).to_bytes()
+    return SyncUpdate.from_bytes(record)
+
+
+def _apply(pair: Pair, update: SyncUpdate) -> None:
+    pair.applier.prefetch(update)
+    pair.applier.apply(pair.standby, update)
+
+
+def test_seeded_global_generators_continue_on_the_standby(pair: Pair) -> None:
+    """One process holds both namespaces here, so the generators are disturbed between encode and
+    apply, as the standby's own process would have them."""
+    code = "import numpy as np, random\nnp.random.seed(0)\nrandom.seed(1)\n"
+    update = _encode(pair, code)
+    expected = (np.random.rand(2).tolist(), random.random())
+    np.random.seed(12345)
+    random.seed(999)
+    _apply(pair, update)
+    assert (np.random.rand(2).tolist(), random.random()) == expected
+
+
+@pytest.mark.usefixtures("torch_installed")
+def test_torch_seed_continues_on_the_standby(pair: Pair) -> None:
+    import torch
+
+    update = _encode(pair, "import torch\ntorch.manual_seed(42)\n")
+    expected = torch.rand(3).tolist()
+    torch.manual_seed(7)
+    _apply(pair, update)
+    assert torch.rand(3).tolist() == expected
+
+
+def test_an_unchanged_generator_sends_nothing(pair: Pair) -> None:
+    pair.run("import numpy as np\nnp.random.seed(0)")
+    update = pair.run("x = 1")
+    assert [e.name for e in update.entries] == ["x"]
+    update = pair.run("y = np.random.rand()")  # drew a number: the state moved
+    assert sorted(e.name for e in update.entries) == sorted(["y", rng_state.RNG_ROOT])
+
+
+def test_the_generators_survive_a_checkpoint(pair: Pair) -> None:
+    from notebookos.kernel.sync_codec import read_checkpoint, restore_namespace, write_checkpoint
+
+    pair.run("import numpy as np\nnp.random.seed(3)")
+    expected = np.random.rand(2).tolist()
+    np.random.seed(3)
+    pair.run("x = 1")
+    write_checkpoint(pair.store, pair.kernel_id, pair.encoder.snapshot_entries(), 2)
+    np.random.seed(100)
+    restored: dict = {}
+    failed = restore_namespace(pair.store, read_checkpoint(pair.store, pair.kernel_id), restored)
+    assert failed == []
+    assert rng_state.RNG_ROOT not in restored
+    assert np.random.rand(2).tolist() == expected
+
+
+def test_the_state_is_plain_data() -> None:
+    """Applying it runs no code: the restricted unpickler reads it."""
+    import numpy  # noqa: F401 - captured only once imported
+
+    state = rng_state.from_bytes(rng_state.to_bytes(rng_state.capture()))
+    assert set(state) >= {"random", "numpy"}
+    rng_state.restore(state)
+
+
+@pytest.mark.usefixtures("torch_installed")
+def test_checking_a_gib_of_tensors_after_a_cell_is_bounded(pair: Pair) -> None:
+    """Every cell hashes every tensor the namespace holds (issue 31 asks for a namespace of
+    1 GiB; 256 MiB here keeps the suite quick; benchmarks/kernel.py measures 1 GiB)."""
+    pair.run("import torch\nbig = [torch.ones(32 << 20) for _ in range(2)]")  # 256 MiB
+    started = time.perf_counter()
+    update = pair.run("x = 1")
+    took = time.perf_counter() - started
+    assert [e.name for e in update.entries] == ["x"]
+    assert took < 3.0, f"checking 256 MiB of tensors took {took:.2f} s"
+    pair.run("big[1].data[5] = 2.0")
+    assert float(pair.standby["big"][1][5]) == 2.0
