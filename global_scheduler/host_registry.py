@@ -81,14 +81,18 @@ class HostRegistryMixin:
             link = self.hosts.get(request.host_id)
             if link is not None:
                 host = self.cluster.hosts[request.host_id]
-                if host.capacity != capacity or link.address != request.address:
-                    # a restarted daemon on a new port, or a different machine under the same
-                    # id: the replicas of the old one are lost
-                    why = ("re-registered with a new capacity" if host.capacity != capacity
-                           else f"re-registered from {request.address} (was {link.address})")
-                    self._drop_host(request.host_id, why)
+                if host.capacity != capacity:
+                    # a different machine under the same id: the replicas of the old one are lost
+                    self._drop_host(request.host_id, "re-registered with a new capacity")
                     link = None
                 elif link.instance_id != request.instance_id:
+                    # a restarted daemon (on a new port, maybe): the replicas it took back are
+                    # kept (a Local Scheduler's restart loses no replica), the others are lost
+                    if link.address != request.address:
+                        log.info("host %s re-registered from %s (was %s)", request.host_id,
+                                 request.address, link.address)
+                        link.readdress(request.address)
+                        self.cluster.hosts[request.host_id].address = request.address
                     self._lose_unreported(request.host_id, request.replicas)
             if link is None:
                 try:
@@ -131,8 +135,8 @@ class HostRegistryMixin:
         return status.host.host_id == host_id and status.instance_id == instance_id
 
     def _lose_unreported(self, host_id: str, reported: list) -> None:  # noqa: ANN001
-        """A new instance of a host's Local Scheduler registered at the same address: the
-        replicas the old instance ran and the new one does not report died with it. Lock held."""
+        """A new instance of a host's Local Scheduler registered: the replicas the old instance
+        ran and the new one does not report (it took back the others) are lost. Lock held."""
         have = {(r.kernel_id, r.replica_id) for r in reported}
         for entry in list(self.kernels.values()):
             for rid, rl in list(entry.replicas.items()):

@@ -47,6 +47,14 @@ class HostLink:
     # a cell's request id -> the host's request id of the commitment it took over
     _taken_over: dict[str, str] = field(default_factory=dict)
 
+    def readdress(self, address: str) -> None:
+        """The host's Local Scheduler restarted at a new address: calls go there from now on."""
+        with self._lock:
+            self.address = address
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
+
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:
         with self._lock:

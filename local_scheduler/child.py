@@ -1,7 +1,8 @@
-"""Run a replica module cold, tied to the Local Scheduler's life.
+"""Run a replica module cold.
 
 ``python -m notebookos.local_scheduler.child MODULE ARGS...`` is ``python -m MODULE ARGS...`` after
-``spawn.die_with_parent()``.
+``spawn.die_with_parent()`` (it exits if its Local Scheduler already died) and
+``spawn.become_replica()`` (from then on it outlives it, see ``orphan_watch``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-from notebookos.local_scheduler.spawn import die_with_parent
+from notebookos.local_scheduler.spawn import become_replica, die_with_parent
 
 
 def main() -> None:
@@ -17,7 +18,8 @@ def main() -> None:
         print("usage: python -m notebookos.local_scheduler.child MODULE [ARGS...]",
               file=sys.stderr)
         sys.exit(2)
-    die_with_parent()
+    die_with_parent()  # no replica yet: a Local Scheduler that dies meanwhile takes it along
+    become_replica()
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

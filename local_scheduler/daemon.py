@@ -86,7 +86,8 @@ class LocalSchedulerDaemon:
         def make_launcher(on_exit: ExitCallback) -> Launcher:
             if docker is None:
                 return ProcessLauncher(workdir, on_exit, ip=ls.host, module=ls.replica_module,
-                                       fork_server=ls.fork_server)
+                                       fork_server=ls.fork_server,
+                                       orphan_grace_s=ls.orphan_grace_s)
             return docker_launcher.DockerLauncher(
                 docker, on_exit, host_id=self.host_id, image=ls.docker_image,
                 network=ls.docker_network, user=ls.docker_user, module=ls.replica_module,

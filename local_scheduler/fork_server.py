@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from notebookos.local_scheduler import spawn
+from notebookos.local_scheduler.pid_watch import WatchedProcess, open_pidfd
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class ForkServer:
         process.stdout.close()
         process.wait()
         if not self._closed:
-            log.warning("the fork server exited (code %s); its replicas died with it",
+            log.warning("the fork server exited (code %s); the replicas it forked live on",
                         process.returncode)
         for answer in list(self._answers.values()):
             if not answer.done():
@@ -221,7 +222,14 @@ class ForkServer:
         with self._children_lock:
             children, self._children = self._children, {}
         for child in children.values():
-            child.exited(-9)  # PR_SET_PDEATHSIG: SIGKILL
+            # a child waiting in the pool died with the server (PR_SET_PDEATHSIG: SIGKILL); a
+            # replica outlives it (spawn.become_replica) and is watched through a pidfd now
+            pidfd = open_pidfd(child.pid)
+            if pidfd is None:
+                child.exited(-9)
+                continue
+            threading.Thread(target=_watch_orphan, args=(child, pidfd), daemon=True,
+                             name=f"watch-pid-{child.pid}").start()
 
     def close(self) -> None:
         """Stop the server (its replicas die with it: stop them first)."""
@@ -254,6 +262,12 @@ class ForkedPrewarmed:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("a discarded prewarmed replica (pid %d) did not exit", self.process.pid)
+
+
+def _watch_orphan(child: ForkedProcess, pidfd: int) -> None:
+    """Report the exit of a replica whose fork server died (its code is unknown: not our child)."""
+    watched = WatchedProcess(child.pid, pidfd)
+    child.exited(watched.wait())
 
 
 def _kill(process: subprocess.Popen) -> None:

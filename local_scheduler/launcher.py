@@ -23,8 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from notebookos.local_scheduler import spawn
+from notebookos.local_scheduler import replica_records, spawn
 from notebookos.local_scheduler.fork_server import ForkedPrewarmed, ForkedProcess, ForkServer
+from notebookos.local_scheduler.pid_watch import (
+    WatchedProcess,
+    pid_alive,
+    same_process,
+    start_ticks,
+)
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
 from notebookos.ports import bindable, free_ports
 from notebookos.resources import ResourceSpec
@@ -158,10 +164,15 @@ class ProcessLauncher(Launcher):
         kernel_class: str = "ReplicaKernel",
         python: str = sys.executable,
         fork_server: bool = False,
+        orphan_grace_s: float = 60.0,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.on_exit = on_exit
+        # what a restarted Local Scheduler reads to take its replicas back (replica_records.py);
+        # a replica whose Local Scheduler died waits this long for one (orphan_watch.py)
+        self.records = replica_records.ReplicaRecords(self.workdir)
+        self.orphan_grace_s = orphan_grace_s
         self.ip = ip
         self.module = module
         self.kernel_class = kernel_class
@@ -204,7 +215,9 @@ class ProcessLauncher(Launcher):
         connection_file.chmod(0o600)
         log_path = self.workdir / f"{name}.log"
         argv = self.argv(spec, connection_file)
-        env = dict(spec.env)
+        env = {**spec.env, replica_records.ENV_LS_PID: str(os.getpid()),
+               replica_records.ENV_STATE_FILE: str(self.records.path),
+               replica_records.ENV_ORPHAN_GRACE_S: str(self.orphan_grace_s)}
         process: ReplicaProcess | None = None
         if prewarmed is not None:
             process = prewarmed.promote(argv, env, log_path)
@@ -221,13 +234,53 @@ class ProcessLauncher(Launcher):
         replica = LaunchedReplica(spec, process.pid, self.ip, ports, spec.raft_address,
                                   prewarmed is not None, log_path, process,
                                   forked=prewarmed is None and isinstance(process, ForkedProcess))
+        self.records.put(spec.owner, replica_records.record_of(replica, resources,
+                                                               start_ticks(process.pid)))
         threading.Thread(target=self._watch, args=(replica,), daemon=True,
                          name=f"watch-{spec.owner}").start()
         return replica
 
+    def recover(self) -> list[tuple[LaunchedReplica, ResourceSpec]]:
+        """The replicas a previous run of this Local Scheduler started that still run (the same
+        pid with the same start time), watched again through a pidfd; the records then name this
+        Local Scheduler as theirs, which tells each replica's orphan watch it was taken back."""
+        recovered: list[tuple[LaunchedReplica, ResourceSpec]] = []
+        holder = self.records.holder()
+        if holder is not None and holder != os.getpid() and pid_alive(holder):
+            # another daemon under this host id still runs and holds them (the Global Scheduler
+            # refuses the second one): take nothing; they end with it if it dies unrestarted
+            log.warning("the replicas recorded in %s belong to Local Scheduler %d, which still "
+                        "runs: not taking them", self.records.path, holder)
+            return recovered
+        for record in self.records.load():
+            try:
+                doc = record["spec"]
+                spec = ReplicaSpec(**{**doc, "peers": tuple(tuple(p) for p in doc["peers"])})
+                pid = int(record["pid"])
+                if not same_process(pid, record.get("start_ticks")):
+                    continue
+                resources = ResourceSpec(*(record.get("resources") or ()))
+                log_path = Path(record["log_path"]) if record.get("log_path") else None
+                replica = LaunchedReplica(
+                    spec, pid, record["ip"], {k: int(v) for k, v in record["ports"].items()},
+                    record["raft_address"], bool(record.get("from_prewarm_pool")), log_path,
+                    WatchedProcess(pid), started_unix=float(record.get("started_unix", 0.0)),
+                    forked=bool(record.get("forked")))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("cannot take back a replica recorded in %s (%s): %r",
+                            self.records.path, exc, record)
+                continue
+            self.records.put(spec.owner, record)
+            threading.Thread(target=self._watch, args=(replica,), daemon=True,
+                             name=f"watch-{spec.owner}").start()
+            recovered.append((replica, resources))
+        self.records.save()  # names this Local Scheduler as the holder, even of none
+        return recovered
+
     def _watch(self, replica: LaunchedReplica) -> None:
-        assert isinstance(replica.process, subprocess.Popen | ForkedProcess)
+        assert isinstance(replica.process, subprocess.Popen | ForkedProcess | WatchedProcess)
         code = replica.process.wait()
+        self.records.drop(replica.spec.owner)
         try:
             self.on_exit(replica, code)
         except Exception:  # noqa: BLE001 - a failing callback must not kill the watcher silently
@@ -235,7 +288,7 @@ class ProcessLauncher(Launcher):
 
     def stop(self, replica: LaunchedReplica, grace_period_s: float) -> int:
         proc = replica.process
-        assert isinstance(proc, subprocess.Popen | ForkedProcess)
+        assert isinstance(proc, subprocess.Popen | ForkedProcess | WatchedProcess)
         if proc.poll() is None:
             spawn.signal_group(proc.pid, signal.SIGTERM)
             try:

@@ -22,7 +22,7 @@ import runpy
 import sys
 import time
 
-from notebookos.local_scheduler.spawn import die_with_parent
+from notebookos.local_scheduler.spawn import become_replica, die_with_parent
 
 HEAVY_IMPORTS = ("zmq", "ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "cloudpickle",
                  "pysyncobj", "numpy", "notebookos.kernel.app")  # the last: the replica itself
@@ -79,6 +79,7 @@ def run_order(order: dict, module: str) -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.environ.update(order.get("env", {}))
+    become_replica()
     sys.argv = [module, *order["argv"]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0

@@ -107,7 +107,7 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
 
     def _recover(self) -> None:
         """Take back the replicas a previous run of this Local Scheduler left running (replica
-        containers outlive a crashed Local Scheduler; processes do not)."""
+        containers and processes outlive a crashed Local Scheduler: launcher.recover)."""
         for launched, resources in self.launcher.recover():
             entry = ReplicaEntry(launched, resources, state=RS.REPLICA_STATE_IDLE)
             self._replicas[(launched.spec.kernel_id, launched.spec.replica_id)] = entry

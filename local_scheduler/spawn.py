@@ -1,4 +1,4 @@
-"""Start child processes that die with the Local Scheduler.
+"""Start child processes that die with the Local Scheduler, until they become replicas.
 
 Replicas run in their own process group (a stop reaches everything they spawn), so a killed Local
 Scheduler would leave them orphaned, still voting in their Raft groups while the Global Scheduler
@@ -6,7 +6,8 @@ replaces them. So every child runs through ``notebookos.local_scheduler.child`` 
 ``prewarm_main``), which first asks Linux for SIGKILL when its parent goes away
 (``PR_SET_PDEATHSIG``). That signal fires when the *thread* that forked exits, so every child is
 forked from one long-lived spawner thread. No Python code runs between fork and exec (gRPC's
-threads make that unsafe).
+threads make that unsafe). A process that becomes a replica (``become_replica``) clears that
+signal: replicas outlive a crashed Local Scheduler, and its successor takes them back.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def die_with_parent() -> None:
         return
     if os.getppid() != int(parent):
         os._exit(0)
+
+
+def become_replica() -> None:
+    """In a process about to run a replica: outlive the Local Scheduler (and the fork server)
+    that started it, watched instead by ``orphan_watch`` (a restarted Local Scheduler takes it
+    back; issue 33). Prewarmed processes still waiting for their order keep dying with their
+    parent: a restarted Local Scheduler fills its pool anew."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
+        except (OSError, AttributeError):
+            pass
+    from notebookos.local_scheduler import orphan_watch
+
+    orphan_watch.start_from_environment()
 
 
 class _Spawner:

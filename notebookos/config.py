@@ -243,6 +243,10 @@ class LocalSchedulerSettings:
     fork_server: bool = setting(
         True, "Start replicas that find the prewarm pool empty by forking a preloaded "
         "interpreter (one per host) instead of a new one; `process` launcher only.")
+    orphan_grace_s: float = setting(
+        60.0, "`process` launcher: how long a replica whose Local Scheduler died waits for a "
+        "restarted one to take it back before it ends itself (replicas outlive a crashed Local "
+        "Scheduler).", _at_least(0.0))
     heartbeat_interval_s: float = setting(2.0, "Seconds between heartbeats.", _at_least(0.1))
     host_id: str = setting("", "This host's id in the cluster; empty means <hostname>-<grpc port>.")
     replica_module: str = setting(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ import pytest
 import zmq
 from jupyter_client import BlockingKernelClient
 
+from notebookos.local_scheduler.pid_watch import same_process
+from notebookos.local_scheduler.replica_records import ReplicaRecords
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
@@ -40,6 +43,8 @@ class Cluster:
             "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "3",
             "NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICA_START_TIMEOUT_S": "60",
             "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE": "false",
+            # a replica whose Local Scheduler was SIGKILLed and not restarted ends this soon
+            "NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "3",
             **(env or {}),
         }
         self.gs: subprocess.Popen | None = None
@@ -127,6 +132,13 @@ class Cluster:
         # then the Local Schedulers, which take their replicas with them.
         for proc in sorted(self.procs, key=lambda p: p is not self.gs):
             kill_group(proc)
+        # replicas outlive a SIGKILLed Local Scheduler (its records name them): none may linger
+        for records in self.workdir.glob("state/local_scheduler/*/replicas.json"):
+            for record in ReplicaRecords(records.parent).load():
+                pid = record.get("pid")
+                if isinstance(pid, int) and same_process(pid, record.get("start_ticks")):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
 
 
 def run_cell(kc: BlockingKernelClient, code: str, timeout: float = 60) -> dict[str, Any]:

@@ -172,8 +172,45 @@ def test_a_killed_local_scheduler_means_its_replicas_are_replaced(make_cluster):
     cluster.wait(lambda: all(h != victim_host for h, _ in _replicas(cluster, kernel_id).values())
                  and _recovered(cluster, kernel_id, before), 90, "replicas off the dead host")
     assert victim_host not in {h.host_id for h in cluster.status().hosts}
-    cluster.wait(lambda: not pid_alive(victim_pid), 10, "the orphaned replica to die with its LS")
+    # no Local Scheduler took it back within its grace (3 s here): it ends itself
+    cluster.wait(lambda: not pid_alive(victim_pid), 15, "the orphaned replica to end")
     assert result_text(run_cell(kc, "data['c'] = 3\nsorted(data)")) == "['a', 'b', 'c']"
+
+
+def test_a_restarted_local_scheduler_takes_its_replicas_back(make_cluster):  # noqa: ANN001
+    """Issue 33: a Local Scheduler SIGKILLed and started again (as `notebookos up` does) loses no
+    replica: they outlive it, the new daemon finds them in its records, registers with them, and
+    the Global Scheduler keeps them. It also watches them again: a later death is reported."""
+    cluster = make_cluster({"NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "30"})
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
+    before = _replicas(cluster, kernel_id)
+    count = 1
+    for victim_host, victim_pid in before.values():
+        old_address = next(h.address for h in cluster.status().hosts if h.host_id == victim_host)
+        cluster.ls[victim_host].send_signal(signal.SIGKILL)
+        cluster.ls[victim_host].wait(timeout=10)
+        cluster.start_ls(victim_host)
+        cluster.wait(lambda h=victim_host, a=old_address: any(
+            x.host_id == h and x.address != a for x in cluster.status().hosts), 30,
+            "the restarted Local Scheduler to register")
+        assert _replicas(cluster, kernel_id) == before, "a replica was lost or replaced"
+        assert pid_alive(victim_pid)
+        count += 1
+        assert result_text(run_cell(kc, "data[len(data)] = 1\nlen(data)")) == str(count)
+    assert "lost" not in cluster.log("gs"), cluster.log("gs")
+    # every replica was taken back; the cells ran on them (the GPUs were committed on hosts
+    # whose daemon had restarted) and the kernel never ran on fewer than three
+    victim_host, victim_pid = before[min(before)]
+    os.kill(victim_pid, signal.SIGKILL)  # watched by the new daemon: reported, replaced
+    cluster.wait(lambda: _replicas(cluster, kernel_id).get(min(before)) != (victim_host,
+                 victim_pid) and _recovered(cluster, kernel_id, before), 60,
+                 "the replica's death to be seen and the replica replaced")
+    assert result_text(run_cell(kc, "len(data)")) == "4"
 
 
 def test_a_restarted_global_scheduler_rebinds_the_front_and_the_kernel_carries_on(make_cluster):

@@ -1,9 +1,11 @@
 """The fork server: replicas forked from one preloaded interpreter behave as cold ones do (their
-own session, their environment, argv and log, their exit code, their own random numbers) and
-never outlive the Local Scheduler. Real processes throughout."""
+own session, their environment, argv and log, their exit code, their own random numbers);
+they outlive the server and the Local Scheduler, for a restarted one to take back. Real
+processes throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +19,12 @@ import pytest
 
 from notebookos.local_scheduler.fork_server import ForkServer, ForkServerError
 from notebookos.local_scheduler.launcher import ProcessLauncher, ReplicaSpec
+from notebookos.local_scheduler.pid_watch import UNKNOWN_EXIT_CODE
+from notebookos.local_scheduler.replica_records import (
+    ENV_LS_PID,
+    ENV_ORPHAN_GRACE_S,
+    ENV_STATE_FILE,
+)
 from notebookos.testing.processes import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,32 +90,39 @@ def test_a_replica_killed_by_a_signal_reports_it_and_a_stop_reaches_its_group(
         server.close()
 
 
-def test_replicas_die_with_the_server_and_are_reported_so(tmp_path: Path,
+def test_replicas_outlive_the_server_and_are_still_watched(tmp_path: Path,
                                                           probe_module: str) -> None:
+    """A replica forked by the server outlives it (issue 33: a Local Scheduler's restart, which
+    takes its fork server along, loses no replica); its exit is still reported, its code
+    unknown (it is no longer the server's child)."""
     server = ForkServer(sys.executable, probe_module, tmp_path / "server.log")
     server.start()
     child = server.fork(["--sleep"], {}, tmp_path / "child.log")
     _output(tmp_path / "child.log")
     server.close()
-    assert child.wait(30) == -9
-    deadline = time.monotonic() + 30
-    while pid_alive(child.pid):
-        assert time.monotonic() < deadline, "a forked replica outlived its fork server"
-        time.sleep(0.05)
+    time.sleep(0.5)
+    assert pid_alive(child.pid) and child.poll() is None
+    os.killpg(child.pid, signal.SIGKILL)
+    assert child.wait(30) == UNKNOWN_EXIT_CODE
     with pytest.raises(ForkServerError, match="not running"):
         server.fork([], {}, tmp_path / "late.log")
 
 
-def test_a_forked_replica_dies_with_the_local_scheduler(tmp_path: Path,
-                                                        probe_module: str) -> None:
-    """SIGKILL the process that holds the fork server (as a Local Scheduler would be)."""
+def test_a_forked_replica_outlives_its_local_scheduler_then_ends_unclaimed(
+        tmp_path: Path, probe_module: str) -> None:
+    """SIGKILL the process that holds the fork server (as a Local Scheduler would be): the
+    replica lives on for its grace, waiting for a restarted Local Scheduler to take it back
+    (orphan_watch.py); none does, so it ends."""
+    records = tmp_path / "replicas.json"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time
+        import os, sys, time
         from pathlib import Path
         from notebookos.local_scheduler.fork_server import ForkServer
         server = ForkServer(sys.executable, {probe_module!r}, Path({str(tmp_path)!r}) / "s.log")
         server.start()
-        child = server.fork(["--sleep"], {{}}, Path({str(tmp_path)!r}) / "child.log")
+        env = {{"{ENV_LS_PID}": str(os.getpid()), "{ENV_STATE_FILE}": {str(records)!r},
+               "{ENV_ORPHAN_GRACE_S}": "2"}}
+        child = server.fork(["--sleep"], env, Path({str(tmp_path)!r}) / "child.log")
         time.sleep(600)
     """)], start_new_session=True)
     try:
@@ -115,14 +130,21 @@ def test_a_forked_replica_dies_with_the_local_scheduler(tmp_path: Path,
         assert pid_alive(pid)
         holder.kill()
         holder.wait(10)
+        killed = time.monotonic()
+        time.sleep(0.5)
+        assert pid_alive(pid), "the replica died with its Local Scheduler"
         deadline = time.monotonic() + 30
         while pid_alive(pid):
-            assert time.monotonic() < deadline, "a forked replica outlived its Local Scheduler"
+            assert time.monotonic() < deadline, "an unclaimed replica outlived its grace"
             time.sleep(0.05)
+        assert time.monotonic() - killed >= 1.5
+        assert "none took this replica back" in (tmp_path / "child.log").read_text()
     finally:
         if holder.poll() is None:
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait(10)
+        with contextlib.suppress(NameError, ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _parent(pid: int) -> int:
@@ -154,9 +176,9 @@ def test_the_launcher_forks_when_the_pool_is_empty_and_starts_cold_while_the_ser
         assert forked.log_path is not None
         assert _output(forked.log_path)["env"] == "from-spec"
 
-        os.killpg(server_pid, signal.SIGKILL)  # the server dies, and its replica with it
+        os.killpg(server_pid, signal.SIGKILL)  # the server dies; its replica exits by itself
         _wait_for("the forked replica was not reported dead", lambda: forked.pid in exits)
-        assert exits[forked.pid] == -9
+        assert exits[forked.pid] in (0, UNKNOWN_EXIT_CODE)  # reaped by the server, or not
         cold = launcher.launch(spec)  # meanwhile: cold, and the server starts again
         assert _parent(cold.pid) == os.getpid()
         assert _output(cold.log_path)["env"] == "from-spec"
