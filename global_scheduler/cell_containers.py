@@ -301,8 +301,11 @@ class CellContainerMixin:
                     self._save_kernel(entry)
                 self._cell_cv.notify_all()
 
-    def _await_checkpoint(self, entry: KernelEntry, replica: ReplicaLink) -> int | None:
-        """Wait until the container's checkpoint covers its last cell; its checkpoint count."""
+    def _await_checkpoint(self, entry: KernelEntry, replica: ReplicaLink,
+                          strict: bool = False) -> int | None:
+        """Wait until the container's checkpoint covers its last cell; its checkpoint count.
+        ``strict``: None when it does not within ``cell_checkpoint_timeout_s`` (hibernation
+        then waits), instead of the count it got to (a parked container is stopped anyway)."""
         deadline = time.monotonic() + self.cell_checkpoint_timeout_s
         status: dict = {}
         while time.monotonic() < deadline and not self._stop.is_set():
@@ -319,6 +322,8 @@ class CellContainerMixin:
                 return int(status.get("checkpoint_count", 0))  # leaves the counts equal
             self._stop.wait(0.05)
         done, count = status.get("checkpoint_count", "?"), status.get("execution_count", "?")
+        if strict:
+            return None
         with self.lock:
             entry.message = (f"the checkpoint after cell [{count}] was not written within "
                              f"{self.cell_checkpoint_timeout_s:g}s; the next cell starts from "

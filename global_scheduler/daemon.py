@@ -76,6 +76,7 @@ class GlobalSchedulerDaemon:
             cell_checkpoint_timeout_s=gs.cell_checkpoint_timeout_s,
             cell_order=cell_order_for(gs.cell_order),
             replicas_wait_for_client_s=gs.replicas_wait_for_client_s,
+            hibernate_after_s=gs.hibernate_after_s,
             connect=connect,
         )
         self.service.migration_retries = gs.migration_retries

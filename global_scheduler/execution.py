@@ -13,6 +13,7 @@ import grpc
 from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
+from notebookos.global_scheduler.hibernation import ASLEEP
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.recovery import ONE_REPLICA_STAYS
@@ -35,16 +36,36 @@ class ExecutionMixin(SharingMixin):
         started = time.monotonic()
         deadline = started + self.start_timeout_s
         told = False
+        woke = False
         while time.monotonic() < deadline:
             with self.lock:
                 entry = self.kernels.get(kernel_id)
-                if entry is None or entry.replicas or entry.state == "stopping":
+                if entry is None or entry.state == "stopping":
+                    return
+                asleep = entry.state in ASLEEP
+                if entry.replicas and not asleep:
+                    if woke and entry.front is not None:
+                        entry.front.cell_note(msg_id, entry.message or "the notebook woke")
                     return
                 if entry.state == "failed":
                     raise PlacementFailed(f"the kernel has no replica and could not be "
                                           f"recovered: {entry.message}")
+                if entry.state == "hibernated" and entry.wake_error and woke:
+                    raise PlacementFailed(f"the notebook could not be woken from hibernation: "
+                                          f"{entry.wake_error}")
                 why = entry.message
                 front = entry.front
+                checkpoint = entry.checkpoint_count
+            if asleep:
+                if not woke:
+                    woke = True  # hibernating: its replicas stop first; hibernated: wake it
+                    if front is not None:
+                        front.cell_waiting(msg_id, "the notebook was hibernated (idle); waking "
+                                           f"it from its checkpoint after cell [{checkpoint}]"
+                                           "; the cell runs once its replicas are ready")
+                self.wake_kernel(kernel_id)
+                self._placement_pause(kernel_id, msg_id, 0.1)
+                continue
             if not told and time.monotonic() - started >= 0.2 and front is not None:
                 told = True  # a rebuild takes seconds: say why the cell waits
                 front.cell_waiting(msg_id, "waiting for the kernel's replicas to be replaced"
@@ -124,6 +145,7 @@ class ExecutionMixin(SharingMixin):
             kernel = self.cluster.kernels.get(kernel_id)
             if entry is None or kernel is None:
                 raise PlacementFailed(f"kernel {kernel_id} is not known to the scheduler")
+            self._active(entry)
             request = kernel.request
             entry.cell_arrived[msg_id] = time.monotonic()
             if len(entry.cell_arrived) > 1024:  # cells that never started (failed placement)
@@ -339,6 +361,7 @@ class ExecutionMixin(SharingMixin):
             held = entry.executions.pop(msg_id, None) if entry is not None else None
             if held is None:
                 return
+            self._active(entry)
             rid, host_id = held
             if entry.session_gpus is not None:
                 return  # bound for the kernel's life, released when it stops

@@ -358,6 +358,16 @@ class KernelFront:
 
         self._run_on_loop(apply)
 
+    def cell_note(self, msg_id: str, text: str) -> None:
+        """A note on stderr in the output of the cell ``msg_id`` while the scheduler places it
+        (``NotebookOS: the notebook woke from hibernation in 1.2 s``); thread-safe."""
+        def apply() -> None:
+            waiting = self._placing
+            if waiting is not None and waiting.msg_id == msg_id and not waiting.withdrawn:
+                self._send_note(text, waiting.msg)
+
+        self._run_on_loop(apply)
+
     def cell_migrating(self, msg_id: str, why: str) -> None:
         """The scheduler moves a replica to another host to run the cell ``msg_id``: the client
         is told (a note on stderr, once per cell: a migration takes seconds) and the reply

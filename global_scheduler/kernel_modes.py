@@ -39,6 +39,8 @@ class KernelMode(ABC):
     starts_behind_front: bool = False
     #: A reservation policy may set the session's GPUs aside when the replicas' hosts are chosen.
     reserves_session_gpus: bool = False
+    #: An idle kernel hibernates (hibernation.py): its replicas stop, its checkpoint keeps it.
+    hibernates: bool = False
 
     def __init__(self, service: GlobalSchedulerService) -> None:
         self.service = service
@@ -90,6 +92,7 @@ class ReplicatedKernels(KernelMode):
 
     starts_behind_front = True
     reserves_session_gpus = True
+    hibernates = True
 
     def start_containers(self, kernel_id: str) -> None:
         s = self.service
@@ -116,6 +119,9 @@ class ReplicatedKernels(KernelMode):
 
     def restored(self, entry: KernelEntry) -> None:
         s = self.service
+        if entry.state == "hibernated":  # it sleeps on; the next cell wakes it
+            s._pool.submit(s._finish_pending_stops, entry)
+            return
         entry.state = "idle" if len(entry.replicas) >= s.replicas_per_kernel else "degraded"
         if entry.state == "degraded":
             s._pool.submit(s._restore_replica_count, entry.kernel_id)

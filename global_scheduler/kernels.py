@@ -73,6 +73,17 @@ class KernelEntry:
     last_container_start_ms: float = 0.0
     last_cell_pid: int = 0
     last_cell_from_prewarm_pool: bool = False
+    # Hibernation (hibernation.py): when the kernel last had a cell, whether its idle clock is
+    # set, and how its last sleep and wake went.
+    last_active: float = field(default_factory=time.monotonic)
+    hibernation_armed: bool = False
+    hibernated_unix: float = 0.0
+    wake_started: float = 0.0
+    wake_error: str = ""
+    last_wake_s: float = 0.0
+    # (host, replica) of the replicas hibernation stopped, until each stop is confirmed: kept in
+    # the registry, so that a scheduler that died meanwhile stops them before a wake
+    pending_stops: list[tuple[str, int]] = field(default_factory=list)
 
     def endpoints(self) -> list[ReplicaEndpoint]:
         return [r.endpoint for r in self.replicas.values()]
@@ -87,4 +98,9 @@ class KernelEntry:
                 "raft_removals": list(self.raft_removals),
                 "removal_addresses": {str(k): v for k, v in self.removal_addresses.items()},
                 "session_gpus": list(self.session_gpus) if self.session_gpus else None,
-                "checkpoint_count": self.checkpoint_count, "kernel_info": self.kernel_info}
+                "checkpoint_count": self.checkpoint_count, "kernel_info": self.kernel_info,
+                # a hibernated kernel stays so across a Global Scheduler restart
+                "hibernated": self.state in ("hibernating", "hibernated", "waking")
+                and not self.replicas,
+                "hibernated_unix": self.hibernated_unix,
+                "pending_stops": [list(p) for p in self.pending_stops]}

@@ -160,6 +160,7 @@ class KernelLifecycleMixin:
                     return  # stopped meanwhile (StopKernel stopped the replicas)
                 entry.state = "idle"
                 self._save_kernel(entry)
+                self._active(entry)  # the idle clock of hibernation starts
             entry.front.replicas_ready()
             self.metrics.placement.labels(operation="kernel_start").observe(
                 time.monotonic() - started)
@@ -276,6 +277,12 @@ class KernelLifecycleMixin:
         return global_scheduler_pb2.InterruptKernelResponse(
             cell_was_running=bool(running or queued))
 
+    def WakeKernel(self, request, context):  # noqa: N802
+        with self.lock:
+            if request.kernel_id not in self.kernels:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+        return global_scheduler_pb2.WakeKernelResponse(waking=self.wake_kernel(request.kernel_id))
+
     def RestartKernel(self, request, context):  # noqa: N802
         """Fresh replicas (empty namespace) behind the same front ports."""
         with self.lock:
@@ -320,6 +327,7 @@ class KernelLifecycleMixin:
             with self.lock:
                 entry.state, entry.message = "idle", ""
                 self._save_kernel(entry)
+                self._active(entry)
             self.mode.after_start(request.kernel_id)
             with self.lock:
                 status = self._kernel_status(entry)

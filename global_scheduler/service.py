@@ -7,6 +7,7 @@ the mixins it is made of, one job each:
 - ``execution``: which replica runs a cell, GPU commit and release, migration on contention;
 - ``recovery``: replacing lost replicas, rebuilding from a checkpoint, ``migrate_replica``;
 - ``cell_containers``: per-cell containers for the batch and lcp policies;
+- ``hibernation``: an idle kernel's replicas stopped, its checkpoint kept, woken by a cell;
 - ``status``: the status answers.
 
 One lock (``self.lock``) guards the cluster model, the host links and the kernel entries; slow
@@ -32,6 +33,7 @@ from notebookos.global_scheduler.cell_queue import CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.front_sockets import SpareFrontSockets
+from notebookos.global_scheduler.hibernation import HibernationMixin
 from notebookos.global_scheduler.host_registry import HostRegistryMixin
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernel_modes import kernel_mode_for
@@ -56,8 +58,8 @@ FRONT_REBIND_WAIT_S = 10.0
 
 
 class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaStarterMixin,
-                             ExecutionMixin, RecoveryMixin, CellContainerMixin, StatusMixin,
-                             gs_grpc.GlobalSchedulerServicer):
+                             ExecutionMixin, RecoveryMixin, CellContainerMixin, HibernationMixin,
+                             StatusMixin, gs_grpc.GlobalSchedulerServicer):
     def __init__(
         self,
         policy: Policy,
@@ -74,6 +76,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         cell_checkpoint_timeout_s: float = 60.0,
         cell_order: CellOrder | None = None,
         replicas_wait_for_client_s: float = 0.0,
+        hibernate_after_s: float = 0.0,
         connect: Connect,
     ) -> None:
         self.policy = policy
@@ -89,6 +92,9 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         # A kernel started behind its front (Jupyter's provisioner) starts its replicas once a
         # client attaches, or after this long (0: at once). See lifecycle._finish_start.
         self.replicas_wait_for_client_s = replicas_wait_for_client_s
+        # A kernel with no cell for this long hibernates (hibernation.py; 0: never). It needs
+        # checkpoints: without a store nothing hibernates.
+        self.hibernate_after_s = hibernate_after_s if store_url else 0.0
         self.instance_id = uuid.uuid4().hex
         self.cluster = Cluster(self.replicas_per_kernel)
         self.hosts: dict[str, HostLink] = {}
@@ -174,7 +180,14 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                             removal_addresses={int(k): str(v) for k, v in
                                                doc.get("removal_addresses", {}).items()},
                             checkpoint_count=int(doc.get("checkpoint_count", 0)),
-                            kernel_info=doc.get("kernel_info"))
+                            kernel_info=doc.get("kernel_info"),
+                            hibernated_unix=float(doc.get("hibernated_unix", 0.0)),
+                            pending_stops=[(str(h), int(r))
+                                           for h, r in doc.get("pending_stops", [])])
+        if doc.get("hibernated") and not doc.get("replicas"):
+            entry.state = "hibernated"
+            entry.message = ("hibernated (kept across a Global Scheduler restart); the next cell "
+                             "wakes it")
         # The front first: if it cannot be bound, nothing of the kernel is half-restored.
         ports = doc.get("front_ports") or None
         entry.front = self._rebind_front(entry, ports)

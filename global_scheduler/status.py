@@ -16,6 +16,8 @@ KERNEL_STATES = {
     "busy": common_pb2.KERNEL_STATE_BUSY, "degraded": common_pb2.KERNEL_STATE_DEGRADED,
     "stopping": common_pb2.KERNEL_STATE_STOPPING, "failed": common_pb2.KERNEL_STATE_FAILED,
     "recovering": common_pb2.KERNEL_STATE_RECOVERING, "parked": common_pb2.KERNEL_STATE_PARKED,
+    "hibernating": common_pb2.KERNEL_STATE_HIBERNATED,
+    "hibernated": common_pb2.KERNEL_STATE_HIBERNATED, "waking": common_pb2.KERNEL_STATE_WAKING,
 }
 REPLICA_STATES = {
     ReplicaState.STARTING: common_pb2.REPLICA_STATE_STARTING,

@@ -210,6 +210,11 @@ class GlobalSchedulerSettings:
         "(smallest predicted GPU-time first, predicted from the cluster's history of cell "
         "durations per user and notebook). See docs/policies.md.",
         lambda v: None if v in ("arrival", "themis", "qssf") else "arrival, themis or qssf")
+    hibernate_after_s: float = setting(
+        3600.0, "A kernel with no cell for this long hibernates: its checkpoint is made to hold "
+        "its last cell, its replicas stop, and the next cell wakes it from the checkpoint (its "
+        "output says so and how long it took). 0: never. Needs a store (cluster.store_url).",
+        _at_least(0.0))
     cell_checkpoint_timeout_s: float = setting(
         60.0, "batch, lcp: how long a cell's container may take to make the cell's checkpoint "
         "durable before it is stopped anyway (the kernel's message then says so).",

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "notebookos"
 KERNEL_STATES = ("starting", "idle", "busy", "degraded", "recovering", "parked", "stopping",
-                 "failed")
+                 "failed", "hibernating", "hibernated", "waking")
 CLUSTER_GPU_STATES = ("committed", "pending", "idle")
 HOST_GPU_STATES = ("committed", "idle")
 HOST_STATES = ("active", "draining")
@@ -188,6 +188,16 @@ class GlobalSchedulerMetrics:
             f"{PREFIX}_rebuilds", "Kernels rebuilt from their last checkpoint after losing the "
             "Raft majority.", ["outcome"], registry=r)
         _precreate(self.rebuilds, outcome=OUTCOMES)
+        self.hibernations = Counter(
+            f"{PREFIX}_hibernations", "Idle kernels hibernated (replicas stopped, state kept in "
+            "their checkpoint).", registry=r)
+        self.wakes = Counter(
+            f"{PREFIX}_wakes", "Hibernated kernels woken (by a cell or on request), by how it "
+            "ended.", ["outcome"], registry=r)
+        _precreate(self.wakes, outcome=OUTCOMES)
+        self.wake_time = Histogram(
+            f"{PREFIX}_wake_seconds", "From a hibernated kernel's wake to its replicas ready "
+            "with the checkpoint restored.", buckets=START_BUCKETS, registry=r)
         self.scale_events = Counter(
             f"{PREFIX}_scale_events", "Hosts the autoscaler asked for (out) or released (in).",
             ["direction"], registry=r)

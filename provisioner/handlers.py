@@ -6,6 +6,8 @@
   ``last_cell_gpus`` (device ids bound during the last cell, with the host) and
   ``last_interactivity_delay_ms``.
 
+- ``POST /api/notebookos/kernels/<kernel_id>/wake``: wake a hibernated kernel (``{"waking": ...}``).
+
 Errors are JSON ``{"message": ...}``: 404 for an unknown kernel, 503 when the Global Scheduler
 cannot be reached.
 """
@@ -89,10 +91,37 @@ class KernelHandler(NotebookOSHandler):
         self.finish(json.dumps(entry))
 
 
+class WakeHandler(NotebookOSHandler):
+    """``POST /api/notebookos/kernels/<kernel_id>/wake``: wake a hibernated kernel ahead of its
+    next cell (a user coming back; the JupyterLab panel's button). ``{"waking": bool}``: false
+    when it was not hibernated."""
+
+    @web.authenticated
+    async def post(self, kernel_id: str) -> None:
+        try:
+            channel = shared_global_scheduler_channel(self.address)
+        except RuntimeError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+        try:
+            answer = await stub.WakeKernel(
+                global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
+                timeout=RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise web.HTTPError(404, f"NotebookOS knows no kernel {kernel_id!r}") from None
+            raise web.HTTPError(
+                503, f"the NotebookOS Global Scheduler at {self.address} is not reachable: "
+                     f"{exc.code().name}") from None
+        self.finish(json.dumps({"waking": answer.waking}))
+
+
 def handlers(base_url: str) -> list[tuple[str, type, dict[str, Any]]]:
     from jupyter_server.utils import url_path_join
 
     return [
         (url_path_join(base_url, "api", "notebookos", "cluster"), ClusterHandler, {}),
         (url_path_join(base_url, "api", "notebookos", "kernels", r"([^/]+)"), KernelHandler, {}),
+        (url_path_join(base_url, "api", "notebookos", "kernels", r"([^/]+)", "wake"),
+         WakeHandler, {}),
     ]

@@ -52,6 +52,13 @@ GS_RECOVERS_STATES = frozenset({
     common_pb2.KERNEL_STATE_DEGRADED,  # a replica lost: replacement or rebuild is scheduled
     common_pb2.KERNEL_STATE_RECOVERING,
 })
+# States in which a kernel runs no replica on purpose and lives on: its checkpoint holds it, and
+# the next cell starts replicas from it (per-cell containers between cells, hibernation).
+SLEEPING_STATES = frozenset({
+    common_pb2.KERNEL_STATE_PARKED,
+    common_pb2.KERNEL_STATE_HIBERNATED,
+    common_pb2.KERNEL_STATE_WAKING,
+})
 GONE_KERNEL_STATES = frozenset({
     common_pb2.KERNEL_STATE_STOPPED,
     common_pb2.KERNEL_STATE_FAILED,
@@ -223,6 +230,8 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         if status.state in GONE_KERNEL_STATES:
             self._mark_gone(1 if status.state == common_pb2.KERNEL_STATE_FAILED else 0)
             return self._exit_code
+        if status.state in SLEEPING_STATES:
+            return None  # alive: a cell wakes it (Jupyter's restarter must not start anew)
         if status.state in GS_RECOVERS_STATES:
             # The Global Scheduler is replacing lost replicas or rebuilding the kernel from its
             # checkpoint behind the same front (it says FAILED if it gives up). Reporting the

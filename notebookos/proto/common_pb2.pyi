@@ -33,6 +33,8 @@ class KernelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KERNEL_STATE_STOPPED: _ClassVar[KernelState]
     KERNEL_STATE_FAILED: _ClassVar[KernelState]
     KERNEL_STATE_PARKED: _ClassVar[KernelState]
+    KERNEL_STATE_HIBERNATED: _ClassVar[KernelState]
+    KERNEL_STATE_WAKING: _ClassVar[KernelState]
 REPLICA_STATE_UNSPECIFIED: ReplicaState
 REPLICA_STATE_STARTING: ReplicaState
 REPLICA_STATE_IDLE: ReplicaState
@@ -52,6 +54,8 @@ KERNEL_STATE_STOPPING: KernelState
 KERNEL_STATE_STOPPED: KernelState
 KERNEL_STATE_FAILED: KernelState
 KERNEL_STATE_PARKED: KernelState
+KERNEL_STATE_HIBERNATED: KernelState
+KERNEL_STATE_WAKING: KernelState
 
 class ResourceSpec(_message.Message):
     __slots__ = ("millicpus", "memory_mb", "gpus", "vram_gb")

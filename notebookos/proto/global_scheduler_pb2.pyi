@@ -204,6 +204,18 @@ class RestartKernelRequest(_message.Message):
     kernel_id: str
     def __init__(self, kernel_id: _Optional[str] = ...) -> None: ...
 
+class WakeKernelRequest(_message.Message):
+    __slots__ = ("kernel_id",)
+    KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
+    kernel_id: str
+    def __init__(self, kernel_id: _Optional[str] = ...) -> None: ...
+
+class WakeKernelResponse(_message.Message):
+    __slots__ = ("waking",)
+    WAKING_FIELD_NUMBER: _ClassVar[int]
+    waking: bool
+    def __init__(self, waking: _Optional[bool] = ...) -> None: ...
+
 class RestartKernelResponse(_message.Message):
     __slots__ = ("connection", "status")
     CONNECTION_FIELD_NUMBER: _ClassVar[int]

@@ -81,6 +81,11 @@ class GlobalSchedulerStub:
                 request_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.GetKernelStatusRequest.SerializeToString,
                 response_deserializer=notebookos_dot_proto_dot_common__pb2.KernelStatus.FromString,
                 _registered_method=True)
+        self.WakeKernel = channel.unary_unary(
+                '/notebookos.v1.GlobalScheduler/WakeKernel',
+                request_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.WakeKernelRequest.SerializeToString,
+                response_deserializer=notebookos_dot_proto_dot_global__scheduler__pb2.WakeKernelResponse.FromString,
+                _registered_method=True)
         self.ListKernels = channel.unary_unary(
                 '/notebookos.v1.GlobalScheduler/ListKernels',
                 request_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.ListKernelsRequest.SerializeToString,
@@ -200,6 +205,16 @@ class GlobalSchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WakeKernel(self, request, context):
+        """Wakes a HIBERNATED kernel ahead of its next cell (a user coming back): its replicas start
+        from its checkpoint in the background. waking is false when it was not hibernated (awake,
+        or waking already).
+        NOT_FOUND: no such kernel_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListKernels(self, request, context):
         """---- called by the CLI, the autoscaler, operators ---------------------------------------
 
@@ -274,6 +289,11 @@ def add_GlobalSchedulerServicer_to_server(servicer, server):
                     servicer.GetKernelStatus,
                     request_deserializer=notebookos_dot_proto_dot_global__scheduler__pb2.GetKernelStatusRequest.FromString,
                     response_serializer=notebookos_dot_proto_dot_common__pb2.KernelStatus.SerializeToString,
+            ),
+            'WakeKernel': grpc.unary_unary_rpc_method_handler(
+                    servicer.WakeKernel,
+                    request_deserializer=notebookos_dot_proto_dot_global__scheduler__pb2.WakeKernelRequest.FromString,
+                    response_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.WakeKernelResponse.SerializeToString,
             ),
             'ListKernels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListKernels,
@@ -535,6 +555,33 @@ class GlobalScheduler:
             '/notebookos.v1.GlobalScheduler/GetKernelStatus',
             notebookos_dot_proto_dot_global__scheduler__pb2.GetKernelStatusRequest.SerializeToString,
             notebookos_dot_proto_dot_common__pb2.KernelStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WakeKernel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/notebookos.v1.GlobalScheduler/WakeKernel',
+            notebookos_dot_proto_dot_global__scheduler__pb2.WakeKernelRequest.SerializeToString,
+            notebookos_dot_proto_dot_global__scheduler__pb2.WakeKernelResponse.FromString,
             options,
             channel_credentials,
             insecure,

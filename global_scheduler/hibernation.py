@@ -1,0 +1,182 @@
+"""Hibernation: a notebook idle for long gives back everything it holds and keeps its state.
+
+Mixed into ``GlobalSchedulerService`` (issue 34). A kernel of long-running replicas with no cell
+for ``global_scheduler.hibernate_after_s``:
+
+1. *hibernating*: its executor's checkpoint is made to cover its last completed cell (the
+   replica's ``replica_status`` shows ``checkpoint_count`` caught up and nothing pending, as a
+   per-cell container's before it is stopped); a cell that arrives meanwhile waits;
+2. its replicas are stopped (GPUs a reservation held for the session are given back) and it is
+   *hibernated*: no replica runs, the front stays bound and answers ``kernel_info``, interrupts
+   and the heartbeat, the provisioner's ``poll()`` says alive, the registry keeps it (a restarted
+   Global Scheduler keeps it hibernated);
+3. the next cell (or ``WakeKernel``: REST, the JupyterLab panel) wakes it: three replicas start
+   from the checkpoint (a host's prewarm pool where it has one) and the cell runs there, its
+   output saying in one line that the notebook woke and how long it took.
+
+The idle clock: one delayed call per kernel at a time on the scheduler's timer (no polling, no
+thread per kernel); when it fires early (a cell ran since) it is set again for the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.hosts import _release_timer
+from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.proto import local_scheduler_pb2
+
+log = logging.getLogger(__name__)
+
+ASLEEP = ("hibernating", "hibernated", "waking")  # the kernel's states while it sleeps
+
+
+class HibernationMixin:
+    hibernate_after_s: float = 0.0
+
+    # -- the idle clock -------------------------------------------------------------------------
+
+    def _active(self, entry: KernelEntry) -> None:
+        """A cell arrived or ended, or the kernel started or woke: the idle clock restarts.
+        Lock held."""
+        entry.last_active = time.monotonic()
+        if self.hibernate_after_s > 0 and self.mode.hibernates and not entry.hibernation_armed:
+            self._arm_hibernation(entry, self.hibernate_after_s)
+
+    def _arm_hibernation(self, entry: KernelEntry, delay_s: float) -> None:
+        entry.hibernation_armed = True
+        kernel_id = entry.kernel_id
+        _release_timer().after(max(delay_s, 0.0),
+                               lambda: self._pool.submit(self._hibernation_due, kernel_id))
+
+    def _hibernation_due(self, kernel_id: str) -> None:
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None or self._stop.is_set():
+                return
+            entry.hibernation_armed = False
+            if entry.state in ASLEEP or entry.state in ("stopping", "failed"):
+                return
+            left = entry.last_active + self.hibernate_after_s - time.monotonic()
+            busy = entry.executions or entry.cell_arrived or entry.state != "idle" \
+                or len(entry.replicas) < self.replicas_per_kernel \
+                or self.migration_running(kernel_id)
+            if left > 0 or busy:
+                self._arm_hibernation(entry, left if left > 0 else self.hibernate_after_s)
+                return
+            entry.state = "hibernating"
+            kernel = self.cluster.kernels.get(kernel_id)
+            executor = kernel.executor if kernel is not None else None
+            holder = entry.replicas.get(executor) if executor else None
+            holder = holder or next(iter(entry.replicas.values()))
+            self._save_kernel(entry)
+        self._hibernate(entry, holder)
+
+    # -- going to sleep -------------------------------------------------------------------------
+
+    def _hibernate(self, entry: KernelEntry, holder) -> None:  # noqa: ANN001 - a ReplicaLink
+        kernel_id = entry.kernel_id
+        started = time.monotonic()
+        count = self._await_checkpoint(entry, holder, strict=True)
+        with self.lock:
+            if entry.state != "hibernating" or self.kernels.get(kernel_id) is not entry:
+                return
+            if count is None:  # the checkpoint could not be confirmed: stay awake, try later
+                entry.state = "idle"
+                self._save_kernel(entry)
+                self._active(entry)
+                log.warning("kernel %s: not hibernated: its checkpoint could not be confirmed",
+                            kernel_id)
+                return
+            replicas = list(entry.replicas.values())
+            kernel = self.cluster.kernels.get(kernel_id)
+            session = entry.session_gpus
+            if session is not None and kernel is not None and session[0] in kernel.replicas:
+                host = self.cluster.hosts.get(session[1])
+                if host is not None and host.commitment_of(kernel.replicas[session[0]].owner):
+                    host.release(kernel.replicas[session[0]].owner)
+            entry.session_gpus = None
+            for r in replicas:
+                entry.replicas.pop(r.replica_id, None)
+                if kernel is not None and r.replica_id in kernel.replicas:
+                    self.cluster.remove_replica(kernel_id, r.replica_id)
+            if kernel is not None:
+                kernel.executor = None
+            entry.checkpoint_count = max(entry.checkpoint_count, count)
+            entry.pending_stops = [(r.host_id, r.replica_id) for r in replicas]
+            if entry.front is not None:
+                entry.front.set_replicas([])
+            idle_s = time.monotonic() - entry.last_active
+            entry.state = "hibernated"
+            entry.hibernated_unix = time.time()
+            entry.message = (f"hibernated after {idle_s:.0f} s without a cell; its state is the "
+                             f"checkpoint after cell [{count}]; the next cell wakes it")
+            self._save_kernel(entry)
+        if session is not None:
+            link = self.hosts.get(session[1])
+            if link is not None:
+                link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
+                    kernel_id=kernel_id, replica_id=session[0], all_requests=True))
+            self._gpus_released()
+        self._finish_pending_stops(entry)
+        self.metrics.hibernations.inc()
+        log.info("kernel %s: hibernated (%d replicas stopped in %.2f s)", kernel_id,
+                 len(replicas), time.monotonic() - started)
+
+    def _finish_pending_stops(self, entry: KernelEntry) -> None:
+        """Stop the replicas hibernation stopped (again: a stop of a gone one is a no-op), and
+        forget them once done. Before a wake: a host refuses a second replica of a kernel."""
+        with self.lock:
+            pending = list(entry.pending_stops)
+        for host_id, replica_id in pending:
+            self._stop_replica_quietly(host_id, entry.kernel_id, replica_id)
+        with self.lock:
+            entry.pending_stops = [p for p in entry.pending_stops if p not in pending]
+            if pending and self.kernels.get(entry.kernel_id) is entry:
+                self._save_kernel(entry)
+
+    # -- waking ---------------------------------------------------------------------------------
+
+    def wake_kernel(self, kernel_id: str) -> bool:
+        """Start waking a hibernated kernel (in the background); False when it is not asleep."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None or entry.state != "hibernated":
+                return False
+            entry.state = "waking"
+            entry.wake_started = time.monotonic()
+            entry.wake_error = ""
+            self._save_kernel(entry)
+        self._pool.submit(self._wake, kernel_id)
+        return True
+
+    def _wake(self, kernel_id: str) -> None:
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is None or entry.state != "waking":
+                return
+            restore = entry.checkpoint_count > 0
+        self._finish_pending_stops(entry)
+        try:
+            self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=restore)
+        except StartError as exc:
+            with self.lock:
+                entry.state = "hibernated"
+                entry.wake_error = str(exc)
+                entry.message = f"could not wake: {exc}; the next cell tries again"
+                self._save_kernel(entry)
+            self.metrics.wakes.labels(outcome="failed").inc()
+            log.warning("kernel %s: could not wake: %s", kernel_id, exc)
+            return
+        with self.lock:
+            took = time.monotonic() - entry.wake_started
+            entry.state = "idle"
+            entry.last_wake_s = took
+            entry.message = f"woke from hibernation in {took:.1f} s"
+            self._save_kernel(entry)
+            self._active(entry)
+        self.metrics.wakes.labels(outcome="succeeded").inc()
+        self.metrics.wake_time.observe(took)
+        log.info("kernel %s: woke from hibernation in %.2f s", kernel_id, took)

@@ -1,0 +1,110 @@
+"""Hibernation on a real cluster (issue 34): a notebook idle for ``hibernate_after_s`` stops its
+replicas and keeps its state in its checkpoint; it stays a live kernel (kernel_info answered, the
+provisioner's poll says alive), survives a Global Scheduler restart, and the next cell wakes it
+with every variable, saying so in its output."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from sched_cluster import (  # noqa: F401 - the fixture
+    make_cluster_fixture,
+    run_cell,
+    run_seen,
+    stream_text,
+)
+
+from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.testing.processes import pid_alive
+
+pytestmark = pytest.mark.timeout(240)
+
+FAST = {"NOTEBOOKOS_GLOBAL_SCHEDULER_HIBERNATE_AFTER_S": "2"}
+STATE = """
+import numpy as np, random
+big = np.arange(2_000_000)           # 16 MB: a large object in the store
+rows = {'a': [1, 2]}
+alias = rows['a']                    # a shared reference
+random.seed(5)
+"""
+CHECK = "print(int(big.sum()), rows, alias is rows['a'], random.random())"
+
+
+def _expected() -> str:
+    import random
+
+    import numpy as np
+
+    random.seed(5)
+    return f"{int(np.arange(2_000_000).sum())} {{'a': [1, 2]}} True {random.random()}\n"
+
+
+def _hibernated(cluster, kernel_id: str) -> bool:  # noqa: ANN001
+    status = cluster.kernel(kernel_id)
+    return status.state == common_pb2.KERNEL_STATE_HIBERNATED and not status.replicas \
+        and "hibernated after" in status.message
+
+
+def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(make_cluster):  # noqa: ANN001
+    cluster = make_cluster(FAST)
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    pids = [r.pid for r in cluster.kernel(kernel_id).replicas]
+    assert len(pids) == 3
+
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    cluster.wait(lambda: not any(pid_alive(p) for p in pids), 15, "its replicas to stop")
+    assert sum(h.gpus_committed for h in cluster.status().hosts) == 0
+    # still a live kernel to Jupyter: the front answers kernel_info itself
+    reply = kc.kernel_info(reply=True, timeout=10)
+    assert reply["content"]["status"] == "ok"
+
+    woke = run_seen(kc, CHECK, timeout=120)
+    assert woke["reply"]["content"]["status"] == "ok", woke["reply"]["content"]
+    assert stream_text(woke, "stdout") == _expected()
+    notes = stream_text(woke, "stderr")
+    assert "hibernated" in notes and "woke from hibernation in" in notes, notes
+    status = cluster.kernel(kernel_id)
+    assert status.state in (common_pb2.KERNEL_STATE_IDLE, common_pb2.KERNEL_STATE_BUSY)
+    assert len(status.replicas) == 3 and not set(pids) & {r.pid for r in status.replicas}
+    # the next cell is an ordinary one
+    again = run_seen(kc, "alias.append(3)\nprint(rows)")
+    assert stream_text(again, "stdout") == "{'a': [1, 2, 3]}\n"
+    assert "woke" not in stream_text(again, "stderr")
+
+
+def test_a_hibernated_notebook_survives_a_scheduler_restart_and_wakes_on_request(make_cluster):  # noqa: ANN001
+    cluster = make_cluster(FAST)
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    cluster.start_gs()
+    cluster.wait(lambda: cluster.kernel(kernel_id).state == common_pb2.KERNEL_STATE_HIBERNATED,
+                 30, "the restarted scheduler to keep it hibernated")
+    time.sleep(1.0)
+    assert not cluster.kernel(kernel_id).replicas  # not "recovered" as if it had lost them
+
+    answer = cluster.stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
+                                     timeout=10)
+    assert answer.waking
+    cluster.wait(lambda: len(cluster.kernel(kernel_id).replicas) == 3
+                 and cluster.kernel(kernel_id).state == common_pb2.KERNEL_STATE_IDLE, 90,
+                 "the kernel to wake")
+    assert "woke from hibernation" in cluster.kernel(kernel_id).message
+    assert not cluster.stub.WakeKernel(
+        global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id), timeout=10).waking
+    woke = run_seen(kc, CHECK, timeout=60)
+    assert stream_text(woke, "stdout") == _expected()
