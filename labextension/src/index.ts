@@ -9,11 +9,16 @@
  *   kernels).
  * - A tooltip on each cell's prompt with the same facts for that cell.
  *
+ * - The kernel's platform state when it is not plainly running: hibernated (idle: its replicas
+ *   stopped, its state kept in its checkpoint; a Wake button starts it ahead of the next cell),
+ *   waking, hibernating (a lost replica or a rebuild shows as the notices of the cell it hit).
+ *
  * Data: the `notebookos` block of each `execute_reply`'s metadata (the Global Scheduler's
  * front and the executor replica fill it), and the server extension's `/api/notebookos/kernels/
- * <id>` (fetched once after each reply, never on a timer) and `/api/notebookos/cluster`
- * (fetched when the panel opens or its refresh button is pressed, and after a reply while the
- * panel is visible, at most every few seconds). No polling.
+ * <id>` (fetched once after each reply, when the notebook becomes the current one or the page
+ * visible again, never on a timer) and `/api/notebookos/cluster` (fetched when the panel opens
+ * or its refresh button is pressed, and after a reply while the panel is visible, at most every
+ * few seconds). No polling.
  */
 
 import {
@@ -60,6 +65,12 @@ interface IKernelEntry {
 }
 
 const CLUSTER_REFRESH_MS = 5000;
+/** Kernel states in which no replica runs the notebook on purpose (the status item says so). */
+const ASLEEP: Record<string, string> = {
+  hibernating: 'hibernating',
+  hibernated: 'hibernated (idle) · click, then Wake',
+  waking: 'waking from hibernation'
+};
 const HISTORY_LIMIT = 200;
 
 async function getJSON<T>(path: string): Promise<T | null> {
@@ -124,6 +135,8 @@ class KernelRecord {
   requests = new Map<string, string>(); // execute_request msg_id -> cellId
   private replicas: IReplica[] | null = null;
   private message = '';
+  state = '';
+  stateMessage = '';
   private fetching: Promise<void> | null = null;
   private again = false;
 
@@ -156,7 +169,8 @@ class KernelRecord {
 
   private apply(entry: IKernelEntry): void {
     const seen: string[] = [];
-    if (this.replicas !== null) {
+    // Replicas stopped because the notebook hibernated were not lost: its message says so.
+    if (this.replicas !== null && !(entry.state in ASLEEP)) {
       const now = new Map(entry.replicas.map(r => [r.replica_id, r]));
       const before = new Map(this.replicas.map(r => [r.replica_id, r]));
       for (const [id, r] of before) {
@@ -174,6 +188,8 @@ class KernelRecord {
       seen.push(entry.message);
     }
     this.message = entry.message;
+    this.state = entry.state;
+    this.stateMessage = entry.message;
     this.replicas = entry.replicas;
     this.notices.push(...seen);
     const last = this.last;
@@ -234,6 +250,13 @@ class StatusItem extends Widget {
   }
 
   show_(record: KernelRecord | null): void {
+    const asleep = record ? ASLEEP[record.state] : undefined;
+    this.node.dataset.state = record?.state ?? '';
+    if (record && asleep) {
+      this.node.textContent = `NotebookOS: ${asleep}`;
+      this.node.title = `${record.stateMessage || asleep}\nClick for the NotebookOS panel.`;
+      return;
+    }
     const last = record?.last;
     if (!record || !last) {
       this.node.textContent = 'NotebookOS: no cell run yet';
@@ -260,6 +283,10 @@ class NotebookOSPanel extends Widget {
   private readonly history: HTMLElement;
   private readonly notices: HTMLElement;
   private readonly cluster: HTMLElement;
+  private readonly kernelState: HTMLElement;
+  private readonly wake: HTMLButtonElement;
+  /** Called after the Wake button asked the scheduler to wake the kernel. */
+  onWake: (() => void) | null = null;
 
   constructor() {
     super();
@@ -275,12 +302,22 @@ class NotebookOSPanel extends Widget {
     this.history = document.createElement('div');
     this.notices = document.createElement('div');
     this.cluster = document.createElement('div');
+    this.kernelState = document.createElement('p');
+    this.kernelState.className = 'jp-NotebookOS-KernelState';
+    this.wake = document.createElement('button');
+    this.wake.textContent = 'Wake';
+    this.wake.className = 'jp-NotebookOS-Wake';
+    this.wake.title = 'Start the notebook\'s replicas from its checkpoint now, ahead of its next cell';
+    this.wake.onclick = () => void this.wakeKernel();
     const heading = (text: string) => {
       const h = document.createElement('h3');
       h.textContent = text;
       return h;
     };
     this.node.append(
+      heading('Kernel'),
+      this.kernelState,
+      this.wake,
       heading('Cells of this notebook'),
       this.history,
       heading('Replicas'),
@@ -299,6 +336,7 @@ class NotebookOSPanel extends Widget {
   }
 
   protected onAfterShow(): void {
+    this.onWake?.(); // the kernel's state now
     this.render();
     void this.refreshCluster(true);
   }
@@ -312,7 +350,33 @@ class NotebookOSPanel extends Widget {
     void this.refreshCluster(false);
   }
 
+  private async wakeKernel(): Promise<void> {
+    const record = this.record;
+    if (!record) {
+      return;
+    }
+    const settings = ServerConnection.makeSettings();
+    const url = URLExt.join(
+      settings.baseUrl,
+      `api/notebookos/kernels/${encodeURIComponent(record.kernelId)}/wake`
+    );
+    this.wake.disabled = true;
+    try {
+      await ServerConnection.makeRequest(url, { method: 'POST' }, settings);
+    } catch (reason) {
+      console.warn('NotebookOS: wake failed', reason);
+    }
+    this.onWake?.();
+  }
+
   render(): void {
+    const state = this.record?.state || '';
+    this.kernelState.textContent = this.record
+      ? `${state || 'unknown'}${this.record.stateMessage ? ': ' + this.record.stateMessage : ''}`
+      : 'Not a NotebookOS notebook.';
+    this.kernelState.dataset.state = state;
+    this.wake.hidden = state !== 'hibernated';
+    this.wake.disabled = false;
     const runs = this.record ? [...this.record.runs].reverse() : [];
     if (runs.length === 0) {
       this.history.textContent = 'No cell has run on NotebookOS in this notebook yet.';
@@ -489,7 +553,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
         update();
       });
     });
-    tracker.currentChanged.connect(update);
+    // The kernel's state may have changed while nobody looked (it hibernated): ask again when
+    // the notebook becomes the current one, or the page visible again. No timer.
+    const refreshCurrent = () => {
+      const record = current();
+      if (record) {
+        void record.refresh().then(update);
+      }
+    };
+    tracker.currentChanged.connect(() => {
+      update();
+      refreshCurrent();
+    });
+    document.addEventListener('visibilitychange', () => {
+      if (document.visibilityState === 'visible') {
+        refreshCurrent();
+      }
+    });
+    panel.onWake = refreshCurrent;
 
     app.commands.addCommand('notebookos:open-panel', {
       label: 'NotebookOS: cells, replicas and cluster',

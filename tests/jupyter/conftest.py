@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from lab_fixtures import lab, lab_server  # noqa: F401 - fixtures of the browser tests
 from nbos_cluster import Cluster, running_cluster
 
 

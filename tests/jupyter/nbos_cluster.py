@@ -43,7 +43,10 @@ def start_cluster(workdir: Path, hosts: int, gpus_per_host: int = 2,
     })
     supervisor = Supervisor(workdir / "logs")
     try:
-        env = start_schedulers(config, hosts, supervisor, threading.Event())
+        # the daemons read their settings from the environment too: pass ``settings`` on
+        env = start_schedulers(config, hosts, supervisor, threading.Event(), extra_env={
+            "NOTEBOOKOS_" + name.replace(".", "_").upper(): str(value)
+            for name, value in (settings or {}).items()})
     except BaseException:
         supervisor.stop()
         raise
