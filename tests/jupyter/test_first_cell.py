@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 from browser import Lab
+from lab_fixtures import DISPLAY_NAME, LabServer
 from nbos_cluster import Cluster, running_cluster
-from test_labextension import DISPLAY_NAME, LabServer, lab, lab_server  # noqa: F401 - fixtures
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from wsclient import run_cells
 
