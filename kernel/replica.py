@@ -210,6 +210,7 @@ class ReplicaKernel(IPythonKernel):
             on_ready=self._raft_ready.set,
             compaction_entries=self.raft_compaction_entries,
             quick_start=not self.join,
+            on_diverged=self._raft_diverged,
         )
         self.log.info(
             "NotebookOS replica %s of kernel %s: raft %s, peers %s",
@@ -282,6 +283,18 @@ class ReplicaKernel(IPythonKernel):
                 sys.stderr.flush()
                 os._exit(70)
         self._wake()
+
+    def _raft_diverged(self, why: str) -> None:
+        """pysyncobj replaced a log record this replica had applied (raft_log.py,
+        ``AppliedEntryGuard``): its book (elections, counters, the updates it applied) may hold
+        what the group does not. Nothing here can undo an applied record, so it exits like a
+        replica that cannot load the committed state: the scheduler replaces it, and the
+        replacement catches up from the group. On pysyncobj's tick thread, before the next
+        record is applied."""
+        self.log.error("replica %s: %s; its state may differ from the group's, so it exits to "
+                       "be replaced", self.replica_id, why)
+        sys.stderr.flush()
+        os._exit(DIVERGED_EXIT_CODE)
 
     def _forget_old_elections(self, keep: int = 10_000) -> None:
         """Bound the local per-election bookkeeping (insertion-ordered dicts and sets)."""
