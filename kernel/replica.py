@@ -31,6 +31,7 @@ from traitlets import Bool, Float, Int, Unicode
 
 from . import replies
 from .election import Applied, Election, Phase, choose_vote
+from .figures import PyplotSettle
 from .gpu_glue import GpuGlue
 from .held_replies import HeldReplies
 from .peers import parse_peers
@@ -410,6 +411,7 @@ class ReplicaKernel(IPythonKernel):
                 await self._wait_change(wait)
                 continue
             election_id, update = item
+            figures = PyplotSettle()
             try:
                 if self.sync.is_light(update):  # no thread hop for the common small update
                     failures = self.sync.apply_checked(self.shell.user_ns, update)
@@ -422,6 +424,7 @@ class ReplicaKernel(IPythonKernel):
                 if failures:
                     self._mark_diverged(failures, f"the state update of {election_id}")
             finally:
+                figures.settle()
                 with self._apply_lock:
                     self._applies_pending -= 1
                 self._notify()
@@ -438,6 +441,7 @@ class ReplicaKernel(IPythonKernel):
 
     async def _load_base_checkpoint(self) -> None:
         self._base_loaded = True
+        figures = PyplotSettle()
         try:
             count, failed = await asyncio.to_thread(
                 self.sync.restore_checkpoint, self.shell.user_ns
@@ -448,6 +452,8 @@ class ReplicaKernel(IPythonKernel):
                 "the checkpoint this group was rebuilt from",
             )
             return
+        finally:
+            figures.settle()
         self._mark_diverged(self._unagreed({name: "not restored from the checkpoint"
                                             for name in failed}),
                             "the checkpoint this group was rebuilt from")
@@ -474,6 +480,13 @@ class ReplicaKernel(IPythonKernel):
         self._base_loaded = True  # the store's checkpoint covers a rebuilt group's base
         self.log.info("loading the committed state (%s): checkpoint of cell %d + %d updates",
                       why, checkpoint_count, len(updates))
+        figures = PyplotSettle()
+        try:
+            return await self._load_committed(has_checkpoint, updates)
+        finally:
+            figures.settle()
+
+    async def _load_committed(self, has_checkpoint: bool, updates: list) -> dict[str, str]:
         failures: dict[str, str] = {}
         if has_checkpoint:
             try:
@@ -585,6 +598,7 @@ class ReplicaKernel(IPythonKernel):
             await self._wait_for(change, 0.02)
 
     async def _restore_from_store(self) -> None:
+        figures = PyplotSettle()
         try:
             count, failed = await asyncio.to_thread(
                 self.sync.restore_checkpoint, self.shell.user_ns
@@ -597,6 +611,8 @@ class ReplicaKernel(IPythonKernel):
             count, failed = 0, []  # a cell container tells its cell that it starts empty
         else:
             self.restore_notes = [f"{name!r} could not be restored" for name in failed]
+        finally:
+            figures.settle()
         self.log.info("restored the namespace of cell %d from the checkpoint", count)
         await self._wait_raft_ready(30.0)
         loop = asyncio.get_running_loop()
