@@ -133,6 +133,10 @@ class ReplicaKernel(IPythonKernel):
         "large object or checkpoint it could not load) keeps trying to re-sync from the store "
         "before it exits so that the scheduler replaces it. It never executes meanwhile.",
     ).tag(config=True)
+    membership_timeout = Float(
+        20.0, help="Seconds an add_replica_request or remove_replica_request waits for its Raft "
+        "membership change to commit before it answers NotebookOSMembershipChangeFailed.",
+    ).tag(config=True)
     catch_up_timeout = Float(
         120.0, help="Seconds an elected executor waits to have applied every earlier cell's "
         "state before it aborts the cell (with a reason) instead of running it without them.",
@@ -998,21 +1002,22 @@ class ReplicaKernel(IPythonKernel):
         if not add:
             with self.raft.lock:
                 address = self.raft.book.members.get(replica_id, address)
-        ok, reason = await self._change_raft_membership(address, add)
+        ok, reason = await self._change_raft_membership(address, add, replica_id)
         if ok:
-            record = MemberAdded(replica_id, address) if add else MemberRemoved(replica_id)
-            self.raft.propose(record)
             content: dict[str, Any] = {"status": "ok", "replica_id": replica_id}
         else:
             content = {"status": "error", "ename": "NotebookOSMembershipChangeFailed",
                        "evalue": reason, "traceback": []}
         self.session.send(stream, msg_type, content, parent, ident=ident)
 
-    async def _change_raft_membership(self, address: str, add: bool) -> tuple[bool, str]:
-        """Ask Raft for the change, retrying while the group elects a new Raft leader."""
+    async def _change_raft_membership(self, address: str, add: bool,
+                                      replica_id: int) -> tuple[bool, str]:
+        """Ask Raft for the change, retrying while the group elects a new Raft leader; answers
+        ok only once the change is committed (``_membership_committed``)."""
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + 20.0
-        ok, reason = False, "timed out waiting for the membership change to commit"
+        deadline = time.monotonic() + self.membership_timeout
+        timed_out = "timed out waiting for the membership change to commit"
+        ok, reason = False, timed_out
         while time.monotonic() < deadline:
             done = loop.create_future()
 
@@ -1026,17 +1031,55 @@ class ReplicaKernel(IPythonKernel):
             try:
                 ok, reason = await asyncio.wait_for(done, max(0.1, deadline - time.monotonic()))
             except TimeoutError:
-                return False, "timed out waiting for the membership change to commit"
-            if ok:
-                return ok, reason
-            # a retry after LEADER_CHANGED may find the first attempt committed after all
-            if (address in self.raft.raft_members()) == add:
-                return True, "already applied"
-            if reason not in ("LEADER_CHANGED", "MISSING_LEADER", "NOT_LEADER", "DISCARDED",
-                              "REQUEST_DENIED"):  # denied: another change is still in flight
+                return False, timed_out
+            # A retry after LEADER_CHANGED may find the first attempt applied after all, and a
+            # leader denies a change its own log already holds (REQUEST_DENIED): applied,
+            # perhaps not committed.
+            if ok or (address in self.raft.raft_members()) == add:
+                committed, why = await self._membership_committed(address, add, replica_id,
+                                                                  deadline)
+                if committed:
+                    return True, reason if ok else "already applied"
+                ok, reason = False, why
+                if why == timed_out:
+                    return ok, reason
+            elif reason not in ("LEADER_CHANGED", "MISSING_LEADER", "NOT_LEADER", "DISCARDED",
+                                "REQUEST_DENIED"):  # denied: another change is still in flight
                 return ok, reason
             await asyncio.sleep(0.2)
         return ok, reason
+
+    async def _membership_committed(self, address: str, add: bool, replica_id: int,
+                                    deadline: float) -> tuple[bool, str]:
+        """Whether the change is committed: pysyncobj changes a member's view of the group when
+        the change is appended to its log, not when it commits, so "already applied" seen from
+        a member (or a leader's REQUEST_DENIED) may be a change that a new leader then drops
+        (the members roll it back). Answering ok then made the scheduler believe a lost replica
+        gone while the group still counted it: with the next replacement the group had four
+        members, two of them dead after the next kill, and nothing could commit any more
+        (issue 31, items 4 and 8). The book's MemberAdded/MemberRemoved record, proposed after
+        the change, commits only with every entry before it in the leader's log; once it has,
+        this replica's log holds the leader's up to it, and its view of the group is the
+        committed one. (False, why) when the record did not commit in time or the view
+        disagrees (the change was rolled back: the caller asks again)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        record = MemberAdded(replica_id, address) if add else MemberRemoved(replica_id)
+        self.raft.propose(record, on_done=lambda ok, why: loop.call_soon_threadsafe(
+            lambda: done.done() or done.set_result((ok, why))),
+            retry_for=max(0.1, deadline - time.monotonic()))
+        try:
+            committed, why = await asyncio.wait_for(done, max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            return False, "timed out waiting for the membership change to commit"
+        if not committed:
+            return False, f"the membership change was not committed ({why})"
+        if (address in self.raft.raft_members()) != add:
+            self.log.warning("the Raft membership change (%s %s) was rolled back by a new "
+                             "leader; asking for it again", "add" if add else "remove",
+                             address)
+            return False, "the membership change was rolled back by a new Raft leader"
+        return True, ""
 
     async def replica_status_request(self, stream, ident, parent) -> None:
         with self.raft.lock:
