@@ -528,3 +528,30 @@ def test_a_group_that_counts_a_gone_member_is_rebuilt_instead_of_hanging(make_cl
     assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
     assert result_text(run) == "['a', 'b', 'c']", run["outputs"]
     assert time.monotonic() - started < 45
+
+
+def test_the_executor_killed_after_every_cell_never_wedges_the_kernel(make_cluster):  # noqa: ANN001
+    """Issue 31, item 4: ``x += 1; print(x)``, the executor SIGKILLed as soon as the cell is
+    done and the next cell sent at once, several times running (each kill lands while the
+    previous one's replacement may still be joining). Every cell must answer, reply and idle,
+    with the count it should print, or say that the kernel was rebuilt from a checkpoint."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    assert run_cell(kc, "x = 0")["reply"]["content"]["status"] == "ok"
+    expected = 0
+    for _ in range(5):
+        run = run_cell(kc, "x += 1\nprint(x)", timeout=45)  # raises on no reply or no idle
+        assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
+        assert run["statuses"][-1:] == ["idle"], run["statuses"]
+        text = "".join(m["content"]["text"] for m in run["outputs"]
+                       if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+        expected += 1
+        if "rebuilt from the checkpoint" not in json.dumps([m["content"]
+                                                            for m in run["outputs"]]):
+            assert text == f"{expected}\n", (text, run["outputs"])
+        expected = int(text.strip().splitlines()[-1])
+        status = cluster.kernel(kernel_id)
+        pid = {r.replica_id: r.pid for r in status.replicas}.get(status.executor_replica_id, 0)
+        if pid > 0:
+            os.kill(pid, signal.SIGKILL)
+    run = run_cell(kc, "print(x)", timeout=45)
+    assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
