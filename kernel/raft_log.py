@@ -169,8 +169,10 @@ class AppliedEntryGuard:
                           f"replaced by another (term {entries[0][2]}) from the Raft leader")
             return
         if not self.at_risk and self.rewritten:
-            log.info("pysyncobj rewrote %d applied log entries unchanged: no divergence",
-                     self.rewritten)
+            # a warning, next to pysyncobj's CRITICAL line in the replica's log: that one
+            # says the state machine may have diverged, this one that it did not
+            log.warning("the applied log entries pysyncobj truncated came back unchanged "
+                        "(%d so far): this replica did not diverge", self.rewritten)
 
     def _diverge(self, why: str) -> None:
         self.at_risk.clear()
