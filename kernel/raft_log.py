@@ -121,9 +121,12 @@ class AppliedEntryGuard:
 
     def __init__(self, on_diverged: Callable[[str], None] | None) -> None:
         self.on_diverged = on_diverged
-        self.at_risk: dict[int, tuple[bytes, int]] = {}  # applied index -> (command, term)
+        # applied index -> the log's entry object there: pysyncobj appends a new tuple for
+        # every entry it writes, so the same object means the entry was never deleted
+        self.at_risk: dict[int, tuple] = {}
         self.diverged: str | None = None
         self.rewritten = 0  # applied entries deleted and written back unchanged (tests, logs)
+        self._rewritten_logged = 0
 
     @staticmethod
     def _entries(sync: SyncObj, first: int, count: int) -> list[tuple]:
@@ -138,8 +141,8 @@ class AppliedEntryGuard:
         applied = sync._SyncObj__raftLastApplied
         if first > applied:
             return
-        for command, idx, term in self._entries(sync, first, applied - first + 1):
-            self.at_risk.setdefault(idx, (command, term))
+        for entry in self._entries(sync, first, applied - first + 1):
+            self.at_risk.setdefault(entry[1], entry)
 
     def after(self, sync: SyncObj, message: dict) -> None:
         if not self.at_risk:
@@ -161,18 +164,22 @@ class AppliedEntryGuard:
             entries = self._entries(sync, idx, 1)
             if not entries:
                 continue
-            command, term = self.at_risk.pop(idx)
-            if entries[0][0] == command and entries[0][2] == term:
+            was = self.at_risk.pop(idx)
+            now = entries[0]
+            if now is was:
+                continue  # never deleted (pysyncobj ignored the message or kept its log)
+            if now[0] == was[0] and now[2] == was[2]:
                 self.rewritten += 1
                 continue
-            self._diverge(f"the log entry at index {idx}, applied here (term {term}), was "
-                          f"replaced by another (term {entries[0][2]}) from the Raft leader")
+            self._diverge(f"the log entry at index {idx}, applied here (term {was[2]}), was "
+                          f"replaced by another (term {now[2]}) from the Raft leader")
             return
-        if not self.at_risk and self.rewritten:
+        if not self.at_risk and self.rewritten > self._rewritten_logged:
             # a warning, next to pysyncobj's CRITICAL line in the replica's log: that one
             # says the state machine may have diverged, this one that it did not
-            log.warning("the applied log entries pysyncobj truncated came back unchanged "
-                        "(%d so far): this replica did not diverge", self.rewritten)
+            log.warning("the %d applied log entries pysyncobj truncated came back unchanged: "
+                        "this replica did not diverge", self.rewritten - self._rewritten_logged)
+            self._rewritten_logged = self.rewritten
 
     def _diverge(self, why: str) -> None:
         self.at_risk.clear()

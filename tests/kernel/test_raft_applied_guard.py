@@ -111,3 +111,13 @@ def test_applied_entries_deleted_and_not_yet_sent_again_wait_for_the_next_append
     _append(log, node, 1, (2, 1), [(NO_OP, 3, 1)], commit=3)  # the same entry comes back
     assert not guard.at_risk
     assert diverged == []
+
+
+def test_an_append_that_truncates_nothing_is_not_counted(follower) -> None:  # noqa: ANN001
+    log, node, diverged = follower
+    # an AppendEntries of an older term reaching below the applied index: pysyncobj ignores it
+    _append(log, node, 0, (1, 0), [(NO_OP, 2, 0)], commit=2)
+    guard = log._sync.applied_guard
+    assert guard.rewritten == 0
+    assert not guard.at_risk
+    assert diverged == []
