@@ -77,6 +77,7 @@ class RecoveryMixin:
         try:
             self._stop.wait(0.5)  # let failures that happened together all be reported
             attempt = 0
+            quorum_lost = False
             while not self._stop.is_set():
                 attempt += 1
                 with self.lock:
@@ -91,7 +92,9 @@ class RecoveryMixin:
                         entry.state = "idle"
                         self._save_kernel(entry)
                         return
-                    rebuild = live * 2 <= self.replicas_per_kernel
+                    rebuild = quorum_lost or live * 2 <= self.replicas_per_kernel
+                if not rebuild and self._quorum_lost(kernel_id):
+                    rebuild = quorum_lost = True
                 started = time.monotonic()
                 try:
                     with self._membership_guard(kernel_id):  # after a migration running now
@@ -124,6 +127,37 @@ class RecoveryMixin:
                     self._stop.wait(min(RECOVERY_BACKOFF_MAX_S, 0.5 * 2 ** (attempt - 1)))
         finally:
             guard.release()
+
+    def _quorum_lost(self, kernel_id: str, confirm_after_s: float = 1.0) -> bool:
+        """Whether the kernel's Raft group cannot commit although most of its replicas live:
+        every live member that answers says it has no quorum, twice ``confirm_after_s``
+        apart. The group then counts members this scheduler no longer knows (a membership
+        change it took for done that was rolled back, say): no replacement can join (the
+        membership change never commits; this loop used to retry it for good) and no cell can
+        run, so it is rebuilt from its last checkpoint, as a group that lost its majority."""
+        for check in range(2):
+            if check:
+                self._stop.wait(confirm_after_s)
+            with self.lock:
+                entry = self.kernels.get(kernel_id)
+                if entry is None:
+                    return False
+                members = [r.endpoint for r in entry.replicas.values() if r.ready]
+                key, scheme = entry.key, entry.signature_scheme
+            answers = []
+            for member in members:
+                try:
+                    status = control_request(member, key, scheme, "replica_status_request", {},
+                                             timeout_s=5)
+                except ControlError:
+                    continue
+                answers.append(bool(status.get("has_quorum", True)))
+            if not answers or any(answers):
+                return False
+        log.warning("kernel %s: no live replica of its Raft group has a quorum (the group "
+                    "counts members that are gone): rebuilding it from its last checkpoint",
+                    kernel_id)
+        return True
 
     def _rebuild_from_checkpoint(self, kernel_id: str) -> list[int]:
         """The group lost its majority: stop the survivors (they cannot commit anything) and

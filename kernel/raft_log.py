@@ -54,12 +54,14 @@ class _KeyedSyncObj(SyncObj):
     transport asks ``encryptor`` for every connection; ``_getEncryptor`` is the same)."""
 
     def __init__(self, *args, encryptor: Fernet, book_consumer: _BookConsumer,  # noqa: ANN002
+                 on_diverged: Callable[[str], None] | None = None,
                  **kwargs) -> None:  # noqa: ANN003
         # Set before SyncObj's init: it starts the tick thread, and an attribute added after it
         # is part of every snapshot pysyncobj takes of this object (the book consumer is not
         # picklable: its handler belongs to the kernel).
         self._keyed_encryptor = encryptor
         self.book_consumer = book_consumer
+        self.applied_guard = AppliedEntryGuard(on_diverged)
         super().__init__(*args, **kwargs)
 
     @property
@@ -68,6 +70,20 @@ class _KeyedSyncObj(SyncObj):
 
     def _getEncryptor(self) -> Fernet:  # noqa: N802 - pysyncobj's name
         return self._keyed_encryptor
+
+    def _SyncObj__onMessageReceived(self, node, message) -> None:  # noqa: ANN001, N802
+        """pysyncobj's message handler, watched for the one step of it that can make this
+        replica's state machine diverge: an AppendEntries whose ``prevLogIdx`` lies below the
+        last applied index makes a follower delete every later entry, applied ones included
+        (pysyncobj logs "truncating already-applied log entries ... may have diverged"), and
+        append what the leader sent instead. Applied entries are never applied again, so the
+        replica diverged exactly when an entry written back at an applied index differs from
+        the one applied there (``AppliedEntryGuard``); the same entry sent again (a stale or
+        repeated AppendEntries) is harmless and said so."""
+        guard = self.applied_guard
+        guard.before(self, message)
+        super()._SyncObj__onMessageReceived(node, message)
+        guard.after(self, message)
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's (mangled) name
         """pysyncobj's apply step. Without batching it answers True after every apply, and the
@@ -88,6 +104,92 @@ class _KeyedSyncObj(SyncObj):
         if send and applied > 0 and consumer.lazy_applied == applied:
             return False
         return send
+
+
+class AppliedEntryGuard:
+    """Finds out whether pysyncobj replaced log entries this replica already applied.
+
+    pysyncobj's follower deletes every entry after an AppendEntries' ``prevLogIdx`` whenever
+    it holds more, without first checking that they conflict (Raft deletes only from the first
+    conflicting entry), and only logs CRITICAL when applied entries go. Raft never changes a
+    committed entry, so a leader that sends applied indexes again sends the same entries,
+    and nothing diverged: that is the common case (an AppendEntries that arrives late, or
+    again after the leader moved its next index back). If an entry written back at an applied
+    index differs (another term or command), the replica's book holds a record the group does
+    not, or lacks one it has: ``on_diverged(why)`` then runs once, on the tick thread (the
+    replica exits to be replaced: kernel/replica.py). Runs only when an AppendEntries reaches
+    below the applied index; the normal path costs a comparison."""
+
+    def __init__(self, on_diverged: Callable[[str], None] | None) -> None:
+        self.on_diverged = on_diverged
+        # applied index -> the log's entry object there: pysyncobj appends a new tuple for
+        # every entry it writes, so the same object means the entry was never deleted
+        self.at_risk: dict[int, tuple] = {}
+        self.diverged: str | None = None
+        self.rewritten = 0  # applied entries deleted and written back unchanged (tests, logs)
+        self._rewritten_logged = 0
+
+    @staticmethod
+    def _entries(sync: SyncObj, first: int, count: int) -> list[tuple]:
+        return sync._SyncObj__getEntries(first, count) or []
+
+    def before(self, sync: SyncObj, message: dict) -> None:
+        if message.get("type") != "append_entries" or "prevLogIdx" not in message:
+            return
+        if message.get("transmission") in ("start", "process"):
+            return  # a large entry in parts: nothing is written before its last part
+        first = message["prevLogIdx"] + 1
+        applied = sync._SyncObj__raftLastApplied
+        if first > applied:
+            return
+        for entry in self._entries(sync, first, applied - first + 1):
+            self.at_risk.setdefault(entry[1], entry)
+
+    def after(self, sync: SyncObj, message: dict) -> None:
+        if not self.at_risk:
+            return
+        if message.get("type") == "append_entries" and message.get("serialized") is not None:
+            self.at_risk.clear()  # a snapshot replaced the log and the book (on_restore)
+            return
+        try:
+            last = sync._SyncObj__getCurrentLogIndex()
+            first_log = sync._SyncObj__raftLog[0][1]
+        except (AttributeError, IndexError):
+            return
+        for idx in sorted(self.at_risk):
+            if idx > last:
+                break  # deleted, not (yet) written back: the next AppendEntries brings it
+            if idx < first_log:  # compacted meanwhile: was committed, nothing to compare
+                del self.at_risk[idx]
+                continue
+            entries = self._entries(sync, idx, 1)
+            if not entries:
+                continue
+            was = self.at_risk.pop(idx)
+            now = entries[0]
+            if now is was:
+                continue  # never deleted (pysyncobj ignored the message or kept its log)
+            if now[0] == was[0] and now[2] == was[2]:
+                self.rewritten += 1
+                continue
+            self._diverge(f"the log entry at index {idx}, applied here (term {was[2]}), was "
+                          f"replaced by another (term {now[2]}) from the Raft leader")
+            return
+        if not self.at_risk and self.rewritten > self._rewritten_logged:
+            # a warning, next to pysyncobj's CRITICAL line in the replica's log: that one
+            # says the state machine may have diverged, this one that it did not
+            log.warning("the %d applied log entries pysyncobj truncated came back unchanged: "
+                        "this replica did not diverge", self.rewritten - self._rewritten_logged)
+            self._rewritten_logged = self.rewritten
+
+    def _diverge(self, why: str) -> None:
+        self.at_risk.clear()
+        if self.diverged is not None:
+            return
+        self.diverged = why
+        log.error("this replica's Raft state machine diverged from its group: %s", why)
+        if self.on_diverged is not None:
+            self.on_diverged(why)
 
 
 class _BookConsumer(SyncObjConsumer):
@@ -172,10 +274,13 @@ class RaftLog:
         compaction_entries: int = 5000,
         rest: RestTimings | None = DEFAULT_REST,
         quick_start: bool = False,
+        on_diverged: Callable[[str], None] | None = None,
     ) -> None:
         keep_raft_off_the_users_generator()
         """``quick_start``: this replica founds a new group (not ``--join``): its first
-        election need not wait pysyncobj's timeouts (raft_start.py)."""
+        election need not wait pysyncobj's timeouts (raft_start.py). ``on_diverged(why)``: an
+        entry this replica applied was replaced in its log (``AppliedEntryGuard``), on
+        pysyncobj's tick thread."""
         check_bindable(self_address)
         self.self_address = self_address
         self._closed = False
@@ -211,7 +316,7 @@ class RaftLog:
         self._sync = _KeyedSyncObj(self_address, peer_addresses, conf,
                                    consumers=[self._consumer],
                                    encryptor=Fernet(raft_fernet_key(kernel_key)),
-                                   book_consumer=self._consumer,
+                                   book_consumer=self._consumer, on_diverged=on_diverged,
                                    **({"transportClass": transport} if transport else {}))
         # an idle group rests (raft_rest.py): almost no heartbeats while nothing is proposed
         self.rest: RaftRest | None = None

@@ -31,6 +31,7 @@ from traitlets import Bool, Float, Int, Unicode
 
 from . import replies
 from .election import Applied, Election, Phase, choose_vote
+from .figures import PyplotSettle
 from .gpu_glue import GpuGlue
 from .held_replies import HeldReplies
 from .peers import parse_peers
@@ -132,6 +133,10 @@ class ReplicaKernel(IPythonKernel):
         "large object or checkpoint it could not load) keeps trying to re-sync from the store "
         "before it exits so that the scheduler replaces it. It never executes meanwhile.",
     ).tag(config=True)
+    membership_timeout = Float(
+        20.0, help="Seconds an add_replica_request or remove_replica_request waits for its Raft "
+        "membership change to commit before it answers NotebookOSMembershipChangeFailed.",
+    ).tag(config=True)
     catch_up_timeout = Float(
         120.0, help="Seconds an elected executor waits to have applied every earlier cell's "
         "state before it aborts the cell (with a reason) instead of running it without them.",
@@ -210,6 +215,7 @@ class ReplicaKernel(IPythonKernel):
             on_ready=self._raft_ready.set,
             compaction_entries=self.raft_compaction_entries,
             quick_start=not self.join,
+            on_diverged=self._raft_diverged,
         )
         self.log.info(
             "NotebookOS replica %s of kernel %s: raft %s, peers %s",
@@ -282,6 +288,18 @@ class ReplicaKernel(IPythonKernel):
                 sys.stderr.flush()
                 os._exit(70)
         self._wake()
+
+    def _raft_diverged(self, why: str) -> None:
+        """pysyncobj replaced a log record this replica had applied (raft_log.py,
+        ``AppliedEntryGuard``): its book (elections, counters, the updates it applied) may hold
+        what the group does not. Nothing here can undo an applied record, so it exits like a
+        replica that cannot load the committed state: the scheduler replaces it, and the
+        replacement catches up from the group. On pysyncobj's tick thread, before the next
+        record is applied."""
+        self.log.error("replica %s: %s; its state may differ from the group's, so it exits to "
+                       "be replaced", self.replica_id, why)
+        sys.stderr.flush()
+        os._exit(DIVERGED_EXIT_CODE)
 
     def _forget_old_elections(self, keep: int = 10_000) -> None:
         """Bound the local per-election bookkeeping (insertion-ordered dicts and sets)."""
@@ -397,6 +415,7 @@ class ReplicaKernel(IPythonKernel):
                 await self._wait_change(wait)
                 continue
             election_id, update = item
+            figures = PyplotSettle()
             try:
                 if self.sync.is_light(update):  # no thread hop for the common small update
                     failures = self.sync.apply_checked(self.shell.user_ns, update)
@@ -409,6 +428,7 @@ class ReplicaKernel(IPythonKernel):
                 if failures:
                     self._mark_diverged(failures, f"the state update of {election_id}")
             finally:
+                figures.settle()
                 with self._apply_lock:
                     self._applies_pending -= 1
                 self._notify()
@@ -425,6 +445,7 @@ class ReplicaKernel(IPythonKernel):
 
     async def _load_base_checkpoint(self) -> None:
         self._base_loaded = True
+        figures = PyplotSettle()
         try:
             count, failed = await asyncio.to_thread(
                 self.sync.restore_checkpoint, self.shell.user_ns
@@ -435,6 +456,8 @@ class ReplicaKernel(IPythonKernel):
                 "the checkpoint this group was rebuilt from",
             )
             return
+        finally:
+            figures.settle()
         self._mark_diverged(self._unagreed({name: "not restored from the checkpoint"
                                             for name in failed}),
                             "the checkpoint this group was rebuilt from")
@@ -461,6 +484,13 @@ class ReplicaKernel(IPythonKernel):
         self._base_loaded = True  # the store's checkpoint covers a rebuilt group's base
         self.log.info("loading the committed state (%s): checkpoint of cell %d + %d updates",
                       why, checkpoint_count, len(updates))
+        figures = PyplotSettle()
+        try:
+            return await self._load_committed(has_checkpoint, updates)
+        finally:
+            figures.settle()
+
+    async def _load_committed(self, has_checkpoint: bool, updates: list) -> dict[str, str]:
         failures: dict[str, str] = {}
         if has_checkpoint:
             try:
@@ -572,6 +602,7 @@ class ReplicaKernel(IPythonKernel):
             await self._wait_for(change, 0.02)
 
     async def _restore_from_store(self) -> None:
+        figures = PyplotSettle()
         try:
             count, failed = await asyncio.to_thread(
                 self.sync.restore_checkpoint, self.shell.user_ns
@@ -584,6 +615,8 @@ class ReplicaKernel(IPythonKernel):
             count, failed = 0, []  # a cell container tells its cell that it starts empty
         else:
             self.restore_notes = [f"{name!r} could not be restored" for name in failed]
+        finally:
+            figures.settle()
         self.log.info("restored the namespace of cell %d from the checkpoint", count)
         await self._wait_raft_ready(30.0)
         loop = asyncio.get_running_loop()
@@ -969,21 +1002,22 @@ class ReplicaKernel(IPythonKernel):
         if not add:
             with self.raft.lock:
                 address = self.raft.book.members.get(replica_id, address)
-        ok, reason = await self._change_raft_membership(address, add)
+        ok, reason = await self._change_raft_membership(address, add, replica_id)
         if ok:
-            record = MemberAdded(replica_id, address) if add else MemberRemoved(replica_id)
-            self.raft.propose(record)
             content: dict[str, Any] = {"status": "ok", "replica_id": replica_id}
         else:
             content = {"status": "error", "ename": "NotebookOSMembershipChangeFailed",
                        "evalue": reason, "traceback": []}
         self.session.send(stream, msg_type, content, parent, ident=ident)
 
-    async def _change_raft_membership(self, address: str, add: bool) -> tuple[bool, str]:
-        """Ask Raft for the change, retrying while the group elects a new Raft leader."""
+    async def _change_raft_membership(self, address: str, add: bool,
+                                      replica_id: int) -> tuple[bool, str]:
+        """Ask Raft for the change, retrying while the group elects a new Raft leader; answers
+        ok only once the change is committed (``_membership_committed``)."""
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + 20.0
-        ok, reason = False, "timed out waiting for the membership change to commit"
+        deadline = time.monotonic() + self.membership_timeout
+        timed_out = "timed out waiting for the membership change to commit"
+        ok, reason = False, timed_out
         while time.monotonic() < deadline:
             done = loop.create_future()
 
@@ -997,17 +1031,55 @@ class ReplicaKernel(IPythonKernel):
             try:
                 ok, reason = await asyncio.wait_for(done, max(0.1, deadline - time.monotonic()))
             except TimeoutError:
-                return False, "timed out waiting for the membership change to commit"
-            if ok:
-                return ok, reason
-            # a retry after LEADER_CHANGED may find the first attempt committed after all
-            if (address in self.raft.raft_members()) == add:
-                return True, "already applied"
-            if reason not in ("LEADER_CHANGED", "MISSING_LEADER", "NOT_LEADER", "DISCARDED",
-                              "REQUEST_DENIED"):  # denied: another change is still in flight
+                return False, timed_out
+            # A retry after LEADER_CHANGED may find the first attempt applied after all, and a
+            # leader denies a change its own log already holds (REQUEST_DENIED): applied,
+            # perhaps not committed.
+            if ok or (address in self.raft.raft_members()) == add:
+                committed, why = await self._membership_committed(address, add, replica_id,
+                                                                  deadline)
+                if committed:
+                    return True, reason if ok else "already applied"
+                ok, reason = False, why
+                if why == timed_out:
+                    return ok, reason
+            elif reason not in ("LEADER_CHANGED", "MISSING_LEADER", "NOT_LEADER", "DISCARDED",
+                                "REQUEST_DENIED"):  # denied: another change is still in flight
                 return ok, reason
             await asyncio.sleep(0.2)
         return ok, reason
+
+    async def _membership_committed(self, address: str, add: bool, replica_id: int,
+                                    deadline: float) -> tuple[bool, str]:
+        """Whether the change is committed: pysyncobj changes a member's view of the group when
+        the change is appended to its log, not when it commits, so "already applied" seen from
+        a member (or a leader's REQUEST_DENIED) may be a change that a new leader then drops
+        (the members roll it back). Answering ok then made the scheduler believe a lost replica
+        gone while the group still counted it: with the next replacement the group had four
+        members, two of them dead after the next kill, and nothing could commit any more
+        (issue 31, items 4 and 8). The book's MemberAdded/MemberRemoved record, proposed after
+        the change, commits only with every entry before it in the leader's log; once it has,
+        this replica's log holds the leader's up to it, and its view of the group is the
+        committed one. (False, why) when the record did not commit in time or the view
+        disagrees (the change was rolled back: the caller asks again)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        record = MemberAdded(replica_id, address) if add else MemberRemoved(replica_id)
+        self.raft.propose(record, on_done=lambda ok, why: loop.call_soon_threadsafe(
+            lambda: done.done() or done.set_result((ok, why))),
+            retry_for=max(0.1, deadline - time.monotonic()))
+        try:
+            committed, why = await asyncio.wait_for(done, max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            return False, "timed out waiting for the membership change to commit"
+        if not committed:
+            return False, f"the membership change was not committed ({why})"
+        if (address in self.raft.raft_members()) != add:
+            self.log.warning("the Raft membership change (%s %s) was rolled back by a new "
+                             "leader; asking for it again", "add" if add else "remove",
+                             address)
+            return False, "the membership change was rolled back by a new Raft leader"
+        return True, ""
 
     async def replica_status_request(self, stream, ident, parent) -> None:
         with self.raft.lock:

@@ -520,3 +520,75 @@ def test_an_executor_lost_between_its_reply_and_its_idle_is_announced(make_clust
     assert "was lost before what the cell changed was replicated" in err \
         or not err, err  # the idle may have come before the kill: then no warning
     assert result_text(run_cell(kc, "sorted(data)")) == "['a', 'b']"
+
+
+def _replica_endpoints(cluster, kernel_id: str) -> dict[int, dict]:  # noqa: ANN001
+    """The replicas' sockets as the Global Scheduler's registry journal last recorded them."""
+    journal = cluster.workdir / "state" / "global_scheduler" / "registry.json.journal"
+    doc = None
+    for line in journal.read_text().splitlines():
+        change = json.loads(line)
+        if change.get("table") == "kernels" and change.get("id") == kernel_id and change.get(
+                "doc"):
+            doc = change["doc"]
+    assert doc is not None, "the kernel is not in the registry journal"
+    return {r["replica_id"]: {**r, "key": doc["key"], "scheme": doc["signature_scheme"]}
+            for r in doc["replicas"]}
+
+
+def test_a_group_that_counts_a_gone_member_is_rebuilt_instead_of_hanging(make_cluster):  # noqa: ANN001
+    """The Raft group holds a member the Global Scheduler does not know (as a membership change
+    it took for done and a new leader rolled back left one; here added behind its back at an
+    address nobody listens on): after the executor's kill two of its four members live, so
+    nothing commits. The scheduler used to retry removing the dead executor for good
+    (NotebookOSMembershipChangeFailed every 20 s) while every cell hung without a reply or an
+    idle (issue 31, items 4 and 8). It sees that no live member has a quorum and rebuilds the
+    group from the last checkpoint; the cell runs there."""
+    from notebookos.global_scheduler.control import control_request
+    from notebookos.global_scheduler.front import ReplicaEndpoint
+    from notebookos.testing.processes import free_port
+
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    cell = run_cell(kc, "data['c'] = 3")
+    _wait_checkpointed(kc, cell["reply"]["content"]["execution_count"])
+    executor = cluster.kernel(kernel_id).executor_replica_id
+    endpoints = _replica_endpoints(cluster, kernel_id)
+    via = endpoints[min(set(endpoints) - {executor})]
+    control_request(
+        ReplicaEndpoint(via["replica_id"], via["ip"], via["shell_port"], via["iopub_port"],
+                        via["stdin_port"], via["control_port"]),
+        via["key"], via["scheme"], "add_replica_request",
+        {"replica_id": 99, "raft_address": f"127.0.0.1:{free_port()}"}, timeout_s=30)
+    os.kill(_replicas(cluster, kernel_id)[executor][1], signal.SIGKILL)
+    started = time.monotonic()
+    run = run_cell(kc, "sorted(data)", timeout=60)
+    assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
+    assert result_text(run) == "['a', 'b', 'c']", run["outputs"]
+    assert time.monotonic() - started < 45
+
+
+def test_the_executor_killed_after_every_cell_never_wedges_the_kernel(make_cluster):  # noqa: ANN001
+    """Issue 31, item 4: ``x += 1; print(x)``, the executor SIGKILLed as soon as the cell is
+    done and the next cell sent at once, several times running (each kill lands while the
+    previous one's replacement may still be joining). Every cell must answer, reply and idle,
+    with the count it should print, or say that the kernel was rebuilt from a checkpoint."""
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
+    assert run_cell(kc, "x = 0")["reply"]["content"]["status"] == "ok"
+    expected = 0
+    for _ in range(5):
+        run = run_cell(kc, "x += 1\nprint(x)", timeout=45)  # raises on no reply or no idle
+        assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
+        assert run["statuses"][-1:] == ["idle"], run["statuses"]
+        text = "".join(m["content"]["text"] for m in run["outputs"]
+                       if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+        expected += 1
+        if "rebuilt from the checkpoint" not in json.dumps([m["content"]
+                                                            for m in run["outputs"]]):
+            assert text == f"{expected}\n", (text, run["outputs"])
+        expected = int(text.strip().splitlines()[-1])
+        status = cluster.kernel(kernel_id)
+        pid = {r.replica_id: r.pid for r in status.replicas}.get(status.executor_replica_id, 0)
+        if pid > 0:
+            os.kill(pid, signal.SIGKILL)
+    run = run_cell(kc, "print(x)", timeout=45)
+    assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
