@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 
+from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.hosts import _release_timer
 from notebookos.global_scheduler.kernels import KernelEntry
@@ -79,6 +80,7 @@ class HibernationMixin:
     def _hibernate(self, entry: KernelEntry, holder) -> None:  # noqa: ANN001 - a ReplicaLink
         kernel_id = entry.kernel_id
         started = time.monotonic()
+        holder = self._checkpoint_writer(entry, holder)
         count = self._await_checkpoint(entry, holder, strict=True)
         with self.lock:
             if entry.state != "hibernating" or self.kernels.get(kernel_id) is not entry:
@@ -124,6 +126,18 @@ class HibernationMixin:
         self.metrics.hibernations.inc()
         log.info("kernel %s: hibernated (%d replicas stopped in %.2f s)", kernel_id,
                  len(replicas), time.monotonic() - started)
+
+    def _checkpoint_writer(self, entry: KernelEntry, guess):  # noqa: ANN001, ANN202 - ReplicaLink
+        """The replica that ran the kernel's last cell, as the Raft log says (it writes the
+        checkpoint; another replica may have taken a cell over from the one the scheduler
+        chose); ``guess`` when that cannot be asked."""
+        try:
+            status = control_request(guess.endpoint, entry.key, entry.signature_scheme,
+                                     "replica_status_request", {}, timeout_s=5)
+        except ControlError:
+            return guess
+        with self.lock:
+            return entry.replicas.get(int(status.get("last_executor") or 0)) or guess
 
     def _finish_pending_stops(self, entry: KernelEntry) -> None:
         """Stop the replicas hibernation stopped (again: a stop of a gone one is a no-op), and
