@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import pysyncobj.dns_resolver
 import pysyncobj.syncobj
 import pysyncobj.transport
 
@@ -19,8 +20,10 @@ RAFT_RANDOM = random.Random()
 
 
 def keep_raft_off_the_users_generator() -> None:
-    """Point pysyncobj's module-level ``random`` at Raft's own generator (pysyncobj calls
-    ``random.random()`` and, in its transport, ``random.random()`` again; a ``random.Random``
-    answers both the same way). Idempotent."""
+    """Point pysyncobj's module-level ``random`` at Raft's own generator: its election timeout
+    and its transport call ``random.random()``, its resolver ``random.choice()`` once per peer
+    address it resolves (a woken kernel's replicas drew two of the user's numbers that way
+    before its first cell); a ``random.Random`` answers each the same way. Idempotent."""
     pysyncobj.syncobj.random = RAFT_RANDOM  # type: ignore[attr-defined]
     pysyncobj.transport.random = RAFT_RANDOM  # type: ignore[attr-defined]
+    pysyncobj.dns_resolver.random = RAFT_RANDOM  # type: ignore[attr-defined]
