@@ -93,7 +93,7 @@ def test_generated_modules_import_each_other_through_the_package() -> None:
 
 GS_RPCS = {
     "RegisterHost", "Heartbeat", "DeregisterHost", "ReportReplicaEvent",
-    "StartKernel", "StopKernel", "InterruptKernel", "RestartKernel", "GetKernelStatus",
+    "StartKernel", "StopKernel", "InterruptKernel", "RestartKernel", "GetKernelStatus", "WakeKernel",
     "ListKernels", "GetClusterStatus", "MigrateReplica",
 }
 LS_RPCS = {
