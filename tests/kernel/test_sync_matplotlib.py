@@ -1,0 +1,142 @@
+"""matplotlib figures through the state-sync codec (issue 31, items 3 and 7).
+
+A figure is one tangle of objects (every artist knows its figure, transforms keep weak references
+to their parents and restore them in ``__getstate__``/``__setstate__``); a standby once failed to
+apply it (``'Affine2D' object has no attribute '_invalid'``) and the encoder's time grew with the
+square of the number of axes (16 axes: 41 s; 64 subplots never finished). A figure is now synced
+as one unit (docs/state-sync.md, section 2a, "Units").
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+
+import pytest
+from codec_pair import Pair
+
+from notebookos.testing.optional import require_module
+
+require_module("matplotlib", "`make install-test` installs it")
+
+SETUP = "import matplotlib; matplotlib.use('agg'); import matplotlib.pyplot as plt; import numpy as np"
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def mpl_pair(pair: Pair) -> Iterator[Pair]:
+    pair.run(SETUP)
+    yield pair
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_subplots_figure_and_axes_keep_identity_on_the_standby(mpl_pair: Pair) -> None:
+    update = mpl_pair.run("fig, ax = plt.subplots(2, 2)")
+    assert len(update.entries) <= 4, [e.name for e in update.entries]  # fig, ax, the figure
+    s = mpl_pair.standby
+    fig, ax = s["fig"], s["ax"]
+    assert fig is not mpl_pair.executor["fig"]
+    assert ax.shape == (2, 2)
+    for a in ax.flat:
+        assert a.figure is fig
+        assert a in fig.axes
+    assert [fig.axes.index(a) for a in ax.flat] == [0, 1, 2, 3]
+    assert _png(fig).startswith(b"\x89PNG")
+    # The standby becomes the executor: a cell there changes the figure that `fig` names.
+    exec("ax[0, 0].plot([1, 2, 3])", s)
+    assert len(fig.axes[0].lines) == 1
+
+
+def test_a_later_cell_updates_the_standby_figure_in_place(mpl_pair: Pair) -> None:
+    mpl_pair.run("fig, ax = plt.subplots()")
+    s = mpl_pair.standby
+    fig, ax = s["fig"], s["ax"]
+    mpl_pair.run("line, = ax.plot([1, 2, 3])")
+    assert s["fig"] is fig  # the figure object is kept (refilled in place)
+    assert s["ax"].figure is fig and s["ax"] in fig.axes
+    assert s["line"] in s["ax"].lines and s["line"].figure is fig
+    mpl_pair.run("ax.set_title('t')")
+    assert s["ax"].get_title() == "t" and s["ax"] is fig.axes[0]
+    assert s["line"] in s["ax"].lines
+    exec("ax.plot([3, 2, 1])", s)
+    assert len(fig.axes[0].lines) == 2
+    assert _png(fig).startswith(b"\x89PNG")
+    del ax
+
+
+def test_an_axes_alone_brings_its_figure(mpl_pair: Pair) -> None:
+    mpl_pair.run("ax = plt.figure().add_subplot()")
+    mpl_pair.run("fig = ax.figure; lines = [ax.plot([0, 1])[0]]; ax.plot([1, 0])")
+    s = mpl_pair.standby
+    assert s["fig"] is s["ax"].figure and s["ax"] in s["fig"].axes
+    assert len(s["ax"].lines) == 2 and s["lines"][0] is s["ax"].lines[0]
+
+
+def test_imshow_and_text_in_many_subplots(mpl_pair: Pair) -> None:
+    mpl_pair.run("""
+        imgs = np.random.rand(16, 8, 8); fig = plt.figure(figsize=(6, 6))
+        for i in range(16):
+            ax = fig.add_subplot(4, 4, i + 1); ax.imshow(imgs[i]); ax.text(0, 7, str(i))
+    """)
+    s = mpl_pair.standby
+    fig = s["fig"]
+    assert len(fig.axes) == 16 and s["ax"] is fig.axes[-1]
+    assert [a.texts[0].get_text() for a in fig.axes] == [str(i) for i in range(16)]
+    assert _png(fig).startswith(b"\x89PNG")
+
+
+def test_pyplot_does_not_collect_figures_on_the_standby(pair: Pair) -> None:
+    """Both namespaces live in this process, so count what the standby's applies add to pyplot."""
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    try:
+        pair.run("import matplotlib.pyplot as plt")
+        pair.run("fig, ax = plt.subplots()")
+        assert len(plt.get_fignums()) == 2  # the executor's figure, and the standby's copy
+        for i in range(5):
+            pair.run(f"ax.plot([{i}, 1])")
+        assert len(plt.get_fignums()) == 2
+        # The executor closes its figure: the standby's copy leaves pyplot too.
+        pair.run("plt.close(fig); ax.set_title('closed')")
+        assert plt.get_fignums() == []
+        pair.run("fig, ax = plt.subplots()")
+        pair.run("fig = ax = None")
+        assert len(plt.get_fignums()) == 1  # only the executor's: the standby dropped its copy
+    finally:
+        plt.close("all")
+
+
+@pytest.mark.timeout(120)
+def test_sync_time_of_many_axes_grows_about_linearly(pair: Pair) -> None:
+    """64 subplots with an image and a text each: one figure pickle, not one per layer of
+    shared objects (it never finished before; 16 axes took 41 s). Generous for a loaded VM."""
+    pair.run(SETUP)
+    try:
+        start = time.perf_counter()
+        pair.run("""
+            imgs = np.random.rand(64, 8, 8); fig = plt.figure(figsize=(6, 6))
+            for i in range(64):
+                ax = fig.add_subplot(8, 8, i + 1); ax.imshow(imgs[i]); ax.text(0, 7, str(i))
+        """)
+        elapsed = time.perf_counter() - start
+        assert len(pair.standby["fig"].axes) == 64
+        assert elapsed < 20, f"64 subplots took {elapsed:.1f} s to run and sync"
+        start = time.perf_counter()
+        pair.run("fig2, axs = plt.subplots(4, 4)")
+        assert time.perf_counter() - start < 8
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
