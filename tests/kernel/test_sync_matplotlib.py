@@ -140,3 +140,70 @@ def test_sync_time_of_many_axes_grows_about_linearly(pair: Pair) -> None:
         import matplotlib.pyplot as plt
 
         plt.close("all")
+
+
+def test_the_standby_becomes_executor_and_a_checkpoint_restores_the_figure(
+    mpl_pair: Pair, file_store
+) -> None:
+    from notebookos.kernel.ast_effects import analyze_cell
+    from notebookos.kernel.sync_codec import (
+        StateApplier,
+        StateEncoder,
+        SyncUpdate,
+        read_checkpoint,
+        restore_namespace,
+        write_checkpoint,
+    )
+
+    mpl_pair.run("fig, ax = plt.subplots(1, 2)\nline, = ax[0].plot([1, 2])")
+    old_executor = mpl_pair.executor
+    # Failover: the standby encodes with the state its applies built; the old executor applies.
+    encoder = StateEncoder(mpl_pair.store, mpl_pair.kernel_id, state=mpl_pair.standby_state)
+    with StateApplier(mpl_pair.store, state=mpl_pair.executor_state) as applier:
+        cell = "ax[1].plot([3, 4]); line.set_color('red'); title = fig.suptitle('s')"
+        exec(cell, mpl_pair.standby)
+        update = SyncUpdate.from_bytes(
+            encoder.encode(mpl_pair.standby, analyze_cell(cell)).to_bytes())
+        applier.apply(old_executor, update)
+    fig = old_executor["fig"]
+    assert len(fig.axes[1].lines) == 1 and old_executor["ax"][1] is fig.axes[1]
+    assert old_executor["line"] is fig.axes[0].lines[0]
+    assert old_executor["line"].get_color() == "red"
+    assert old_executor["title"] is fig._suptitle
+    # A checkpoint of the new executor restores the same figure into a fresh replica.
+    write_checkpoint(file_store, mpl_pair.kernel_id, encoder.snapshot_entries(), 2)
+    fresh = {"__name__": "__main__", "__builtins__": __builtins__}
+    assert restore_namespace(file_store, read_checkpoint(file_store, mpl_pair.kernel_id),
+                             fresh) == []
+    fig = fresh["fig"]
+    assert [a.figure for a in fresh["ax"]] == [fig, fig] and list(fresh["ax"]) == fig.axes
+    assert fresh["line"] is fig.axes[0].lines[0] and fresh["title"] is fig._suptitle
+    assert _png(fig).startswith(b"\x89PNG")
+
+
+def test_a_setstate_that_calls_into_another_shared_object_finds_it_filled(pair: Pair) -> None:
+    """The general cause of the ``'Affine2D' ... '_invalid'`` failure: a standby fills shared
+    objects as an unpickler would, each after the objects its contents refer to."""
+    pair.run("""
+        class Scale:
+            def __init__(self):
+                self.k = 2.0
+
+        class Box:
+            def __init__(self, scale):
+                self.scale = scale
+                self.size = 1.0
+
+            def __setstate__(self, state):
+                self.__dict__.update(state)
+                self.size = self.scale.k  # calls into another object while being restored
+
+        box = Box(Scale())
+        scale = box.scale
+        boxes = [box]
+    """)
+    s = pair.standby
+    assert s["boxes"][0] is s["box"] and s["box"].scale is s["scale"]
+    assert s["box"].size == 2.0
+    pair.run("scale.k = 3.0; box.size = 0")
+    assert s["box"].scale is s["scale"] and s["box"].size == 3.0
