@@ -88,6 +88,25 @@ def is_unit(obj: Any) -> bool:
     return bool(kinds) and isinstance(obj, kinds)
 
 
+def rewinding_reduce(obj: Any) -> tuple | None:
+    """The reduction of an object whose ``__getstate__`` changes it, with the change undone; None
+    for any other object. matplotlib's ``CallbackRegistry.__getstate__`` advances its id counter
+    (``next(self._cid_gen)``), so a figure never pickled the same twice: every cell that touched
+    one resent all of it, unchanged. The counter is set back to the value that went into the
+    state (the next ``connect`` gets the id it would have got)."""
+    cbook = sys.modules.get("matplotlib.cbook")
+    registry = getattr(cbook, "CallbackRegistry", None) if cbook is not None else None
+    if registry is None or type(obj) is not registry:
+        return None
+    reduced = obj.__reduce_ex__(5)
+    state = reduced[2] if isinstance(reduced, tuple) and len(reduced) > 2 else None
+    if isinstance(state, dict) and isinstance(state.get("_cid_gen"), int):
+        import itertools
+
+        obj._cid_gen = itertools.count(state["_cid_gen"])
+    return reduced
+
+
 def _pyplot_figures() -> Any:
     """matplotlib's table of the figures pyplot manages, when pyplot has been used."""
     helpers = sys.modules.get("matplotlib._pylab_helpers")

@@ -71,6 +71,7 @@ from notebookos.kernel.shared_objects import (
     object_root,
     reduction,
     release_unit,
+    rewinding_reduce,
     token_of_root,
     unit_types,
     untracked_type,
@@ -595,10 +596,13 @@ class _ValuePickler(cloudpickle.CloudPickler):
         self.class_members: set[int] = set()  # ids never tracked for sharing (see below)
 
     def reducer_override(self, obj: Any) -> Any:
-        if self._units is not None:
+        if self._units is not None:  # matplotlib is loaded, or was
             ref = self._units.ref(obj)
             if ref is not None:
                 return (_unit_ref, (ref,))
+            rewound = rewinding_reduce(obj)
+            if rewound is not None:
+                return rewound
         if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
             self._skip_class_members(obj)
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
@@ -684,7 +688,7 @@ def _untracked(kind: type) -> bool:
     if torch is not None and issubclass(kind, torch.Tensor):
         return True
     numpy = sys.modules.get("numpy")
-    return numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic)
+    return numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic | numpy.dtype)
 
 
 class _ValueUnpickler(pickle.Unpickler):

@@ -207,3 +207,16 @@ def test_a_setstate_that_calls_into_another_shared_object_finds_it_filled(pair: 
     assert s["box"].size == 2.0
     pair.run("scale.k = 3.0; box.size = 0")
     assert s["box"].scale is s["scale"] and s["box"].size == 3.0
+
+
+def test_a_cell_that_does_not_change_the_figure_resends_nothing_of_it(mpl_pair: Pair) -> None:
+    """Pickling a figure advances its callback registries' id counters; the codec undoes that,
+    or every cell touching a figure resent all of it (and every array beside it)."""
+    mpl_pair.run("imgs = np.zeros((4, 4)); fig, ax = plt.subplots(); im = ax.imshow(imgs)")
+    update = mpl_pair.run("t = ax.get_title(); n = len(fig.axes)")
+    assert sorted(e.name for e in update.entries) == ["n", "t"]
+    mpl_pair.run("u = ax.get_xlim()")  # autoscales, the first time: a change
+    update = mpl_pair.run("u = ax.get_xlim(); v = ax.get_ylim()")
+    assert sorted(e.name for e in update.entries) == ["v"]
+    update = mpl_pair.run("ax.set_title('changed')")
+    assert mpl_pair.standby["ax"].get_title() == "changed"
