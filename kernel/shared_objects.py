@@ -13,6 +13,10 @@ become two copies on a standby. This module keeps identity without giving an id 
 - a standby keeps token -> object (``adopt``); an update to a shared object's contents is applied
   *in place* (``make_shell`` / ``fill``), so every holder of it sees the change.
 
+A *unit* (a matplotlib figure, ``_UNIT_CLASSES``) is a shared object synced whole: nothing inside it
+gets a token; other roots refer to an object inside it by the unit's token and the object's memo
+index in the unit's pickle (``unit_ref`` / ``resolve_ref``).
+
 Only the roots a cell touched are pickled (and the shared objects they reach); untouched names are
 neither pickled nor hashed. Immutable values (numbers, strings, tuples, frozensets) and classes are
 never given tokens (their identity is not observable through mutation; notebook classes keep theirs
@@ -88,14 +92,20 @@ def is_unit(obj: Any) -> bool:
     return bool(kinds) and isinstance(obj, kinds)
 
 
+def rewinding_type() -> type | None:
+    """The class ``rewinding_reduce`` handles, when its module is loaded."""
+    cbook = sys.modules.get("matplotlib.cbook")
+    registry = getattr(cbook, "CallbackRegistry", None) if cbook is not None else None
+    return registry if isinstance(registry, type) else None
+
+
 def rewinding_reduce(obj: Any) -> tuple | None:
     """The reduction of an object whose ``__getstate__`` changes it, with the change undone; None
     for any other object. matplotlib's ``CallbackRegistry.__getstate__`` advances its id counter
     (``next(self._cid_gen)``), so a figure never pickled the same twice: every cell that touched
     one resent all of it, unchanged. The counter is set back to the value that went into the
     state (the next ``connect`` gets the id it would have got)."""
-    cbook = sys.modules.get("matplotlib.cbook")
-    registry = getattr(cbook, "CallbackRegistry", None) if cbook is not None else None
+    registry = rewinding_type()
     if registry is None or type(obj) is not registry:
         return None
     reduced = obj.__reduce_ex__(5)
@@ -176,6 +186,11 @@ class IdentityTable:
     def token_by_id(self) -> dict[int, str]:
         """id(object) -> token, for the pickler (read-only use)."""
         return self._token_by_id
+
+    def interior_by_id(self) -> dict[int, str]:
+        """id(object) -> a unit root that may hold it, for the pickler (read-only use; check
+        with ``unit_ref``)."""
+        return self._interior
 
     def token_for(self, obj: Any) -> str | None:
         token = self._token_by_id.get(id(obj))

@@ -23,7 +23,9 @@ device are unchanged since it was last serialised is not serialised or hashed ag
 
 Every other mutable object that two roots (names, or shared objects) hold keeps its identity too:
 it becomes a shared object with a token and its own entry, updated in place on the standbys
-(``kernel/shared_objects.py``; only the roots a cell touched are pickled to find them).
+(``kernel/shared_objects.py``; only the roots a cell touched are pickled to find them). A
+matplotlib figure is one such object synced whole, a *unit*: objects inside it (axes, lines) are
+referred to by their place in its pickle, so they keep their identity without tokens of their own.
 
 The ``SyncUpdate`` record that goes through Raft is a restricted pickle of builtin containers only:
 decoding it never imports a class or runs user code. User payloads are unpickled only in
@@ -72,6 +74,7 @@ from notebookos.kernel.shared_objects import (
     reduction,
     release_unit,
     rewinding_reduce,
+    rewinding_type,
     token_of_root,
     unit_types,
     untracked_type,
@@ -543,15 +546,22 @@ class _UnitRefs:
         self._identity = identity
         self._root = root
         self._kinds = kinds
+        # read-only while one root is pickled (called once per pickled object: kept cheap)
+        self._interior = identity.interior_by_id()
+        self._tokens = identity.token_by_id()
+        self.rewind_type = rewinding_type()
         self.used: dict[str, None] = {}  # refs, in order of first use
         self.ids: set[int] = set()  # the objects referred to (not held inline by this root)
 
     def ref(self, obj: Any) -> str | None:
-        if type(obj) is types.FunctionType:
-            return None  # by reference (``_unit_ref`` itself), or a notebook function: a copy
-        if self._kinds and isinstance(obj, self._kinds) \
-                and id(obj) not in self._identity.token_by_id():
-            raise _NewUnit(obj)
+        key = id(obj)
+        owner = self._interior.get(key)
+        if owner is None and key not in self._tokens:
+            if self._kinds and isinstance(obj, self._kinds):
+                raise _NewUnit(obj)
+            return None
+        if owner == self._root or type(obj) is types.FunctionType:
+            return None  # its own, by reference (``_unit_ref`` itself), or a notebook function
         found = self._identity.unit_ref(obj, self._root, _untracked)
         if found is not None:
             self.used[found] = None
@@ -600,9 +610,8 @@ class _ValuePickler(cloudpickle.CloudPickler):
             ref = self._units.ref(obj)
             if ref is not None:
                 return (_unit_ref, (ref,))
-            rewound = rewinding_reduce(obj)
-            if rewound is not None:
-                return rewound
+            if type(obj) is self._units.rewind_type:
+                return rewinding_reduce(obj)
         if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
             self._skip_class_members(obj)
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
