@@ -10,6 +10,7 @@ as one unit (docs/state-sync.md, section 2a, "Units").
 from __future__ import annotations
 
 import io
+import textwrap
 import time
 from collections.abc import Iterator
 
@@ -220,3 +221,31 @@ def test_a_cell_that_does_not_change_the_figure_resends_nothing_of_it(mpl_pair: 
     assert sorted(e.name for e in update.entries) == ["v"]
     update = mpl_pair.run("ax.set_title('changed')")
     assert mpl_pair.standby["ax"].get_title() == "changed"
+
+
+@pytest.mark.timeout(300)
+def test_64_subplots_on_real_replicas(tmp_path) -> None:
+    """The user-facing bug: the cell never answered on NotebookOS (0.5 s in plain IPython)."""
+    from harness import ReplicaGroup
+
+    group = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
+    try:
+        group.start()
+        cell = SETUP + textwrap.dedent("""
+            imgs = np.random.rand(64, 8, 8); fig = plt.figure(figsize=(6, 6))
+            for i in range(64):
+                ax = fig.add_subplot(8, 8, i + 1); ax.imshow(imgs[i]); ax.text(0, 7, str(i))
+        """)
+        first = group.execute(cell, target=1)
+        assert first.reply(1)["content"]["status"] == "ok", first.reply(1)["content"]
+        check = ("import io; fig.savefig(io.BytesIO(), format='png'); "
+                 "print(len(fig.axes), ax is fig.axes[-1], ax.figure is fig)")
+        result = group.execute(check, target=2)
+        assert result.reply(2)["content"]["status"] == "ok", result.reply(2)["content"]
+        assert result.stdout() == "64 True True\n"
+        result = group.execute("ax.plot([1, 2]); print(len(fig.axes[-1].lines))", target=2)
+        assert result.stdout() == "1\n", result.summary()
+        result = group.execute("print(len(fig.axes[-1].lines))", target=3)
+        assert result.stdout() == "1\n", result.summary()
+    finally:
+        group.stop()
