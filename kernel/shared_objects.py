@@ -13,6 +13,10 @@ become two copies on a standby. This module keeps identity without giving an id 
 - a standby keeps token -> object (``adopt``); an update to a shared object's contents is applied
   *in place* (``make_shell`` / ``fill``), so every holder of it sees the change.
 
+A *unit* (a matplotlib figure, ``_UNIT_CLASSES``) is a shared object synced whole: nothing inside it
+gets a token; other roots refer to an object inside it by the unit's token and the object's memo
+index in the unit's pickle (``unit_ref`` / ``resolve_ref``).
+
 Only the roots a cell touched are pickled (and the shared objects they reach); untouched names are
 neither pickled nor hashed. Immutable values (numbers, strings, tuples, frozensets) and classes are
 never given tokens (their identity is not observable through mutation; notebook classes keep theirs
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import copyreg
+import sys
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -61,6 +66,93 @@ def untracked_type(kind: type) -> bool:
     return kind in _UNTRACKED or issubclass(kind, type)
 
 
+# Units: objects synced as one whole, whose insides keep their identity as part of it (a name
+# holding an object inside a unit refers to it by the unit's token and its index in the unit's
+# pickle). A matplotlib figure is one tangle of thousands of objects -- every artist knows its
+# figure, transforms keep weak references to their parents and turn them into strong ones in
+# ``__getstate__`` -- that matplotlib pickles and restores only as a whole (``Figure.__setstate__``
+# calls into its transforms); sharing its parts one by one gave a token to ~60 objects per axes and
+# took one more pickle of the figure per layer of them. See docs/state-sync.md, "Units".
+_UNIT_CLASSES = (("matplotlib.figure", "Figure"),)
+
+
+def unit_types() -> tuple[type, ...]:
+    """The unit classes whose modules are loaded (none: no unit can exist, nothing to check)."""
+    found = []
+    for module_name, name in _UNIT_CLASSES:
+        module = sys.modules.get(module_name)
+        cls = getattr(module, name, None) if module is not None else None
+        if isinstance(cls, type):
+            found.append(cls)
+    return tuple(found)
+
+
+def is_unit(obj: Any) -> bool:
+    kinds = unit_types()
+    return bool(kinds) and isinstance(obj, kinds)
+
+
+def rewinding_type() -> type | None:
+    """The class ``rewinding_reduce`` handles, when its module is loaded."""
+    cbook = sys.modules.get("matplotlib.cbook")
+    registry = getattr(cbook, "CallbackRegistry", None) if cbook is not None else None
+    return registry if isinstance(registry, type) else None
+
+
+def rewinding_reduce(obj: Any) -> tuple | None:
+    """The reduction of an object whose ``__getstate__`` changes it, with the change undone; None
+    for any other object. matplotlib's ``CallbackRegistry.__getstate__`` advances its id counter
+    (``next(self._cid_gen)``), so a figure never pickled the same twice: every cell that touched
+    one resent all of it, unchanged. The counter is set back to the value that went into the
+    state (the next ``connect`` gets the id it would have got)."""
+    registry = rewinding_type()
+    if registry is None or type(obj) is not registry:
+        return None
+    reduced = obj.__reduce_ex__(5)
+    state = reduced[2] if isinstance(reduced, tuple) and len(reduced) > 2 else None
+    if isinstance(state, dict) and isinstance(state.get("_cid_gen"), int):
+        import itertools
+
+        obj._cid_gen = itertools.count(state["_cid_gen"])
+    return reduced
+
+
+def _pyplot_figures() -> Any:
+    """matplotlib's table of the figures pyplot manages, when pyplot has been used."""
+    helpers = sys.modules.get("matplotlib._pylab_helpers")
+    return getattr(helpers, "Gcf", None)
+
+
+def _managed_by_pyplot(figure: Any) -> bool:
+    gcf = _pyplot_figures()
+    manager = getattr(getattr(figure, "canvas", None), "manager", None)
+    return gcf is not None and manager is not None and manager in gcf.figs.values()
+
+
+def release_unit(obj: Any) -> None:
+    """A standby dropped a unit (no synced name reaches it any more): a figure leaves pyplot, as
+    the executor's did or will (its copy must not pile up in the standby's pyplot)."""
+    if is_unit(obj) and _managed_by_pyplot(obj):
+        _pyplot_figures().destroy_fig(obj)
+
+
+def _refill_unit(obj: Any, state: Any, setstate: Callable[[Any], Any]) -> None:
+    """Refill a standby's existing figure in place. ``Figure.__setstate__`` gives it a new canvas,
+    and one more pyplot manager when the executor's figure is managed by pyplot: keep the one it
+    has, and close it when the executor's is not managed any more (``plt.close(fig)``)."""
+    managed = _managed_by_pyplot(obj)
+    restore = isinstance(state, dict) and bool(state.get("_restore_to_pylab"))
+    if managed and restore:
+        state = {k: v for k, v in state.items() if k != "_restore_to_pylab"}
+        canvas = obj.canvas
+        setstate(state)
+        obj.set_canvas(canvas)
+        return
+    setstate(state)
+    if managed:
+        _pyplot_figures().destroy_fig(obj)
+
+
 Held = dict[int, tuple[int, Any]]  # a pickle memo: id(object) -> (memo index, object)
 
 
@@ -85,11 +177,20 @@ class IdentityTable:
         self.refs: dict[str, frozenset[str]] = {}  # root -> tokens its payload references
         self._referrers: dict[str, set[str]] = {}  # token -> roots referencing it
         self._orphans: set[str] = set()  # tokens that may have lost their last referrer
+        self.units: set[str] = set()  # tokens of shared objects that are units (is_unit)
+        self._interior: dict[int, str] = {}  # id -> a unit root holding it (checked on use)
+        self._versions: dict[str, str] = {}  # unit token -> digest of its entry (refs name it)
+        self._by_index: dict[str, dict[int, Any]] = {}  # unit root -> memo index -> object
 
     # ---- tokens
     def token_by_id(self) -> dict[int, str]:
         """id(object) -> token, for the pickler (read-only use)."""
         return self._token_by_id
+
+    def interior_by_id(self) -> dict[int, str]:
+        """id(object) -> a unit root that may hold it, for the pickler (read-only use; check
+        with ``unit_ref``)."""
+        return self._interior
 
     def token_for(self, obj: Any) -> str | None:
         token = self._token_by_id.get(id(obj))
@@ -110,6 +211,8 @@ class IdentityTable:
         self.shared[token] = obj
         self._token_by_id[id(obj)] = token
         self._orphans.add(token)  # until a root registers a reference to it
+        if is_unit(obj):
+            self.units.add(token)
 
     def drop(self, token: str) -> None:
         """Forget a shared object no root references any more."""
@@ -118,7 +221,49 @@ class IdentityTable:
             del self._token_by_id[id(obj)]
         self._referrers.pop(token, None)
         self._orphans.discard(token)
+        self.units.discard(token)
+        self._versions.pop(token, None)
         self.unregister(object_root(token))
+
+    # ---- units
+    def unit_ref(self, obj: Any, root: str, untracked: Callable[[type], bool]) -> str | None:
+        """How ``root``'s pickle refers to ``obj`` when it is a unit (``token``) or an object
+        inside another root's unit (``token#index#version``: its memo index in the unit's
+        pickle, and the unit's entry digest, so that the reference changes whenever the unit's
+        contents do); None otherwise."""
+        key = id(obj)
+        token = self._token_by_id.get(key)
+        if token is not None:
+            return token if token in self.units and self.shared.get(token) is obj else None
+        owner = self._interior.get(key)
+        if owner is None or owner == root:
+            return None
+        held = self._held.get(owner)
+        found = held.get(key) if held is not None else None
+        if found is None or found[1] is not obj or untracked(type(obj)):
+            return None
+        token = token_of_root(owner)
+        return f"{token}#{found[0]}#{self._versions.get(token, '')}"
+
+    def resolve_ref(self, ref: str) -> Any:
+        """The object a ``unit_ref`` names on this replica."""
+        token, inside, rest = ref.partition("#")
+        obj = self.shared.get(token)
+        if obj is None or token not in self.units:
+            raise ValueError(f"unit {token} is not available on this replica")
+        if not inside:
+            return obj
+        index, _, version = rest.partition("#")
+        if version != self._versions.get(token, ""):
+            raise ValueError(f"unit {token} is not at the version {ref!r} refers to")
+        root = object_root(token)
+        table = self._by_index.get(root)
+        if table is None:
+            table = self._by_index[root] = {i: o for i, o in self._held.get(root, {}).values()}
+        try:
+            return table[int(index)]
+        except (KeyError, ValueError):
+            raise ValueError(f"unit {token} holds no object {index!r}") from None
 
     # ---- roots
     def owner_of(self, obj: Any) -> str | None:
@@ -153,12 +298,18 @@ class IdentityTable:
         found.sort(key=lambda item: item[0])
         return found
 
-    def register(self, root: str, held: Held, refs: Iterable[str]) -> None:
-        """``root`` now holds ``held`` objects inline and references the tokens ``refs``."""
+    def register(self, root: str, held: Held, refs: Iterable[str], version: str = "") -> None:
+        """``root`` now holds ``held`` objects inline and references the tokens ``refs``;
+        ``version``: a unit's entry digest."""
         self.unregister(root)
         self._held[root] = held
         self._owner.update(dict.fromkeys(held, root))
+        if is_object_root(root) and token_of_root(root) in self.units:
+            self._interior.update(dict.fromkeys(held, root))
+            self._versions[token_of_root(root)] = version[-12:]
         frozen = frozenset(refs)
+        if is_object_root(root):  # referring to itself does not keep it alive
+            frozen -= {token_of_root(root)}
         self.refs[root] = frozen
         for token in frozen:
             self._referrers.setdefault(token, set()).add(root)
@@ -170,6 +321,7 @@ class IdentityTable:
         held = self._held.pop(root, None)
         if held is not None:
             self._stale += len(held)
+        self._by_index.pop(root, None)
         for token in self.refs.pop(root, ()):
             referrers = self._referrers.get(token)
             if referrers is not None:
@@ -177,11 +329,18 @@ class IdentityTable:
                 if not referrers:
                     self._orphans.add(token)
 
+    def is_unit_root(self, root: str) -> bool:
+        return is_object_root(root) and token_of_root(root) in self.units
+
     def _rebuild_owners(self) -> None:
         owners: dict[int, str] = {}
+        interior: dict[int, str] = {}
         for root, held in self._held.items():
             owners.update(dict.fromkeys(held, root))
+            if self.is_unit_root(root):
+                interior.update(dict.fromkeys(held, root))
         self._owner = owners
+        self._interior = interior
         self._stale = 0
 
     def referrers(self, token: str) -> frozenset[str]:
@@ -287,7 +446,10 @@ def fill_object(obj: Any, fill: Any, *, existing: bool) -> None:
     setstate = getattr(obj, "__setstate__", None)
     if setstate is not None and getattr(type(obj), "__setstate__", None) is not None \
             and state is not None:
-        setstate(state)
+        if existing and is_unit(obj):
+            _refill_unit(obj, state, setstate)
+        else:
+            setstate(state)
         return
     slots = None
     if isinstance(state, tuple) and len(state) == 2:

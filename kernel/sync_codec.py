@@ -23,7 +23,9 @@ device are unchanged since it was last serialised is not serialised or hashed ag
 
 Every other mutable object that two roots (names, or shared objects) hold keeps its identity too:
 it becomes a shared object with a token and its own entry, updated in place on the standbys
-(``kernel/shared_objects.py``; only the roots a cell touched are pickled to find them).
+(``kernel/shared_objects.py``; only the roots a cell touched are pickled to find them). A
+matplotlib figure is one such object synced whole, a *unit*: objects inside it (axes, lines) are
+referred to by their place in its pickle, so they keep their identity without tokens of their own.
 
 The ``SyncUpdate`` record that goes through Raft is a restricted pickle of builtin containers only:
 decoding it never imports a class or runs user code. User payloads are unpickled only in
@@ -34,6 +36,7 @@ been checked. See docs/state-sync.md.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copyreg
 import ctypes
 import gc
@@ -69,7 +72,11 @@ from notebookos.kernel.shared_objects import (
     make_shell,
     object_root,
     reduction,
+    release_unit,
+    rewinding_reduce,
+    rewinding_type,
     token_of_root,
+    unit_types,
     untracked_type,
 )
 from notebookos.store.base import LargeObjectStore
@@ -86,6 +93,7 @@ CHECKPOINT_MAGIC = b"NBCKPT\x01"
 CHECKPOINT_MANIFEST_MAGIC = b"NBCKPM\x01"
 _PLAIN_PAYLOAD = b"P"  # payload = the cloudpickle bytes
 _BUNDLE_PAYLOAD = b"B"  # payload = restricted pickle {"p": bytes, "t": {token: tensor bytes}}
+# (a bundle's optional keys: "s" shared tokens, "m" how they are referred to, "u" unit refs)
 _OBJECT_PAYLOAD = b"O"  # a shared object: restricted pickle {"s": shell pickle, "f": a P/B payload}
 _TENSOR_PID = "nbos-tensor"
 
@@ -516,6 +524,54 @@ class _NamespaceRef:
 _NAMESPACE = _NamespaceRef()
 
 
+def _unit_ref(ref: str) -> Any:
+    """In a pickle, a unit or an object inside one (``IdentityTable.unit_ref``); the replica's
+    unpickler resolves it."""
+    raise pickle.UnpicklingError(f"unit reference {ref!r} outside a NotebookOS unpickler")
+
+
+class _NewUnit(Exception):  # noqa: N818 - a signal, not an error
+    """A root's pickle reached a unit that has no token yet: it is shared and synced first, and
+    the root is pickled again after it (then referring to it and to the objects inside it)."""
+
+    def __init__(self, obj: Any) -> None:
+        super().__init__(type(obj).__name__)
+        self.obj = obj
+
+
+class _UnitRefs:
+    """What one root's pickler refers to through units (see ``IdentityTable.unit_ref``)."""
+
+    def __init__(self, identity: IdentityTable, root: str, kinds: tuple[type, ...]) -> None:
+        self._identity = identity
+        self._root = root
+        self._kinds = kinds
+        # read-only while one root is pickled (called once per pickled object: kept cheap)
+        self._interior = identity.interior_by_id()
+        self._tokens = identity.token_by_id()
+        self.rewind_type = rewinding_type()
+        self.used: dict[str, None] = {}  # refs, in order of first use
+        self.ids: set[int] = set()  # the objects referred to (not held inline by this root)
+
+    def ref(self, obj: Any) -> str | None:
+        key = id(obj)
+        owner = self._interior.get(key)
+        if owner is None and key not in self._tokens:
+            if self._kinds and isinstance(obj, self._kinds):
+                raise _NewUnit(obj)
+            return None
+        if owner == self._root or type(obj) is types.FunctionType:
+            return None  # its own, by reference (``_unit_ref`` itself), or a notebook function
+        found = self._identity.unit_ref(obj, self._root, _untracked)
+        if found is not None:
+            self.used[found] = None
+            self.ids.add(id(obj))
+        return found
+
+    def tokens(self) -> set[str]:
+        return {ref.partition("#")[0] for ref in self.used}
+
+
 def _namespace_function_setstate(func: types.FunctionType, state: Any) -> None:
     """cloudpickle's function setstate, minus its overwrite of the namespace's ``__builtins__``."""
     namespace = func.__globals__
@@ -536,11 +592,13 @@ class _ValuePickler(cloudpickle.CloudPickler):
     """
 
     def __init__(
-        self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None
+        self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None,
+        units: _UnitRefs | None = None,
     ) -> None:
         super().__init__(file, protocol=5)
         self._namespace = namespace
         self._on_tensor = on_tensor
+        self._units = units
         torch = _torch()
         numpy = sys.modules.get("numpy")
         self._tensor_type = torch.Tensor if (torch is not None and on_tensor) else None
@@ -548,6 +606,12 @@ class _ValuePickler(cloudpickle.CloudPickler):
         self.class_members: set[int] = set()  # ids never tracked for sharing (see below)
 
     def reducer_override(self, obj: Any) -> Any:
+        if self._units is not None:  # matplotlib is loaded, or was
+            ref = self._units.ref(obj)
+            if ref is not None:
+                return (_unit_ref, (ref,))
+            if type(obj) is self._units.rewind_type:
+                return rewinding_reduce(obj)
         if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
             self._skip_class_members(obj)
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
@@ -606,16 +670,16 @@ class _SharedRefPickler(_ValuePickler):
 
     def __init__(
         self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None,
-        token_by_id: Mapping[int, str],
+        token_by_id: Mapping[int, str], units: _UnitRefs | None = None,
     ) -> None:
-        super().__init__(file, namespace, on_tensor)
+        super().__init__(file, namespace, on_tensor, units)
         self._token_by_id = token_by_id
         self.order: list[str] = []
         self._index: dict[str, int] = {}
 
     def persistent_id(self, obj: Any) -> int | None:
         token = self._token_by_id.get(id(obj))
-        if token is None:
+        if token is None or (self._units is not None and self._units.ref(obj) is not None):
             return None
         index = self._index.get(token)
         if index is None:
@@ -633,16 +697,19 @@ def _untracked(kind: type) -> bool:
     if torch is not None and issubclass(kind, torch.Tensor):
         return True
     numpy = sys.modules.get("numpy")
-    return numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic)
+    return numpy is not None and issubclass(kind, numpy.ndarray | numpy.generic | numpy.dtype)
 
 
 class _ValueUnpickler(pickle.Unpickler):
     def __init__(
         self, data: bytes, namespace: Any, resolve: Callable[[str, str], Any],
         shared: list[Any] | None = None, by_pid: bool = False,
+        units: Callable[[str], Any] | None = None,
     ) -> None:
         self._shared = list(shared or ())
         self._by_pid = by_pid
+        self._units = units
+        self._unit_ids: set[int] = set()
         # The pickler was given the shared objects in its memo (indices 0, 1, ...); a prologue
         # puts them at the same indices here (Unpickler.memo cannot be preset in CPython 3.11).
         # With ``by_pid`` the pickle refers to them by persistent id instead.
@@ -666,6 +733,8 @@ class _ValueUnpickler(pickle.Unpickler):
         if not self._by_pid:
             for obj in self._shared:
                 held.pop(id(obj), None)
+        for key in self._unit_ids:
+            held.pop(key, None)
         return held
 
     def _tensor_with_grad(self, token: str, grad: Any) -> Any:
@@ -674,6 +743,13 @@ class _ValueUnpickler(pickle.Unpickler):
         if noted is not None:
             noted(token, tensor)
         return tensor
+
+    def _resolve_unit(self, ref: str) -> Any:
+        if self._units is None:
+            raise pickle.UnpicklingError(f"unexpected unit reference {ref!r}")
+        obj = self._units(ref)
+        self._unit_ids.add(id(obj))
+        return obj
 
     def find_class(self, module: str, name: str) -> Any:
         if module == __name__:
@@ -685,36 +761,44 @@ class _ValueUnpickler(pickle.Unpickler):
                 return lambda token: self._resolve(token, "numpy")
             if name == "_namespace_ref":
                 return lambda: self._namespace
+            if name == "_unit_ref":
+                return self._resolve_unit
         return super().find_class(module, name)
 
 
 def _pack(
-    skeleton: bytes, small_tensors: Mapping[str, bytes], shared: list[str], by_pid: bool = False
+    skeleton: bytes, small_tensors: Mapping[str, bytes], shared: list[str], by_pid: bool = False,
+    units: list[str] | None = None,
 ) -> bytes:
-    """The payload: the pickle, its small tensors, and the tokens of the shared objects it refers
-    to: memo indices 0, 1, ... of the pickle in this order, or (``by_pid``) persistent ids."""
-    if not small_tensors and not shared:
+    """The payload: the pickle, its small tensors, the tokens of the shared objects it refers
+    to (memo indices 0, 1, ... of the pickle in this order, or, ``by_pid``, persistent ids), and
+    the unit references it makes (the only ones its unpickler resolves)."""
+    if not small_tensors and not shared and not units:
         return _PLAIN_PAYLOAD + skeleton
     plain: dict[str, Any] = {"p": skeleton, "t": dict(small_tensors)}
     if shared:
         plain["s"] = list(shared)
     if by_pid:
         plain["m"] = "pid"
+    if units:
+        plain["u"] = list(units)
     return _BUNDLE_PAYLOAD + pickle.dumps(plain, protocol=5)
 
 
-def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes], list[str], bool]:
-    """(pickle, small tensors, shared tokens, whether they are persistent ids)."""
+def _unpack(payload: bytes) -> tuple[bytes, dict[str, bytes], list[str], bool, list[str]]:
+    """(pickle, small tensors, shared tokens, whether they are persistent ids, unit refs)."""
     if payload[:1] == _PLAIN_PAYLOAD:
-        return payload[1:], {}, [], False
+        return payload[1:], {}, [], False, []
     if payload[:1] == _BUNDLE_PAYLOAD:
         plain = _PlainUnpickler(io.BytesIO(payload[1:])).load()
         shared = plain.get("s", []) if isinstance(plain, dict) else None
+        units = plain.get("u", []) if isinstance(plain, dict) else None
         if (isinstance(plain, dict) and isinstance(plain.get("p"), bytes)
                 and isinstance(plain.get("t"), dict) and isinstance(shared, list)
                 and all(isinstance(token, str) for token in shared)
+                and isinstance(units, list) and all(isinstance(ref, str) for ref in units)
                 and plain.get("m") in (None, "pid")):
-            return plain["p"], plain["t"], shared, plain.get("m") == "pid"
+            return plain["p"], plain["t"], shared, plain.get("m") == "pid", units
     raise ValueError("payload is not a NotebookOS value bundle")
 
 
@@ -738,6 +822,24 @@ def _forced_pointer(value: Any) -> bool:
     if torch is None:
         return False
     return isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer)
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Any:
+    """Pause the cyclic garbage collector while a value graph is pickled or unpickled.
+
+    Each allocation-triggered collection walks the objects alive, so pickling or loading a graph
+    of N objects next to others of that size costs about N^2: a 64-axes figure (~100,000 objects)
+    took 1.5 s to encode and apply with the collector running, 0.5 s with it paused (docs/
+    state-sync.md, "Units"). Reference counting still frees everything acyclic; cycles wait for
+    the next collection. Left as found when the collector was already off (or a nested pause)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _importable_module_name(module: types.ModuleType) -> str | None:
@@ -808,19 +910,26 @@ class StateEncoder:
         changed_tokens: set[str] = set()  # tensors/arrays whose bytes changed in this encode
         tokens_of: dict[str, frozenset[str]] = {}
         entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
-        with self.state.lock:
+        with self.state.lock, _cyclic_gc_paused():
             self._recheck(uploads, changed_tokens)
             # Three queues, taken in this order: the names to check (and entries to refresh);
             # roots holding an object that has just become shared (until pickled again they still
             # count as its owner, so they go before shared objects; once each, however many of
             # their objects became shared); the shared objects the checked roots reach.
+            # A unit met for the first time (a matplotlib figure) goes before all of them: the
+            # roots that reach it are pickled after it, referring to the objects inside it.
             todo = collections.deque(self.candidate_names(namespace, effects))
+            units: dict[str, None] = {}
             redo: dict[str, None] = {}
             objects: dict[str, None] = {}
             done: set[str] = set()
+            identity = self.state.identity
             while True:
-                while todo or redo or objects:
-                    if todo:
+                while todo or units or redo or objects:
+                    if units:
+                        root = next(iter(units))
+                        del units[root]
+                    elif todo:
                         root = todo.popleft()
                     elif redo:
                         root = next(iter(redo))
@@ -828,11 +937,22 @@ class StateEncoder:
                     else:
                         root = next(iter(objects))
                         del objects[root]
+                        if root in done:
+                            continue
                     done.add(root)
-                    follow, owners = self._encode_root(
+                    follow, owners, new_units = self._encode_root(
                         root, namespace, entries, update, uploads, changed_tokens, tokens_of)
+                    units.update(dict.fromkeys(new_units))
                     redo.update(dict.fromkeys(owners))
                     objects.update(dict.fromkeys(follow - done))
+                    if identity.is_unit_root(root):
+                        # Refs to the objects inside a unit name its memo indices and version:
+                        # the roots holding them are pickled again when it changed, or when they
+                        # were pickled before it in this encode.
+                        changed = root in entries
+                        redo.update(dict.fromkeys(
+                            r for r in identity.referrers(token_of_root(root))
+                            if r != root and (changed or r in done)))
                 # An entry synced earlier that holds a tensor whose bytes just changed (opt.step()
                 # changes model's parameters) is stale: refresh it, so that every entry names the
                 # current bytes of each tensor (checkpoints and snapshots then restore consistently).
@@ -904,9 +1024,10 @@ class StateEncoder:
         self, root: str, namespace: Mapping[str, Any], entries: dict[str, SyncEntry],
         update: SyncUpdate, uploads: dict[str, _Upload], changed_tokens: set[str],
         tokens_of: dict[str, frozenset[str]],
-    ) -> tuple[set[str], set[str]]:
+    ) -> tuple[set[str], set[str], set[str]]:
         """Encode one name or shared object; return (object roots to check next, roots to encode
-        again because an object they hold has just become shared).
+        again because an object they hold has just become shared, units met for the first time:
+        to encode before anything else, this root being encoded again after them).
 
         The shared objects to check are those the root references now *and* those it referenced
         before: ``b.append(1); b = []`` changed the list that another name still holds.
@@ -920,7 +1041,7 @@ class StateEncoder:
                 entries[root] = SyncEntry(root, "deleted", "")
             else:
                 entries.pop(root, None)
-            return before, set()
+            return before, set(), set()
         tokens: set[str] = set()
         redo: set[str] = set()
         try:
@@ -928,10 +1049,13 @@ class StateEncoder:
                 tokens.clear()
                 entry, held, refs = self._encode_value(
                     root, namespace, uploads, changed_tokens, tokens)
-                owners = self._share_new(root, held, namespace)
-                if not owners:
-                    break
-                redo |= owners  # and pickle this root again, with the new tokens
+                owners, again = self._share_new(root, held, namespace)
+                redo |= owners
+                if not again:
+                    break  # else pickle this root again, with the new tokens
+        except _NewUnit as new:
+            unit = object_root(identity.share(new.obj))
+            return before | {unit}, redo | {root}, {unit}
         except Exception as exc:  # noqa: BLE001 - user values fail in any way
             if is_object_root(root):
                 # Names still hold it: standbys keep its last contents (and its identity), and
@@ -941,32 +1065,38 @@ class StateEncoder:
                 update.warnings.append(_unsyncable_warning(
                     f"the object shared by {', '.join(holders) or 'other objects'}", exc))
                 entries.pop(root, None)
-                return before, redo
+                return before, redo, set()
             identity.unregister(root)
             update.warnings.append(_unsyncable_warning(f"variable {root!r}", exc))
             if previous is not None:  # standbys must not keep a stale value
                 entries[root] = SyncEntry(root, "deleted", "")
             else:
                 entries.pop(root, None)
-            return before, redo
-        identity.register(root, held, refs)
+            return before, redo, set()
+        identity.register(root, held, refs, entry.digest)
         tokens_of[root] = frozenset(tokens)
         if previous is None or previous.digest != entry.digest or previous.kind != entry.kind:
             entries[root] = entry
         else:
             entries.pop(root, None)
-        return before | {object_root(token) for token in refs}, redo
+        return before | {object_root(token) for token in refs}, redo, set()
 
-    def _share_new(self, root: str, held: Held, namespace: Mapping[str, Any]) -> set[str]:
+    def _share_new(
+        self, root: str, held: Held, namespace: Mapping[str, Any]
+    ) -> tuple[set[str], bool]:
         """Give a token to each outermost object ``root`` holds inline that another root holds
-        too; return those other roots (they must be pickled again).
+        too; return (those other roots: they must be pickled again, whether ``root`` must be).
 
         Only the outermost: ``alias = big`` shares ``big``, not each object inside it (those stay
         inline in ``big``'s own entry). An object reachable from one shared in this pass waits
         for the next pass (the root is pickled again and only what is still inline and held
-        elsewhere is considered).
+        elsewhere is considered). Nothing inside a unit is shared: the other roots are pickled
+        again, referring to those objects inside the unit.
         """
         identity = self.state.identity
+        if identity.is_unit_root(root):
+            return {owner for _, _, owner in identity.held_elsewhere(root, held, _untracked)
+                    if owner != root}, False
         owners: set[str] = set()
         reducer = None
         below = None
@@ -976,12 +1106,14 @@ class StateEncoder:
                 reducer = _ValuePickler(io.BytesIO(), namespace, None).reducer_override
             elif below.reaches(obj):
                 continue
+            if identity.is_unit_root(owner):
+                continue  # not referred to as inside it (an untracked kind): a copy
             if reduction(obj, reducer) is None:  # type: ignore[arg-type]
                 continue  # cannot be updated in place: each root keeps its own copy
             identity.share(obj)
             below.add(obj)
             owners.add(owner)
-        return owners
+        return owners, bool(owners)
 
     # ---- one value
 
@@ -999,8 +1131,8 @@ class StateEncoder:
                 raise TypeError(f"module {getattr(value, '__name__', '?')!r} is not importable")
             return (SyncEntry(root, "module", _digest(b"module:", module.encode()), module=module),
                     {}, set())
-        payload, large, held, refs = self._pickle(value, namespace, uploads, changed_tokens,
-                                                  tokens)
+        payload, large, held, refs = self._pickle(root, value, namespace, uploads,
+                                                  changed_tokens, tokens)
         return self._entry(root, value, payload, large, uploads), held, refs
 
     def _encode_object(
@@ -1014,23 +1146,27 @@ class StateEncoder:
         shell, fill = found
         shell_buffer = io.BytesIO()
         _ValuePickler(shell_buffer, namespace, None).dump(shell)
-        fill_payload, large, held, refs = self._pickle(fill, namespace, uploads,
+        fill_payload, large, held, refs = self._pickle(root, fill, namespace, uploads,
                                                        changed_tokens, tokens)
         payload = _OBJECT_PAYLOAD + pickle.dumps(
             {"s": shell_buffer.getvalue(), "f": fill_payload}, protocol=5)
         return self._entry(root, obj, payload, large, uploads), held, refs
 
     def _pickle(
-        self, value: Any, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
+        self, root: str, value: Any, namespace: Mapping[str, Any], uploads: dict[str, _Upload],
         changed_tokens: set[str], tokens: set[str],
     ) -> tuple[bytes, dict[str, str], Held, set[str]]:
         """Pickle ``value``: (payload, large tensors, objects held inline, shared tokens used).
 
         At C speed, twice when ``value`` reaches shared objects: the first pickle's memo says which
         ones; the second is given them in its memo up front, so it refers to each by memo index
-        (their tokens go in the payload, in that order) instead of pickling it again.
+        (their tokens go in the payload, in that order) instead of pickling it again. Units, and
+        objects inside another root's unit, are referred to as they are met (``_UnitRefs``).
         """
-        token_by_id = self.state.identity.token_by_id()
+        identity = self.state.identity
+        token_by_id = identity.token_by_id()
+        kinds = unit_types()
+        units = _UnitRefs(identity, root, kinds) if kinds or identity.units else None
         small: dict[str, bytes] = {}
         large: dict[str, str] = {}
 
@@ -1046,29 +1182,42 @@ class StateEncoder:
         def dump(shared: list[tuple[str, Any]]) -> tuple[bytes, Held, set[int]]:
             small.clear()
             large.clear()
+            if units is not None:
+                units.used.clear()
+                units.ids.clear()
             buffer = io.BytesIO()
-            pickler = _ValuePickler(buffer, namespace, on_tensor)
+            pickler = _ValuePickler(buffer, namespace, on_tensor, units)
             if shared:
                 pickler.memo = {id(obj): (index, obj) for index, (_, obj) in enumerate(shared)}
             pickler.dump(value)
-            return buffer.getvalue(), pickler.memo.copy(), pickler.class_members
+            held = pickler.memo.copy()
+            if units is not None:
+                for key in units.ids:
+                    held.pop(key, None)
+            return buffer.getvalue(), held, pickler.class_members
 
         try:
             skeleton, held, members = dump([])
+        except _NewUnit:
+            raise
         except Exception:
             if not token_by_id:
                 raise
             # Maybe a shared object inside cannot be pickled: refer to those without descending.
             small.clear()
             large.clear()
+            if units is not None:
+                units.used.clear()
+                units.ids.clear()
             buffer = io.BytesIO()
-            slow = _SharedRefPickler(buffer, namespace, on_tensor, token_by_id)
+            slow = _SharedRefPickler(buffer, namespace, on_tensor, token_by_id, units)
             slow.dump(value)
             held = slow.memo.copy()
-            for key in slow.class_members:
+            for key in slow.class_members | (units.ids if units is not None else set()):
                 held.pop(key, None)
-            return (_pack(buffer.getvalue(), small, slow.order, by_pid=True), large, held,
-                    set(slow.order))
+            unit_refs = list(units.used) if units is not None else []
+            return (_pack(buffer.getvalue(), small, slow.order, by_pid=True, units=unit_refs),
+                    large, held, set(slow.order) | (units.tokens() if units is not None else set()))
         hits = held.keys() & token_by_id.keys()
         shared = sorted((token_by_id[key], held[key][1]) for key in hits)
         if shared:
@@ -1078,7 +1227,9 @@ class StateEncoder:
         for key in members:
             held.pop(key, None)
         refs = [token for token, _ in shared]
-        return _pack(skeleton, small, refs), large, held, set(refs)
+        unit_refs = list(units.used) if units is not None else []
+        return (_pack(skeleton, small, refs, units=unit_refs), large, held,
+                set(refs) | (units.tokens() if units is not None else set()))
 
     def _entry(
         self, root: str, value: Any, payload: bytes, large: dict[str, str],
@@ -1337,7 +1488,7 @@ class StateApplier:
         objects = [e for e in update.entries if is_object_root(e.name)]
         names = [e for e in update.entries if not is_object_root(e.name)]
         try:
-            with self.state.lock:
+            with self.state.lock, _cyclic_gc_paused():
                 fills = []
                 for entry in objects:
                     try:
@@ -1347,7 +1498,7 @@ class StateApplier:
                     else:
                         if fill is not None:
                             fills.append(fill)
-                for entry, obj, existing, payload in fills:
+                for entry, obj, existing, payload in self._fill_order(fills):
                     try:
                         self._fill_object(namespace, entry, obj, existing, payload)
                     except Exception as exc:  # noqa: BLE001 - report per entry
@@ -1359,7 +1510,10 @@ class StateApplier:
                         self._failed(failures, entry, exc)
                 for entry in objects:
                     if entry.kind == "deleted":
-                        self.state.identity.drop(token_of_root(entry.name))
+                        token = token_of_root(entry.name)
+                        if token in self.state.identity.units:
+                            release_unit(self.state.identity.shared.get(token))
+                        self.state.identity.drop(token)
                         self.state.dirty.add(entry.name)
                         self.state.entries.pop(entry.name, None)
                         self.state.entry_tokens.pop(entry.name, None)
@@ -1419,6 +1573,40 @@ class StateApplier:
             identity.adopt(token, obj)
         return entry, obj, existing, plain["f"]
 
+    def _fill_order(
+        self, fills: list[tuple[SyncEntry, Any, bool, bytes]]
+    ) -> list[tuple[SyncEntry, Any, bool, bytes]]:
+        """The order in which to fill shared objects: as an unpickler would, each after those its
+        contents refer to (cycles broken where they close), so that a ``__setstate__`` that calls
+        into another shared object (``Figure.__setstate__`` rescales its transform) finds it
+        filled; units first, as the others may refer to objects inside them."""
+        by_token = {token_of_root(fill[0].name): fill for fill in fills}
+        deps: dict[str, list[str]] = {}
+        for token, (_, _, _, payload) in by_token.items():
+            try:
+                _, _, shared, _, unit_refs = _unpack(payload)
+            except Exception:  # noqa: BLE001 - reported when it is filled
+                shared, unit_refs = [], []
+            deps[token] = sorted(
+                {ref.partition("#")[0] for ref in unit_refs} | set(shared) & by_token.keys())
+        units = self.state.identity.units
+        order: list[tuple[SyncEntry, Any, bool, bytes]] = []
+        seen: set[str] = set()
+        for first in sorted(by_token, key=lambda token: token not in units):
+            stack = [(first, iter(deps[first]))]
+            seen.add(first)
+            while stack:
+                token, pending = stack[-1]
+                for dep in pending:
+                    if dep not in seen and dep in by_token:
+                        seen.add(dep)
+                        stack.append((dep, iter(deps[dep])))
+                        break
+                else:
+                    stack.pop()
+                    order.append(by_token[token])
+        return order
+
     def _fill_object(
         self, namespace: MutableMapping[str, Any], entry: SyncEntry, obj: Any, existing: bool,
         payload: bytes,
@@ -1426,7 +1614,7 @@ class StateApplier:
         """Step two: give the object its contents (in place when this replica held it)."""
         fill, held, refs, tokens = self._load(namespace, entry, payload)
         fill_object(obj, fill, existing=existing)
-        self.state.identity.register(entry.name, held, refs)
+        self.state.identity.register(entry.name, held, refs, entry.digest)
         self.state.entries[entry.name] = entry
         self.state.dirty.add(entry.name)
         self.state.entry_tokens[entry.name] = frozenset(tokens)
@@ -1435,12 +1623,20 @@ class StateApplier:
         self, namespace: MutableMapping[str, Any], entry: SyncEntry, payload: bytes
     ) -> tuple[Any, Held, set[str], set[str]]:
         """Unpickle a value payload: (value, its inline objects, shared tokens, tensor tokens)."""
-        skeleton, small, refs, by_pid = _unpack(payload)
+        skeleton, small, refs, by_pid, unit_refs = _unpack(payload)
         resolve = _TensorResolver(self, entry, small)
         shared = [self._shared(token) for token in refs]
-        unpickler = _ValueUnpickler(skeleton, namespace, resolve, shared, by_pid)
+        allowed = set(unit_refs)
+
+        def unit(ref: str) -> Any:
+            if ref not in allowed:
+                raise pickle.UnpicklingError(f"unit reference {ref!r} not listed in the payload")
+            return self.state.identity.resolve_ref(ref)
+
+        unpickler = _ValueUnpickler(skeleton, namespace, resolve, shared, by_pid, unit)
         value = unpickler.load()
-        return value, unpickler.held(), set(refs), resolve.tokens
+        return (value, unpickler.held(), set(refs) | {ref.partition("#")[0] for ref in allowed},
+                resolve.tokens)
 
     def _shared(self, token: str) -> Any:
         obj = self.state.identity.shared.get(token)
