@@ -174,7 +174,7 @@ def main() -> None:
             kc.start_channels()
             kc.wait_for_ready(timeout=60)
             _hosts, kernels = read_file_registry(Path(tmp) / "state" / "global_scheduler" /
-                                                "registry.json").load()
+                                                 "registry.json")
             replicas = kernels[kernel_id]["replicas"]
             for _ in range(10):  # warm up the path and the executor's caches
                 routed(kc, "pass")
