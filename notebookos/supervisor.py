@@ -42,6 +42,12 @@ MARKER_VAR = "NOTEBOOKOS_SUPERVISOR_ID"
 STATE_VERSION = 1
 
 
+def state_file(state_dir: Path) -> Path:
+    """Where ``notebookos up`` keeps its supervisor's state file in a cluster's state directory
+    (``notebookos status`` and the JupyterLab server extension read it there)."""
+    return Path(state_dir) / "run" / "supervisor.json"
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     """When a child that exited is started again: Kubernetes' CrashLoopBackOff (from 1 s,

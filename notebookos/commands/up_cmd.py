@@ -32,10 +32,7 @@ from notebookos.security import (
     ensure_cluster_credentials,
     secure_channel,
 )
-from notebookos.supervisor import RestartPolicy, Supervisor, port_probe
-
-# Where `notebookos up` writes what its supervisor does (relative to the state directory).
-SUPERVISOR_STATE = Path("run") / "supervisor.json"
+from notebookos.supervisor import RestartPolicy, Supervisor, port_probe, state_file
 
 
 def restart_policy(config: Config) -> RestartPolicy:
@@ -46,10 +43,6 @@ def restart_policy(config: Config) -> RestartPolicy:
                          backoff_max_s=max(cluster.restart_backoff_s,
                                            cluster.restart_backoff_max_s),
                          healthy_after_s=cluster.restart_healthy_after_s)
-
-
-def supervisor_state_path(config: Config) -> Path:
-    return config.state_path / SUPERVISOR_STATE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -102,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     state_dir = config.state_path
     gs = config.global_scheduler
     supervisor = Supervisor(state_dir / "logs" / time.strftime("%Y%m%d-%H%M%S"),
-                            state_path=supervisor_state_path(config),
+                            state_path=state_file(config.state_path),
                             facts={"global_scheduler": f"{gs.host}:{gs.grpc_port}"})
     try:
         url = start_cluster(config, args.hosts, supervisor, stop)
