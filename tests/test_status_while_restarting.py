@@ -8,31 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from notebookos.ports import free_ports
-from notebookos.supervisor import state_file
-
-
-def write_state(state_dir: Path, address: str, retry_in_s: float = 8.0,
-                pid: int | None = None) -> None:
-    """A state file as a live `notebookos up` (this process) writes it while its Global
-    Scheduler waits for restart attempt 4."""
-    path = state_file(state_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "version": 1, "supervisor_pid": pid or os.getpid(), "stopping": False,
-        "global_scheduler": address,
-        "daemons": [
-            {"name": "global-scheduler", "state": "restarting", "pid": 4242, "attempt": 4,
-             "restarts": 3, "last_exit": "killed by SIGKILL after 3.1 s",
-             "next_try_at": time.time() + retry_in_s},
-            {"name": "local-scheduler-0", "state": "running", "pid": 4243, "attempt": 0,
-             "restarts": 0, "last_exit": ""},
-            {"name": "jupyterlab", "state": "running", "pid": 4244, "attempt": 0,
-             "restarts": 0, "last_exit": ""},
-        ]}))
+from notebookos.testing.supervisor_state import write_state
 
 
 def status(state_dir: Path, address: str, *flags: str) -> subprocess.CompletedProcess:
