@@ -450,8 +450,9 @@ def main() -> int:
                         help="single faults only of these kinds, comma-separated (default all: "
                              + ", ".join(SINGLE_KINDS) + ")")
     parser.add_argument("--gap", type=float, default=0.0,
-                        help="seconds between faults (notebookos up calls a daemon that exits "
-                             "5 times within 10 s of starting crash-looping, and gives up)")
+                        help="seconds between faults (notebookos up never gives up on a "
+                             "daemon, but waits 1 s, 2 s, 4 s ... before restarting one that "
+                             "exits again before it was ready)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep the logs there")
     parser.add_argument("--table-of", metavar="DIR",
