@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         result["sensei_week_jobs"] = week.task_count
         result["sensei_week_by_policy_s"] = by_policy
         result["sensei_week_s"] = max(v for p, v in by_policy.items() if p not in SOLVER_POLICIES)
-        result["sensei_week_solver_s"] = max(by_policy[p] for p in SOLVER_POLICIES)
+        result["sensei_week_solver_s"] = max(by_policy[p] for p in SOLVER_POLICIES
+                                             if p in by_policy)
     else:
         result["sensei_week_s"] = None
         result["sensei_week_skipped"] = f"{SENSEI_WEEK} is absent"
