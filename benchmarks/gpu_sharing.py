@@ -195,7 +195,8 @@ def summarise(phases: dict[str, dict]) -> dict:
             out[f"{phase}_p99_ms"] = pct(phase, 0.99)
             be = [w for w in phases[phase]["workers"] if w["kind"] == "train"]
             if be:
-                out[f"{phase}_be_delta"] = round(out["alone_rate"] / be[0]["rate"], 3)
+                out[f"{phase}_be_delta"] = round(out["alone_rate"] / max(be[0]["rate"], 1e-9),
+                                                 3)  # no iteration: a huge delta, as rate()
     if "hp-alone" in phases:
         for phase in ("hp+be", "hp+be-mps"):
             if phase in phases:
