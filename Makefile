@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # torch is optional at run time; the tests install the CPU build that lies on these machines' disks.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: up test lint bench install install-test clean labextension compile
+.PHONY: up test lint bench bench-smoke install install-test clean labextension compile
 
 # A wheel's modules are compiled when it is installed; an editable install's only on first import,
 # and never where PYTHONDONTWRITEBYTECODE is set: then every replica compiled NotebookOS again at
@@ -66,6 +66,12 @@ test: lint compile
 
 bench: $(VENV)/.installed-test compile
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# Each benchmark in its smoke mode (the same code path with tiny arguments, seconds each; the
+# figures mean nothing): what CI runs so that a benchmark cannot rot unseen. Benchmarks that need
+# CUDA skip without it; deploy.py builds the image where Docker runs (minutes).
+bench-smoke: $(VENV)/.installed-test compile
+	@for b in benchmarks/*.py; do echo "== $$b --smoke"; $(PY) $$b --smoke || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from notebookos.testing import smoke
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "schedulers"))  # the tests' loopback cluster harness
 
@@ -92,7 +94,7 @@ def main() -> None:
     ap.add_argument("--orders", nargs="+", default=["arrival", "themis"])
     ap.add_argument("--no-live", action="store_true", help="the simulator only")
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, seconds=3.0, orders=["arrival"])
     rows = []
     for order in args.orders:
         row = {"order": order,

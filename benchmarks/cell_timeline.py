@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jupyter import start_cluster, wait_quiet  # noqa: E402 - the sibling benchmark's helpers
 
 from notebookos.supervisor import marked_processes  # noqa: E402
+from notebookos.testing import smoke  # noqa: E402
 
 STAGES = ("busy", "execute_input", "execute_result", "execute_reply", "idle")
 
@@ -79,7 +80,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cells", type=int, default=300)
     parser.add_argument("--kernel", choices=("python3", "notebookos"), action="append")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, cells=10)
     result: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         supervisor, env = start_cluster(Path(tmp))

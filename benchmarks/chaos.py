@@ -59,6 +59,7 @@ from pathlib import Path
 import psutil
 
 from notebookos.proto import common_pb2
+from notebookos.testing import smoke
 from notebookos.testing.up_session import CellResult, Notebook, UpCluster
 
 SINGLE_KINDS = ("kill-executor", "kill-standby", "kill-local-scheduler", "kill-global-scheduler",
@@ -450,14 +451,15 @@ def main() -> int:
                         help="single faults only of these kinds, comma-separated (default all: "
                              + ", ".join(SINGLE_KINDS) + ")")
     parser.add_argument("--gap", type=float, default=0.0,
-                        help="seconds between faults (notebookos up calls a daemon that exits "
-                             "5 times within 10 s of starting crash-looping, and gives up)")
+                        help="seconds between faults (notebookos up never gives up on a "
+                             "daemon, but waits 1 s, 2 s, 4 s ... before restarting one that "
+                             "exits again before it was ready)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep the logs there")
     parser.add_argument("--table-of", metavar="DIR",
                         help="only print the table of the run kept in DIR (its outcomes.jsonl, "
                              "also of a run cut short)")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, faults=2, double=0, hosts=3, big_mib=1, torch=False)
     if args.table_of:
         lines = (Path(args.table_of) / "outcomes.jsonl").read_text().splitlines()
         print(Campaign([Outcome(**json.loads(line)) for line in lines if line]).markdown())

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 from notebookos.ports import free_ports
+from notebookos.testing import smoke
 from notebookos.testing.deployment import (
     ComposeDeployment,
     build_image,
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=5, help="kernel starts per configuration")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out" / "deploy.json")
-    args = parser.parse_args(argv)
+    args = smoke.parse_args(parser, argv, kernels=1)
     reason = docker_missing(ROOT)
     if reason:
         print(f"deploy benchmark skipped: {reason}", file=sys.stderr)

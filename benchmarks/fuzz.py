@@ -31,7 +31,7 @@ from notebookos.config import load_config
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto.convert import connection_info_to_dict
 from notebookos.security import JoinTokens, secure_channel
-from notebookos.testing import fuzz
+from notebookos.testing import fuzz, smoke
 
 
 def run_cell(kc: BlockingKernelClient, code: str) -> str:
@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--examples", type=int, default=2000, help="inputs per fuzzer")
     parser.add_argument("--seed", type=int, default=12, help="hypothesis seed")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, examples=10)
     result = campaign(args.examples, args.seed)
     if args.json:
         print(json.dumps(result))

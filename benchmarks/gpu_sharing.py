@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from notebookos.testing import smoke
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -193,7 +195,8 @@ def summarise(phases: dict[str, dict]) -> dict:
             out[f"{phase}_p99_ms"] = pct(phase, 0.99)
             be = [w for w in phases[phase]["workers"] if w["kind"] == "train"]
             if be:
-                out[f"{phase}_be_delta"] = round(out["alone_rate"] / be[0]["rate"], 3)
+                out[f"{phase}_be_delta"] = round(out["alone_rate"] / max(be[0]["rate"], 1e-9),
+                                                 3)  # no iteration: a huge delta, as rate()
     if "hp-alone" in phases:
         for phase in ("hp+be", "hp+be-mps"):
             if phase in phases:
@@ -218,11 +221,17 @@ def main() -> None:
     ap.add_argument("--share", type=int, default=50, help="MPS percent per executor of a pair")
     ap.add_argument("--be-share", type=int, default=30, help="MPS percent of the training (BE)")
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, seconds=1.0, warmup_s=1.0, batch=16, width=8)
     if args.command == "worker":
         print(json.dumps(worker(args.kind, args.device, args.start_at, args.seconds, args.batch,
                                 args.width, args.gap_s)))
         return
+    if args.device.startswith("cuda") and not _cuda():
+        if not args.smoke:
+            print("gpu_sharing benchmark skipped: it needs CUDA (or --device cpu)",
+                  file=sys.stderr)
+            return
+        args.device = "cpu"  # the smoke run checks the code path, not the GPU
 
     from notebookos.local_scheduler.sharing import replica_environment
 
@@ -261,6 +270,14 @@ def main() -> None:
                      indent=2, default=str))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def _device_name(device: str) -> str:

@@ -56,6 +56,7 @@ from jupyter_client.connect import write_connection_file  # noqa: E402
 
 from kernel import failover, wait_idle, wait_reply  # noqa: E402
 from notebookos.ports import free_ports  # noqa: E402
+from notebookos.testing import smoke  # noqa: E402
 
 
 class PlainKernel:
@@ -296,7 +297,7 @@ def main() -> int:
                         help="also N groups with resting switched off, measured alongside")
     parser.add_argument("--starts", type=int, default=0,
                         help="also time N starts each way, alternating (see the docstring)")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, kernels="1", window=2.0, settle=1.0, awake=False, starts=0)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     # NotebookOS compiled as the plain kernel's ipykernel is (as `make compile` and a wheel's
     # install do): else, where PYTHONDONTWRITEBYTECODE is set, every replica compiles it again

@@ -55,6 +55,7 @@ from notebookos.config import load_config
 from notebookos.local_scheduler.prewarm import REFILL_DELAY_S
 from notebookos.ports import free_ports
 from notebookos.supervisor import Supervisor, marked_processes
+from notebookos.testing import smoke
 
 STOCK_CLASS = "jupyter_server.services.kernels.connection.channels.ZMQChannelsWebsocketConnection"
 
@@ -404,7 +405,7 @@ def main() -> int:
                         help="prewarmed replicas per host (0: every start as with empty pools)")
     parser.add_argument("--no-fork-server", action="store_true",
                         help="no fork servers: a start that finds the pool empty is cold")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, cells=10, starts=0)
     result = asyncio.run(run(args.cells, args.starts, args.prewarm, not args.no_fork_server))
     if args.json:
         print(json.dumps(result))

@@ -51,6 +51,8 @@ from harness import ReplicaGroup, kill_group  # noqa: E402
 from jupyter_client import BlockingKernelClient  # noqa: E402
 from jupyter_client.connect import write_connection_file  # noqa: E402
 
+from notebookos.testing import smoke  # noqa: E402
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -302,7 +304,8 @@ def main() -> int:
                         help="measure only the one-name-cell sync against namespace size")
     parser.add_argument("--only-large", action="store_true",
                         help="measure only the large-object write and read against raw S3")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, cells=10, skip_large=True, namespace_sizes="100",
+                            namespace_mib=1, namespace_cells=3, only_large=False)
     # SIGTERM must run the finally blocks that stop the replicas and the S3 server
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     results: dict[str, Any] = {}

@@ -20,6 +20,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from notebookos.testing import smoke
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "schedulers"))  # the tests' loopback cluster harness
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -126,7 +128,7 @@ def main() -> None:
     ap.add_argument("--mps-share", type=int, default=50, help="MPS percent per sharing replica")
     ap.add_argument("--no-mps", action="store_true", help="only the time-sliced case")
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, seconds=1.0, width=8, batch=16, no_mps=True)
     cases = [None] if args.no_mps else [None, args.mps_share]
     rows = []
     for share in cases:

@@ -22,6 +22,7 @@ import time
 from notebookos.cluster import Cluster, Host
 from notebookos.policies import get_policy
 from notebookos.resources import ResourceSpec
+from notebookos.testing import smoke
 
 HOST = ResourceSpec(millicpus=64_000, memory_mb=512_000, gpus=8, vram_gb=80.0)
 SIZES = (10, 100, 1000)
@@ -85,13 +86,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--decisions", type=int, default=2000, help="decisions per size")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, decisions=20)
     result: dict[str, float | int] = {"decisions": args.decisions}
     for hosts in SIZES:
         samples = measure(hosts, args.decisions, naive=False)
         result[f"placement_p50_ms_{hosts}"] = round(statistics.median(samples), 4)
         result[f"placement_p99_ms_{hosts}"] = round(percentile(samples, 0.99), 4)
-    naive = measure(1000, max(200, args.decisions // 5), naive=True)
+    naive = measure(1000, 5 if args.smoke else max(200, args.decisions // 5), naive=True)
     result["naive_p50_ms_1000"] = round(statistics.median(naive), 4)
     result["naive_p99_ms_1000"] = round(percentile(naive, 0.99), 4)
     result["speedup_1000"] = round(result["naive_p50_ms_1000"] / result["placement_p50_ms_1000"],

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from harness import ReplicaGroup  # noqa: E402
 
 from kernel import failover, wait_idle, wait_reply  # noqa: E402
+from notebookos.testing import smoke  # noqa: E402
 
 
 def _cell_ms(group: ReplicaGroup, target: int, code: str) -> float:
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--groups", type=int, default=12)
     parser.add_argument("--rest", type=float, default=6.0)
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, groups=1, rest=1.0)
     if args.groups < 1 or args.rest < 0:
         parser.error("--groups must be at least 1 and --rest not negative")
     out = {"sticky": sticky(args.groups, args.rest), "failover": failovers(args.groups, args.rest)}

@@ -41,6 +41,7 @@ from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.proto.convert import connection_info_to_dict
 from notebookos.security import secure_channel
+from notebookos.testing import smoke  # noqa: E402
 from notebookos.testing.credentials import make_credentials
 
 
@@ -158,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--cells", type=int, default=200, help="cells per path")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, cells=10)
     with tempfile.TemporaryDirectory(prefix="nbos-routing-") as tmp:
         daemons = Daemons(Path(tmp))
         try:
@@ -174,7 +175,7 @@ def main() -> None:
             kc.start_channels()
             kc.wait_for_ready(timeout=60)
             _hosts, kernels = read_file_registry(Path(tmp) / "state" / "global_scheduler" /
-                                                "registry.json").load()
+                                                 "registry.json")
             replicas = kernels[kernel_id]["replicas"]
             for _ in range(10):  # warm up the path and the executor's caches
                 routed(kc, "pass")

@@ -37,6 +37,7 @@ import redis
 from boto3.s3.transfer import TransferConfig
 
 from notebookos.store import open_store
+from notebookos.testing import smoke
 from notebookos.testing.processes import free_port, kill_group, wait_for_port
 from notebookos.testing.seaweed import S3Server
 
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"subset of {','.join(SIZES)}")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per size (median)")
     parser.add_argument("--repeat-large", type=int, default=2, help="rounds for 1GiB values")
-    args = parser.parse_args(argv)
+    args = smoke.parse_args(parser, argv, backends="file", sizes="1MiB", repeat=1)
     backends = [b for b in args.backends.split(",") if b]
     sizes = [s for s in args.sizes.split(",") if s]
     bad = [b for b in backends if b not in ("file", "redis", "s3")] + [

@@ -37,6 +37,7 @@ from notebookos.security import (
     ensure_cluster_credentials,
     secure_channel,
 )
+from notebookos.testing import smoke
 
 
 class Servicer(global_scheduler_pb2_grpc.GlobalSchedulerServicer):
@@ -63,7 +64,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--calls", type=int, default=2000, help="warm calls per kind and side")
     parser.add_argument("--connects", type=int, default=200, help="new channels per side")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, calls=20, connects=3)
     with tempfile.TemporaryDirectory(prefix="nbos-tls-") as tmp:
         config = load_config(env={}, overrides={"cluster.state_dir": str(Path(tmp))})
         ensure_cluster_credentials(config)

@@ -119,6 +119,18 @@ class ClusterSettings:
         policy_defaults.HOST_OVERSUBSCRIPTION,
         "Hard cap of a host's subscribed resources, as a multiple of its capacity (at "
         "least replicas x the policy's largest subscription ratio, 3 x 7).", _at_least(1.0))
+    restart_backoff_s: float = setting(
+        1.0, "`notebookos up`: the wait before restarting a daemon (Global Scheduler, Local "
+        "Scheduler, JupyterLab) that exited; it doubles with each exit in a row, up to "
+        "restart_backoff_max_s, and never gives up (Kubernetes' CrashLoopBackOff).",
+        _at_least(0.01))
+    restart_backoff_max_s: float = setting(
+        300.0, "`notebookos up`: the longest wait between two restarts of a daemon that keeps "
+        "exiting.", _at_least(0.01))
+    restart_healthy_after_s: float = setting(
+        10.0, "`notebookos up`: a daemon that stays up this long (or reports ready sooner: the "
+        "Global Scheduler's and JupyterLab's ports accept connections) served, and its next "
+        "exit is restarted after restart_backoff_s again.", _at_least(0.01))
 
 
 @dataclass(frozen=True)

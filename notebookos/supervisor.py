@@ -6,45 +6,75 @@ everything it starts in turn (replica processes, kernels), carries a marker in i
 still carries the marker, so nothing is left behind even when a daemon's own children were started
 in new sessions.
 
-A child started with a ``RestartPolicy`` is restarted when it exits, as systemd's
-``Restart=always`` or compose's ``restart: unless-stopped`` would: ``supervise()`` (called
-regularly by the owner's loop; no thread of its own) notices the exit, waits a backoff and starts
-the same command again, logging both. A child that exits within ``min_uptime_s`` of starting
-failed to start; after ``max_failed_starts`` such failures in a row it *crash-loops*, and
-``supervise()`` says so instead of restarting it (the owner then stops everything). A child that
-ran longer than ``min_uptime_s`` before it died starts over with the shortest backoff.
+A child started with a ``RestartPolicy`` is restarted whenever it exits, as Kubernetes restarts a
+container (``restartPolicy: Always`` with its CrashLoopBackOff): ``supervise()`` (called regularly
+by the owner's loop; no thread of its own) notices the exit, waits a backoff and starts the same
+command again, logging both. The backoff starts at ``backoff_initial_s`` and doubles with every
+exit in a row, up to ``backoff_max_s``; it never gives up, and it never stops a sibling. A child
+that became healthy (its readiness probe answered, or it stayed up ``healthy_after_s``) resets
+its count: its next exit is restarted after ``backoff_initial_s`` again. Only ``stop()`` (Ctrl-C,
+SIGTERM in ``notebookos up``) stops the set.
+
+With a ``state_path`` the supervisor writes what it does to a small JSON file there on every
+change (``read_state()`` reads it back): ``notebookos status`` and the JupyterLab server extension
+show from it that a daemon is restarting, and when it is tried again, even while the Global
+Scheduler itself is down.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MARKER_VAR = "NOTEBOOKOS_SUPERVISOR_ID"
+STATE_VERSION = 1
+
+
+def state_file(state_dir: Path) -> Path:
+    """Where ``notebookos up`` keeps its supervisor's state file in a cluster's state directory
+    (``notebookos status`` and the JupyterLab server extension read it there)."""
+    return Path(state_dir) / "run" / "supervisor.json"
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """When and how often a child that exited is started again (supervisord's ``startsecs`` and
-    ``startretries``, with an exponential backoff between failed starts)."""
+    """When a child that exited is started again: Kubernetes' CrashLoopBackOff (from 1 s,
+    doubling, up to 5 min; reset once the child served)."""
 
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 10.0
-    min_uptime_s: float = 10.0  # an exit sooner than this after a start is a failed start
-    max_failed_starts: int = 5  # failed starts in a row that make a crash loop
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 300.0
+    healthy_after_s: float = 10.0  # up this long (or ready): its next exit starts over
 
-    def backoff_s(self, failed_starts: int) -> float:
-        """The wait before the next start after ``failed_starts`` failed starts in a row."""
-        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** max(0, failed_starts - 1))
+    def backoff_s(self, attempt: int) -> float:
+        """The wait before restart ``attempt`` (1 after the first exit, 2 after the second exit
+        in a row without a healthy run between them, ...)."""
+        exponent = min(max(0, attempt - 1), 64)  # 2**64 x anything is past any cap
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** exponent)
+
+
+def port_probe(host: str, port: int, timeout: float = 0.1) -> Callable[[], bool]:
+    """A readiness probe: ``host:port`` accepts a TCP connection."""
+
+    def probe() -> bool:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+    return probe
 
 
 @dataclass
@@ -56,10 +86,13 @@ class Child:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     restart: RestartPolicy | None = None
+    ready: Callable[[], bool] | None = None  # readiness probe; None: healthy after uptime only
     started_at: float = field(default_factory=time.monotonic)
     restarts: int = 0  # times this child was started again
-    failed_starts: int = 0  # exits within min_uptime_s of a start, in a row
+    attempt: int = 0  # exits in a row without a healthy run between them
+    healthy: bool = False  # this start became ready or stayed up healthy_after_s
     restart_at: float | None = None  # monotonic time of the pending restart, if one is pending
+    last_exit: str = ""  # how it last exited, e.g. "killed by SIGKILL after 3.2 s"
 
     def tail(self, lines: int = 20) -> str:
         try:
@@ -76,18 +109,35 @@ class Child:
                 return f"killed by {signal.Signals(-code).name}"
         return f"exit code {code}"
 
+    @property
+    def state(self) -> str:
+        """``running`` (healthy), ``starting`` (not yet), ``restarting`` (waiting for its next
+        start), ``exited`` (not restarted) or ``stopped``."""
+        if self.proc.poll() is None:
+            return "running" if self.healthy else "starting"
+        if self.restart_at is None or self.restart_at == float("inf"):
+            return "exited" if self.restart_at is None or self.restart is None else "stopped"
+        return "restarting"
+
 
 def _say_on_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 class Supervisor:
-    def __init__(self, log_dir: Path, say: Callable[[str], None] = _say_on_stderr) -> None:
+    def __init__(self, log_dir: Path, say: Callable[[str], None] = _say_on_stderr,
+                 state_path: Path | None = None, facts: Mapping[str, Any] | None = None) -> None:
+        """``state_path``: where to write the state file (none without it); ``facts``: what
+        else it carries (e.g. the Global Scheduler's address)."""
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.marker = uuid.uuid4().hex
         self.children: list[Child] = []
         self.say = say
+        self.state_path = state_path
+        self.facts = dict(facts or {})
+        self._written: Any = None
+        self._stopping = False
 
     def start(
         self,
@@ -96,14 +146,18 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         essential: bool = True,
         restart: RestartPolicy | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> Child:
-        """Start ``argv`` as child ``name``; with ``restart``, ``supervise()`` restarts it."""
+        """Start ``argv`` as child ``name``; with ``restart``, ``supervise()`` restarts it.
+        ``ready`` (e.g. ``port_probe``) says when a start became healthy before
+        ``healthy_after_s``."""
         child_env = dict(os.environ if env is None else env)
         child_env[MARKER_VAR] = self.marker
         log_path = self.log_dir / f"{name}.log"
         child = Child(name, self._spawn(list(argv), child_env, log_path), log_path, essential,
-                      argv=list(argv), env=child_env, restart=restart)
+                      argv=list(argv), env=child_env, restart=restart, ready=ready)
         self.children.append(child)
+        self.write_state()
         return child
 
     @staticmethod
@@ -137,24 +191,47 @@ class Supervisor:
         return None
 
     def supervise(self) -> str | None:
-        """One pass: restart children that exited (after their backoff) and report it through
-        ``say``. Returns why everything must stop (an essential child crash-loops, or exited and
-        has no restart policy), else None."""
+        """One pass: note children that became healthy, restart children that exited (after
+        their backoff) and report it through ``say``. Returns why everything must stop (only an
+        essential child without a restart policy that exited), else None: a child with a
+        policy is restarted however often it fails, and its siblings are left alone."""
+        if self._stopping:
+            return None
         now = time.monotonic()
+        why = None
         for child in self.children:
             if child.proc.poll() is None:
+                if not child.healthy:
+                    self._check_health(child, now)
                 continue
             if child.restart_at is None:
-                why = self._exited(child, now)
-                if why is not None:
-                    return why
+                why = why or self._exited(child, now)
             if child.restart_at is not None and now >= child.restart_at:
                 self._restart(child)
-        return None
+        self.write_state()
+        return why
+
+    def _check_health(self, child: Child, now: float) -> None:
+        policy = child.restart
+        up_long = policy is not None and now - child.started_at >= policy.healthy_after_s
+        ready = False
+        if not up_long and child.ready is not None:
+            try:
+                ready = bool(child.ready())
+            except Exception:  # noqa: BLE001 - a probe that fails says "not ready"
+                ready = False
+        if not (up_long or ready):
+            return
+        child.healthy = True
+        if child.attempt:
+            self.say(f"notebookos up: {child.name} is {'ready' if ready else 'up'} again "
+                     f"(pid {child.proc.pid}); its restart backoff starts over")
+        child.attempt = 0
 
     def _exited(self, child: Child, now: float) -> str | None:
         """A child's exit, seen for the first time: schedule its restart, or say why not."""
         uptime = now - child.started_at
+        child.last_exit = f"{child.exit_description} after {uptime:.1f} s"
         policy = child.restart
         if policy is None:
             if not child.essential:
@@ -162,16 +239,13 @@ class Supervisor:
                 return None
             return (f"{child.name} exited ({child.exit_description}); stopping. Last lines of "
                     f"{child.log_path}:\n{child.tail()}")
-        child.failed_starts = child.failed_starts + 1 if uptime < policy.min_uptime_s else 0
-        if child.failed_starts >= policy.max_failed_starts:
-            return (f"{child.name} crash-loops: it exited {child.failed_starts} times in a row "
-                    f"within {policy.min_uptime_s:g} s of starting (last: "
-                    f"{child.exit_description}); stopping. Last lines of {child.log_path}:\n"
-                    f"{child.tail()}")
-        delay = policy.backoff_s(max(1, child.failed_starts))
+        if child.healthy or uptime >= policy.healthy_after_s:
+            child.attempt = 0  # it served: start over
+        child.attempt += 1
+        delay = policy.backoff_s(child.attempt)
         child.restart_at = now + delay
         self.say(f"notebookos up: {child.name} exited ({child.exit_description}) after "
-                 f"{uptime:.1f} s; restarting it in {delay:g} s")
+                 f"{uptime:.1f} s; restarting it in {delay:g} s (attempt {child.attempt})")
         return None
 
     def _restart(self, child: Child) -> None:
@@ -179,23 +253,41 @@ class Supervisor:
         child.restarts += 1
         with contextlib.suppress(OSError), open(child.log_path, "a") as log:
             log.write(f"--- notebookos up: restart {child.restarts} of {child.name} at "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')} (attempt {child.attempt}) ---\n")
         _signal_group(child.proc, signal.SIGKILL)  # whatever its group left behind
         try:
-            child.proc = self._spawn(child.argv, child.env, child.log_path)
+            proc = self._spawn(child.argv, child.env, child.log_path)
         except OSError as exc:
-            child.restart_at = time.monotonic() + (child.restart.backoff_max_s
-                                                   if child.restart else 10.0)
-            self.say(f"notebookos up: could not restart {child.name}: {exc}; trying again")
+            policy = child.restart or RestartPolicy()
+            child.attempt += 1
+            delay = policy.backoff_s(child.attempt)
+            child.restart_at = time.monotonic() + delay
+            self.say(f"notebookos up: could not restart {child.name}: {exc}; trying again in "
+                     f"{delay:g} s (attempt {child.attempt})")
             return
+        child.proc = proc
         child.started_at = time.monotonic()
+        child.healthy = False
         self.say(f"notebookos up: restarted {child.name} (pid {child.proc.pid}, restart "
-                 f"{child.restarts})")
+                 f"{child.restarts}, attempt {child.attempt})")
+
+    def serve(self, stop: threading.Event, interval_s: float = 0.2) -> str | None:
+        """Supervise until ``stop`` is set (returns None) or a child without a restart policy
+        makes everything stop (returns why). ``stop`` is seen within ``interval_s``, however
+        long a backoff is pending."""
+        while not stop.wait(interval_s):
+            why = self.supervise()
+            if why is not None:
+                return why
+        return None
 
     def stop(self, grace_s: float = 10.0) -> list[int]:
         """Stop every child (reverse order), then kill any marked leftover. Returns their pids."""
+        self._stopping = True
         for child in reversed(self.children):
             child.restart_at = float("inf")  # no restart from here on
+        self.write_state()
+        for child in reversed(self.children):
             _signal_group(child.proc, signal.SIGTERM)
             try:
                 child.proc.wait(timeout=grace_s)
@@ -208,7 +300,87 @@ class Supervisor:
         for pid in leftovers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        if self.state_path is not None:
+            with contextlib.suppress(OSError):
+                self.state_path.unlink()
         return leftovers
+
+    # -- the state file ---------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What the state file holds: the supervisor's pid and, per child, its state, pid,
+        attempt (exits in a row), restarts, last exit and, while restarting, ``next_try_at``
+        (wall-clock seconds since the epoch)."""
+        wall, mono = time.time(), time.monotonic()
+        daemons = []
+        for child in self.children:
+            entry: dict[str, Any] = {
+                "name": child.name, "state": child.state, "pid": child.proc.pid,
+                "attempt": child.attempt, "restarts": child.restarts,
+                "last_exit": child.last_exit,
+            }
+            if entry["state"] == "restarting" and child.restart_at is not None:
+                entry["next_try_at"] = round(wall + max(0.0, child.restart_at - mono), 3)
+            daemons.append(entry)
+        return {"version": STATE_VERSION, "supervisor_pid": os.getpid(),
+                "stopping": self._stopping, **self.facts, "daemons": daemons}
+
+    def write_state(self) -> None:
+        """Write the state file if anything changed since the last write (atomically)."""
+        if self.state_path is None:
+            return
+        doc = self.state()
+        key = [{k: v for k, v in d.items() if k != "next_try_at"} for d in doc["daemons"]]
+        key.append({"stopping": doc["stopping"]})
+        if key == self._written:
+            return
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(doc, indent=1))
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            self.say(f"notebookos up: could not write {self.state_path}: {exc}")
+            return
+        self._written = key
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    """The state file a live supervisor wrote at ``path``; None when there is none, it cannot
+    be read, or the process that wrote it is gone (a supervisor that was killed)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        pid = int(doc["supervisor_pid"])
+        os.kill(pid, 0)
+    except PermissionError:
+        return doc  # alive, another user's
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return doc if isinstance(doc.get("daemons"), list) else None
+
+
+def retry_in_s(entry: Mapping[str, Any], now: float | None = None) -> float | None:
+    """Seconds until a restarting daemon's next start (0 when due), None when not restarting."""
+    if entry.get("state") != "restarting" or "next_try_at" not in entry:
+        return None
+    return max(0.0, float(entry["next_try_at"]) - (time.time() if now is None else now))
+
+
+def describe(entry: Mapping[str, Any], now: float | None = None) -> str:
+    """One daemon of the state file in words, e.g. ``global-scheduler: restarting, attempt 4,
+    next try in 8 s (last exit: killed by SIGKILL after 3.1 s)``."""
+    state = entry.get("state", "?")
+    text = f"{entry.get('name', '?')}: {state}"
+    wait = retry_in_s(entry, now)
+    if wait is not None:
+        text += f", attempt {entry.get('attempt', 0)}, next try in {wait:.0f} s"
+    elif state in ("running", "starting"):
+        text += f" (pid {entry.get('pid')})"
+    if entry.get("restarts"):
+        text += f", restarted {entry['restarts']} time(s)"
+    if state != "running" and entry.get("last_exit"):
+        text += f" (last exit: {entry['last_exit']})"
+    return text
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -5,7 +5,8 @@ link time (before the server builds its web application) it makes kernel websock
 ``NoDelayWebsocketConnection`` (TCP_NODELAY; see ``websocket.py``), through the supported
 ``ServerApp.kernel_websocket_connection_class`` trait, unless the user configured a class of
 their own or the server talks to a kernel gateway. At load time it adds the REST endpoints of
-``handlers.py`` (``/api/notebookos/cluster``, ``/api/notebookos/kernels/<id>``).
+``handlers.py`` (``/api/notebookos/cluster``, ``/api/notebookos/kernels/<id>``,
+``/api/notebookos/supervisor``).
 """
 
 from __future__ import annotations

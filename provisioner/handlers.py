@@ -7,9 +7,15 @@
   ``last_interactivity_delay_ms``.
 
 - ``POST /api/notebookos/kernels/<kernel_id>/wake``: wake a hibernated kernel (``{"waking": ...}``).
+- ``GET /api/notebookos/supervisor``: what ``notebookos up`` says of its daemons (its state file,
+  as ``notebookos status --json`` shows it under ``supervisor``): ``{"supervisor": {"daemons":
+  [{"name", "state", "attempt", "retry_in_s", "description", ...}], ...}}``, or
+  ``{"supervisor": null}`` where no ``notebookos up`` runs this cluster.
 
 Errors are JSON ``{"message": ...}``: 404 for an unknown kernel, 503 when the Global Scheduler
-cannot be reached.
+cannot be reached. While ``notebookos up`` is restarting the Global Scheduler, that 503 says so
+("the NotebookOS scheduler is restarting, retry in 8 s (attempt 4) ..."), carries ``scheduler``
+(``state``, ``attempt``, ``retry_in_s``) and ``supervisor``, and a ``Retry-After`` header.
 """
 
 from __future__ import annotations
@@ -21,12 +27,21 @@ import grpc
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from notebookos.commands.status_cmd import status_document
+from notebookos.commands.status_cmd import status_document, supervisor_document
 from notebookos.config import load_config
 from notebookos.proto import global_scheduler_pb2, global_scheduler_pb2_grpc
 from notebookos.provisioner.provisioner import shared_global_scheduler_channel
 
 RPC_TIMEOUT_S = 5.0
+SCHEDULER = "global-scheduler"  # the supervisor's name for the Global Scheduler
+
+
+class SchedulerUnavailable(web.HTTPError):
+    """503 with what the supervisor says about the Global Scheduler, when it says anything."""
+
+    def __init__(self, message: str, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(503, message)
+        self.extra = extra or {}
 
 
 def global_scheduler_address() -> str:
@@ -48,15 +63,37 @@ class NotebookOSHandler(APIHandler):
             return await stub.GetClusterStatus(
                 global_scheduler_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            raise web.HTTPError(
-                503, f"the NotebookOS Global Scheduler at {self.address} is not reachable: "
-                     f"{exc.code().name}") from None
+            raise self.unreachable(exc.code().name) from None
+
+    def unreachable(self, code: str) -> SchedulerUnavailable:
+        """The 503 for a Global Scheduler that did not answer, with the supervisor's word on it
+        (restarting, when it retries) where ``notebookos up`` runs this cluster."""
+        message = f"the NotebookOS Global Scheduler at {self.address} is not reachable: {code}"
+        supervisor = supervisor_document(load_config().state_path, self.address)
+        entry = next((d for d in (supervisor or {}).get("daemons", [])
+                      if d.get("name") == SCHEDULER), None)
+        if supervisor is None or entry is None:
+            return SchedulerUnavailable(message)
+        scheduler = {"state": entry["state"], "attempt": entry.get("attempt", 0),
+                     "retry_in_s": entry.get("retry_in_s"),
+                     "last_exit": entry.get("last_exit", "")}
+        if entry["state"] == "restarting":
+            message = (f"the NotebookOS scheduler is restarting, retry in "
+                       f"{entry['retry_in_s']:.0f} s (attempt {scheduler['attempt']}; last exit: "
+                       f"{scheduler['last_exit'] or '?'}); {message}")
+        elif entry["state"] == "starting":
+            message = f"the NotebookOS scheduler is starting again; {message}"
+        return SchedulerUnavailable(message, {"scheduler": scheduler, "supervisor": supervisor})
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         reason = kwargs.get("exc_info", (None, None))[1]
         message = getattr(reason, "log_message", None) or self._reason
+        extra = getattr(reason, "extra", {})
+        retry = extra.get("scheduler", {}).get("retry_in_s")
+        if retry is not None:
+            self.set_header("Retry-After", str(max(1, round(retry))))
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"message": message}))
+        self.finish(json.dumps({"message": message, **extra}))
 
 
 class ClusterHandler(NotebookOSHandler):
@@ -116,6 +153,13 @@ class WakeHandler(NotebookOSHandler):
         self.finish(json.dumps({"waking": answer.waking}))
 
 
+class SupervisorHandler(NotebookOSHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        self.finish(json.dumps({"supervisor": supervisor_document(load_config().state_path,
+                                                                   self.address)}))
+
+
 def handlers(base_url: str) -> list[tuple[str, type, dict[str, Any]]]:
     from jupyter_server.utils import url_path_join
 
@@ -124,4 +168,5 @@ def handlers(base_url: str) -> list[tuple[str, type, dict[str, Any]]]:
         (url_path_join(base_url, "api", "notebookos", "kernels", r"([^/]+)"), KernelHandler, {}),
         (url_path_join(base_url, "api", "notebookos", "kernels", r"([^/]+)", "wake"),
          WakeHandler, {}),
+        (url_path_join(base_url, "api", "notebookos", "supervisor"), SupervisorHandler, {}),
     ]

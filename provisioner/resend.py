@@ -82,6 +82,7 @@ class ShellResender:
         self.executes = UnansweredExecutes()
         self.resent = 0
         self._dropped = False
+        self.noted: set[str] = set()  # msg_ids told that they wait for the scheduler
         monitor = stream.socket.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
         self._monitor = ZMQStream(monitor)
@@ -95,6 +96,11 @@ class ShellResender:
             resender = cls(stream, session, log)
             setattr(stream, cls.ATTRIBUTE, resender)
         return resender
+
+    @property
+    def dropped(self) -> bool:
+        """The shell connection dropped and has not come back (the Global Scheduler is down)."""
+        return self._dropped
 
     def _on_event(self, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]

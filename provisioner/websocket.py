@@ -11,6 +11,9 @@ jupyter-config/), with no patching:
 - An execute_request that the kernel's Global Scheduler may have lost (it died before routing
   it) is sent again once the shell connection comes back, and a second reply to one request is
   dropped (provisioner/resend.py says why and how).
+- An execute_request sent while that connection is down (the Global Scheduler died and
+  ``notebookos up`` is restarting it) waits for it, and its output gets a note on stderr that
+  says so, with when the scheduler is tried again where ``notebookos up``'s state file says.
 """
 
 from __future__ import annotations
@@ -26,6 +29,27 @@ from jupyter_server.services.kernels.connection.base import (
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
 from .resend import ShellResender
+
+
+def scheduler_restart_words() -> str:
+    """`` (notebookos up is restarting it, retry in 8 s, attempt 4)`` from the supervisor's
+    state file, or ``""`` where it says nothing about the Global Scheduler."""
+    from notebookos.commands.status_cmd import supervisor_document
+    from notebookos.config import load_config
+
+    config = load_config()
+    gs = config.global_scheduler
+    doc = supervisor_document(config.state_path, f"{gs.host}:{gs.grpc_port}")
+    entry = next((d for d in (doc or {}).get("daemons", [])
+                  if d.get("name") == "global-scheduler"), None)
+    if entry is None:
+        return ""
+    if entry.get("retry_in_s") is not None:
+        return (f" (notebookos up is restarting it, retry in {entry['retry_in_s']:.0f} s, "
+                f"attempt {entry.get('attempt', 0)})")
+    if entry.get("state") == "starting":
+        return " (notebookos up is starting it again)"
+    return ""
 
 WS_V1 = "v1.kernel.websocket.jupyter.org"
 
@@ -69,6 +93,28 @@ class NoDelayWebsocketConnection(ZMQChannelsWebsocketConnection):
             return  # super() already said what was wrong with it
         if header.get("msg_type") == "execute_request":
             resender.executes.sent(str(header.get("msg_id", "")), request)
+            if resender.dropped:
+                self._note_waiting(resender, header)
+
+    def _note_waiting(self, resender: ShellResender, header: dict) -> None:
+        """Tell the cell of ``header`` (on its stderr) that it waits for the Global Scheduler."""
+        msg_id = str(header.get("msg_id", ""))
+        kernel_name = str(getattr(self.kernel_manager, "kernel_name", "") or "")
+        if not kernel_name.startswith("notebookos") or msg_id in resender.noted:
+            return
+        resender.noted.add(msg_id)
+        when = ""
+        try:
+            when = scheduler_restart_words()
+        except Exception as exc:  # noqa: BLE001 - the note goes out without the schedule
+            self.log.debug("NotebookOS: no supervisor state for the note: %s", exc)
+        note = (f"NotebookOS: the scheduler is not reachable{when}; this cell waits and runs "
+                "once it is back\n")
+        msg = self.session.msg("stream", {"name": "stderr", "text": note}, parent=header)
+        try:
+            super().handle_outgoing_message("iopub", self.session.serialize(msg))
+        except (KeyError, ValueError, TypeError) as exc:  # no iopub stream (yet)
+            self.log.debug("NotebookOS: could not note the waiting cell: %s", exc)
 
     def handle_outgoing_message(self, stream: Any, outgoing_msg: list[Any]) -> None:
         channel = stream if isinstance(stream, str) else getattr(stream, "channel", None)

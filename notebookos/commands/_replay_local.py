@@ -63,14 +63,14 @@ class LocalCluster:
         self.token = secrets.token_hex(16)
         self.config: Config = load_config(config_path, overrides=self.values)
         self.config_path = config_path
-        self.notes: list[str] = []  # daemons restarted or given up on, as the supervisor says
+        self.notes: list[str] = []  # daemons restarted, as the supervisor says
         self.supervisor = Supervisor(self.state_dir / "logs", say=self.notes.append)
         self.url = f"http://127.0.0.1:{jupyter_port}"
 
     def start(self, stop: threading.Event | None = None) -> str:
         """Start everything; returns the Jupyter Server URL. Raises RuntimeError on failure
         (the caller still calls ``stop()``)."""
-        from notebookos.commands.up_cmd import RESTART, start_schedulers
+        from notebookos.commands.up_cmd import restart_policy, start_schedulers
         from notebookos.provisioner.kernelspecs import install_kernelspecs
 
         install_kernelspecs(prefix=sys.prefix)
@@ -90,13 +90,15 @@ class LocalCluster:
                 f"--ServerApp.root_dir={root}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             argv.append("--allow-root")
-        server = self.supervisor.start("jupyter-server", argv, env=env, restart=RESTART)
+        server = self.supervisor.start("jupyter-server", argv, env=env,
+                                       restart=restart_policy(self.config))
         self.supervisor.wait_for_port(server, "127.0.0.1", self.jupyter_port, timeout=90)
         return self.url
 
     def supervise(self) -> str | None:
-        """Restart daemons that exited (as ``notebookos up`` does); returns why the cluster
-        cannot go on (a daemon crash-loops), else None. What happened is in ``notes``."""
+        """Restart daemons that exited (as ``notebookos up`` does, with its backoff; it never
+        gives up on one); returns why the cluster cannot go on (a daemon without a restart
+        policy exited), else None. What happened is in ``notes``."""
         return self.supervisor.supervise()
 
     def stop(self, keep_logs: Path | None = None) -> list[int]:

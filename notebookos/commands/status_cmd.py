@@ -8,6 +8,13 @@ the URL of the Global Scheduler's Prometheus ``/metrics``, ``local_schedulers``:
 daemon serves none). Each host's ``shared_gpus`` lists the devices two kernels' cells share now
 (GPU sharing): ``device_id`` and ``replicas`` (``"kernel_id/replica_id"``, the first holder
 first). Other keys may be added.
+
+Where ``notebookos up`` runs the cluster, its supervisor's state file (``<state_dir>/run/
+supervisor.json``) adds ``supervisor``: ``pid`` and ``daemons`` (``name``, ``state``: running,
+starting, restarting, ...; ``attempt``, ``restarts``, ``last_exit``, ``retry_in_s`` while
+restarting, ``description``). While the Global Scheduler cannot be reached, that is what is
+printed (``{"supervisor": ...}`` with ``--json``), e.g. "global-scheduler: restarting, attempt 4,
+next try in 8 s", and the exit code is still 1.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,6 +33,24 @@ from notebookos.metrics import metrics_url
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.security import SecurityError, secure_channel
+from notebookos.supervisor import describe, read_state, retry_in_s, state_file
+
+
+def supervisor_document(state_dir: Path, address: str | None = None) -> dict[str, Any] | None:
+    """What a live ``notebookos up`` says of its daemons (None when no such supervisor runs, or
+    it runs a cluster whose Global Scheduler is not at ``address``)."""
+    doc = read_state(state_file(state_dir))
+    if doc is None or (address and doc.get("global_scheduler", address) != address):
+        return None
+    now = time.time()
+    daemons = []
+    for entry in doc["daemons"]:
+        wait = retry_in_s(entry, now)
+        daemons.append({**{k: v for k, v in entry.items() if k != "next_try_at"},
+                        "retry_in_s": None if wait is None else round(wait, 1),
+                        "description": describe(entry, now)})
+    return {"pid": doc.get("supervisor_pid"), "stopping": bool(doc.get("stopping")),
+            "global_scheduler": doc.get("global_scheduler", ""), "daemons": daemons}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,7 +139,14 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc["metrics"]["global_scheduler"]:
         lines += ["", f"METRICS  {doc['metrics']['global_scheduler']} (service discovery "
                       f"{doc['metrics']['service_discovery']})"]
+    if doc.get("supervisor"):
+        lines += ["", *render_supervisor(doc["supervisor"])]
     return "\n".join(lines)
+
+
+def render_supervisor(supervisor: dict[str, Any]) -> list[str]:
+    return [f"DAEMONS (notebookos up, pid {supervisor['pid']})",
+            *(f"  {d['description']}" for d in supervisor["daemons"])]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     except SecurityError as exc:
         print(f"notebookos status: {exc}", file=sys.stderr)
         return 1
+    supervisor = supervisor_document(config.state_path, address)
     with channel:
         try:
             status = gs_grpc.GlobalSchedulerStub(channel).GetClusterStatus(
@@ -135,7 +170,13 @@ def run(args: argparse.Namespace) -> int:
         except grpc.RpcError as exc:
             print(f"notebookos status: cannot reach the Global Scheduler at {address}: "
                   f"{exc.details()}", file=sys.stderr)
+            supervisor = supervisor_document(config.state_path, address)  # fresh, after waiting
+            if supervisor is not None:
+                print(json.dumps({"supervisor": supervisor}, indent=2) if args.json
+                      else "\n".join(render_supervisor(supervisor)))
             return 1
     doc = status_document(status, config.security.metrics_tls)
+    if supervisor is not None:
+        doc["supervisor"] = supervisor
     print(json.dumps(doc, indent=2) if args.json else render_text(doc))
     return 0

@@ -2,10 +2,12 @@
 
 Starts a Global Scheduler, ``--hosts`` Local Schedulers (virtual GPUs unless real ones are found),
 installs the NotebookOS kernelspecs into this environment, and starts JupyterLab with ``notebookos``
-as its default kernel. It prints the URL with its token. A daemon that dies is restarted with a
-backoff (and said so on stderr) while everything else keeps running; only a daemon that
-crash-loops stops the whole cluster (with the reason). Ctrl-C (SIGINT) or SIGTERM stops
-everything and leaves no process behind.
+as its default kernel. It prints the URL with its token. A daemon that dies once the cluster is
+up (JupyterLab included) is restarted with a capped exponential backoff (said so on stderr, and
+written to ``<state_dir>/run/supervisor.json`` for ``notebookos status`` and JupyterLab) while
+everything else keeps running; it never gives up on it. Ctrl-C (SIGINT) or SIGTERM stops
+everything and leaves no process behind; nothing else does. A daemon that fails before the
+cluster first came up (a port in use, a bad setting) stops ``notebookos up`` with the reason.
 """
 
 from __future__ import annotations
@@ -30,11 +32,17 @@ from notebookos.security import (
     ensure_cluster_credentials,
     secure_channel,
 )
-from notebookos.supervisor import RestartPolicy, Supervisor
+from notebookos.supervisor import RestartPolicy, Supervisor, port_probe, state_file
 
-# How `notebookos up` restarts a daemon that died (DESIGN section 4: a crashed daemon is
-# restarted by whatever supervises it).
-RESTART = RestartPolicy()
+
+def restart_policy(config: Config) -> RestartPolicy:
+    """How `notebookos up` restarts a daemon that died (DESIGN section 4: a crashed daemon is
+    restarted by whatever supervises it), from the ``cluster.restart_*`` settings."""
+    cluster = config.cluster
+    return RestartPolicy(backoff_initial_s=cluster.restart_backoff_s,
+                         backoff_max_s=max(cluster.restart_backoff_s,
+                                           cluster.restart_backoff_max_s),
+                         healthy_after_s=cluster.restart_healthy_after_s)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -85,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     state_dir = config.state_path
-    supervisor = Supervisor(state_dir / "logs" / time.strftime("%Y%m%d-%H%M%S"))
+    gs = config.global_scheduler
+    supervisor = Supervisor(state_dir / "logs" / time.strftime("%Y%m%d-%H%M%S"),
+                            state_path=state_file(config.state_path),
+                            facts={"global_scheduler": f"{gs.host}:{gs.grpc_port}"})
     try:
         url = start_cluster(config, args.hosts, supervisor, stop)
         if url is None:
@@ -96,11 +107,10 @@ def run(args: argparse.Namespace) -> int:
               f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}", flush=True)
         print(f"  logs:   {supervisor.log_dir}", flush=True)
         print("  Ctrl-C stops everything.", flush=True)
-        while not stop.wait(0.2):
-            why = supervisor.supervise()
-            if why is not None:
-                print(f"notebookos up: {why}", file=sys.stderr, flush=True)
-                return 1
+        why = supervisor.serve(stop)  # until Ctrl-C or SIGTERM: every daemon has a policy
+        if why is not None:
+            print(f"notebookos up: {why}", file=sys.stderr, flush=True)
+            return 1
         return 0
     except (RuntimeError, SecurityError) as exc:
         print(f"notebookos up: {exc}", file=sys.stderr)
@@ -132,7 +142,8 @@ def start_cluster(config: Config, hosts: int, supervisor: Supervisor,
             f"--ServerApp.root_dir={Path.cwd()}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")
-    lab = supervisor.start("jupyterlab", argv, env=env, restart=RESTART)
+    lab = supervisor.start("jupyterlab", argv, env=env, restart=restart_policy(config),
+                           ready=port_probe("127.0.0.1", port))
     supervisor.wait_for_port(lab, "127.0.0.1", port, timeout=90)
     return f"http://127.0.0.1:{port}/lab?token={token}"
 
@@ -172,14 +183,14 @@ def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
     gs_child = supervisor.start("global-scheduler", [
         *cli, "global-scheduler", "--host", gs.host, "--port", str(gs.grpc_port),
         "--policy", config.cluster.policy, "--store", config.store_url, "--state-dir", state_dir,
-    ], env=env, restart=RESTART)
+    ], env=env, restart=restart_policy(config), ready=port_probe(gs.host, gs.grpc_port))
     supervisor.wait_for_port(gs_child, gs.host, gs.grpc_port, timeout=60)
     for i in range(hosts):
         supervisor.start(f"local-scheduler-{i}", [
             *cli, "local-scheduler", "--host-id", f"host-{i}", "--host", "127.0.0.1",
             "--port", "0", "--global-scheduler", address,
             "--virtual-gpus", str(config.local_scheduler.virtual_gpus), "--state-dir", state_dir,
-        ], env=env, restart=RESTART)
+        ], env=env, restart=restart_policy(config))
     if not wait_for_hosts(config, address, hosts, timeout=90, stop=stop, supervisor=supervisor):
         return None
     return env
