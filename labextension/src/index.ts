@@ -88,6 +88,36 @@ async function getJSON<T>(path: string): Promise<T | null> {
   }
 }
 
+/** A kernel's entry, or why it cannot be had now (the server extension's 503 message, e.g.
+ * "the NotebookOS scheduler is restarting, retry in 8 s (attempt 4)", and when to ask again). */
+async function getKernelEntry(
+  kernelId: string
+): Promise<{ entry: IKernelEntry | null; down: string; retryInS: number | null }> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(
+    settings.baseUrl,
+    `api/notebookos/kernels/${encodeURIComponent(kernelId)}`
+  );
+  try {
+    const response = await ServerConnection.makeRequest(url, {}, settings);
+    if (response.ok) {
+      return { entry: (await response.json()) as IKernelEntry, down: '', retryInS: null };
+    }
+    if (response.status === 503) {
+      const body = (await response.json().catch(() => ({}))) as Record<string, any>;
+      const retry = body?.scheduler?.retry_in_s;
+      return {
+        entry: null,
+        down: String(body.message || 'the NotebookOS scheduler is not reachable'),
+        retryInS: typeof retry === 'number' ? retry : null
+      };
+    }
+  } catch (reason) {
+    console.warn('NotebookOS: GET', url, 'failed', reason);
+  }
+  return { entry: null, down: '', retryInS: null };
+}
+
 function isNotebookOS(kernel: Kernel.IKernelConnection | null | undefined): boolean {
   return !!kernel && kernel.name.startsWith('notebookos');
 }
@@ -137,6 +167,10 @@ class KernelRecord {
   private message = '';
   state = '';
   stateMessage = '';
+  /** Why the scheduler cannot be asked now (it is restarting), or ''. */
+  schedulerDown = '';
+  /** Called when a fetch changed what is known (the panel and item redraw). */
+  onChange: (() => void) | null = null;
   private fetching: Promise<void> | null = null;
   private again = false;
 
@@ -155,11 +189,14 @@ class KernelRecord {
     this.fetching = (async () => {
       do {
         this.again = false;
-        const entry = await getJSON<IKernelEntry>(
-          `api/notebookos/kernels/${encodeURIComponent(this.kernelId)}`
-        );
+        const { entry, down, retryInS } = await getKernelEntry(this.kernelId);
+        this.schedulerDown = down;
         if (entry) {
           this.apply(entry);
+        } else if (down && retryInS !== null) {
+          // one look again when `notebookos up` retries the scheduler (not a polling loop)
+          setTimeout(() => void this.refresh().then(() => this.onChange?.()),
+                     (retryInS + 1) * 1000);
         }
       } while (this.again);
       this.fetching = null;
@@ -250,6 +287,12 @@ class StatusItem extends Widget {
   }
 
   show_(record: KernelRecord | null): void {
+    if (record?.schedulerDown) {
+      this.node.dataset.state = 'scheduler-restarting';
+      this.node.textContent = 'NotebookOS: scheduler restarting';
+      this.node.title = `${record.schedulerDown}\nA cell sent meanwhile waits and runs once it is back.`;
+      return;
+    }
     const asleep = record ? ASLEEP[record.state] : undefined;
     this.node.dataset.state = record?.state ?? '';
     if (record && asleep) {
@@ -371,9 +414,10 @@ class NotebookOSPanel extends Widget {
 
   render(): void {
     const state = this.record?.state || '';
-    this.kernelState.textContent = this.record
-      ? `${state || 'unknown'}${this.record.stateMessage ? ': ' + this.record.stateMessage : ''}`
-      : 'Not a NotebookOS notebook.';
+    this.kernelState.textContent = !this.record
+      ? 'Not a NotebookOS notebook.'
+      : this.record.schedulerDown ||
+        `${state || 'unknown'}${this.record.stateMessage ? ': ' + this.record.stateMessage : ''}`;
     this.kernelState.dataset.state = state;
     this.wake.hidden = state !== 'hibernated';
     this.wake.disabled = false;
@@ -484,6 +528,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       let record = records.get(kernel.id);
       if (!record) {
         record = new KernelRecord(kernel.id);
+        record.onChange = () => update();
         records.set(kernel.id, record);
       }
       return record;
