@@ -42,6 +42,7 @@ from jupyter_client import KernelManager  # noqa: E402
 from sched_cluster import Cluster, run_seen, stream_text  # noqa: E402
 
 from notebookos.proto import common_pb2  # noqa: E402
+from notebookos.testing import smoke  # noqa: E402
 from notebookos.testing.credentials import (  # noqa: E402
     install_session_credentials,
     remove_session_credentials,
@@ -83,12 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--notebooks", type=int, default=100)
     parser.add_argument("--wake", type=int, default=20)
-    parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--no-torch", action="store_true",
                         help="the big notebook holds the array only (no torch import to redo)")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.mib, args.notebooks, args.wake = 8, 4, 2
+    args = smoke.parse_args(parser, argv, mib=8, notebooks=4, wake=2)
     results: dict[str, Any] = {"mib": args.mib, "notebooks": args.notebooks, "woken": args.wake}
     results["plain_cold_start_s"] = plain_cold_start()
     credentials = install_session_credentials()  # TLS files for the cluster, as the tests do

@@ -23,6 +23,7 @@ import uuid
 from notebookos.kernel.ast_effects import analyze_cell
 from notebookos.kernel.sync_codec import StateApplier, StateEncoder, SyncState, SyncUpdate
 from notebookos.store import open_store
+from notebookos.testing import smoke
 
 CELLS = {
     "subplots": "fig, ax = plt.subplots({rows}, {cols})",
@@ -77,7 +78,7 @@ def main() -> None:
     parser.add_argument("kind", choices=sorted(CELLS), nargs="?", default="imshow")
     parser.add_argument("--axes", default="4,8,16,64")
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, axes="4", repeat=1)
     for n in map(int, args.axes.split(",")):
         runs = [once(args.kind, n) for _ in range(args.repeat)]
         encode = min(run[0] for run in runs)

@@ -31,6 +31,7 @@ import blake3
 from notebookos.kernel.ast_effects import analyze_cell
 from notebookos.kernel.sync_codec import StateEncoder
 from notebookos.store import open_store
+from notebookos.testing import smoke
 
 
 def _timed(function, repeats: int) -> list[float]:  # noqa: ANN001
@@ -63,10 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.gib, args.small, args.repeats = 1 / 16, 100, 2
+    args = smoke.parse_args(parser, argv, gib=1 / 16, small=100, repeats=2)
     import torch
 
     results: dict[str, float] = {}
