@@ -35,6 +35,7 @@ from pathlib import Path
 from notebookos.testing.differential import (
     CELL_TIMEOUT_S,
     MODES,
+    CellVerdict,
     Comparison,
     as_json,
     describe,
@@ -48,7 +49,8 @@ SMOKE = "pytudes-cheryl"
 _ACTIVE: list[UpCluster] = []
 
 
-def table(comparisons: list[Comparison], modes: tuple[str, ...]) -> str:
+def table(rows: list[dict], modes: tuple[str, ...]) -> str:
+    """``rows``: ``Comparison.row()`` of each notebook."""
     head = "| notebook | cells | plain (s) |"
     rule = "|---|---|---|"
     titles = {"notebookos": "no faults", "kills": "with kills", "control": "plain again"}
@@ -60,11 +62,10 @@ def table(comparisons: list[Comparison], modes: tuple[str, ...]) -> str:
     total = {"cells": 0, "plain": 0.0}
     for mode in modes[1:]:
         total[mode] = [0, 0, 0, 0, 0.0]
-    for c in comparisons:
-        row = c.row()
-        total["cells"] += c.cells
+    for row in rows:
+        total["cells"] += row["cells"]
         total["plain"] += row["plain_seconds"]
-        line = f"| {c.name} | {c.cells} | {row['plain_seconds']:.1f} |"
+        line = f"| {row['notebook']} | {row['cells']} | {row['plain_seconds']:.1f} |"
         for mode in modes[1:]:
             r = row[mode]
             t = total[mode]
@@ -113,6 +114,23 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Comparison]:
         _ACTIVE.remove(cluster)
 
 
+def print_table_of(path: Path) -> int:
+    results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r["row"] for r in results]
+    modes = ("plain", *[m for m in ("notebookos", "kills", "control")
+                        if rows and all(m in row for row in rows)])
+    print(table(rows, modes))
+    bad = 0
+    for result in results:
+        for v in result["mismatches"]:
+            bad += 1
+            print(f"\n{result['row']['notebook']} " + describe(CellVerdict(**v)))
+        for mode, notes in result["notes"].items():
+            for index, note in notes:
+                print(f"\n{result['row']['notebook']} cell {index} [{mode}] note: {note}")
+    return 1 if bad else 0
+
+
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -137,10 +155,15 @@ def main() -> int:
                              "outputs differ between two plain runs (they need a rule in the "
                              "manifest)")
     parser.add_argument("--json", metavar="FILE", help="append each notebook's result to FILE")
+    parser.add_argument("--table-of", metavar="FILE",
+                        help="only print the table and mismatches of the runs --json wrote to "
+                             "FILE (also of a run cut short)")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep the logs there")
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per cell")
     args = parser.parse_args()
     args.modes = MODES if args.kills else MODES[:2]
+    if args.table_of:
+        return print_table_of(Path(args.table_of))
     if args.control:
         args.modes = (*args.modes, "control")
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -154,7 +177,7 @@ def main() -> int:
         t0 = time.monotonic()
         comparisons = asyncio.run(run(args, workdir))
         elapsed = time.monotonic() - t0
-    print(table(comparisons, args.modes))
+    print(table([c.row() for c in comparisons], args.modes))
     print(f"\n{sum(c.cells for c in comparisons)} cells of {len(comparisons)} notebooks in "
           f"{elapsed:.0f} s (one `notebookos up --hosts 4`; cell timeout {args.timeout:g} s)")
     bad = 0
