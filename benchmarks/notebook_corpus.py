@@ -40,6 +40,7 @@ from notebookos.testing.differential import (
     as_json,
     describe,
     differential,
+    from_json,
     load_corpus,
 )
 from notebookos.testing.up_session import UpCluster
@@ -116,6 +117,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Comparison]:
 
 def print_table_of(path: Path) -> int:
     results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for i, result in enumerate(results):  # compared again under today's manifest
+        comparison = from_json(result, CORPUS)
+        if comparison is not None:
+            results[i] = as_json(comparison)
     rows = [r["row"] for r in results]
     modes = ("plain", *[m for m in ("notebookos", "kills", "control")
                         if rows and all(m in row for row in rows)])
@@ -157,7 +162,8 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="append each notebook's result to FILE")
     parser.add_argument("--table-of", metavar="FILE",
                         help="only print the table and mismatches of the runs --json wrote to "
-                             "FILE (also of a run cut short)")
+                             "FILE (also of a run cut short), compared again under the "
+                             "manifest's current rules")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep the logs there")
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per cell")
     args = parser.parse_args()

@@ -21,7 +21,8 @@ carries (a figure's bytes are not compared). Before comparing:
   global_scheduler/front.py write them) are taken out of stderr and kept apart (``notes``): a
   failover or rebuild notice is reported, not compared;
 - the rules the manifest names for a cell (by its index among the notebook's code cells):
-  ``numbers`` (the cell shows unseeded randomness: every number becomes ``#``), ``set-order``
+  ``numbers`` (the cell shows unseeded randomness: every number becomes ``#``, runs of blanks
+  one blank, since column padding follows the numbers), ``set-order``
   (an ``execute_result`` that is a set or dict of strings: its items sorted, since their order
   follows the process's string hash seed), ``timing`` (every duration ``<number> <unit>`` becomes
   ``<t>``, for a notebook that times itself).
@@ -286,8 +287,8 @@ def _clean(text: str, rules: tuple[str, ...]) -> str:
     text = TIMING_LINE.sub("<timing>", text)
     if "timing" in rules:
         text = DURATION.sub("<t>", text)
-    if "numbers" in rules:
-        text = NUMBER.sub("#", text)
+    if "numbers" in rules:  # digit grouping and column padding follow the numbers too
+        text = re.sub(r"[ \t]+", " ", re.sub(r"#(?:,#)+", "#", NUMBER.sub("#", text)))
     return text
 
 
@@ -411,6 +412,31 @@ def _short(value: object, width: int) -> str:
 
 
 def as_json(comparison: Comparison) -> dict:
+    """The comparison, and the runs themselves (outputs without their non-text payloads) so that
+    ``from_json`` can compare them again under a newer manifest."""
+    runs = {}
+    for mode, run in comparison.runs.items():
+        cells = []
+        for cell in run.cells:
+            record = asdict(cell)
+            for out in record["outputs"]:
+                data = out["content"].get("data")
+                if isinstance(data, dict):
+                    out["content"]["data"] = {k: (v if k == "text/plain" else "") for k, v
+                                              in data.items()}
+            cells.append(record)
+        runs[mode] = {"cells": cells, "seconds": run.seconds, "kernel_id": run.kernel_id}
     return {"row": comparison.row(),
             "mismatches": [asdict(v) for vs in comparison.mismatches.values() for v in vs],
-            "notes": comparison.notes}
+            "notes": comparison.notes, "runs": runs}
+
+
+def from_json(record: dict, corpus: Path) -> Comparison | None:
+    """``as_json``'s record compared again under the corpus' current manifest (None for a
+    record without its runs)."""
+    if "runs" not in record:
+        return None
+    (nb,) = load_corpus(corpus, [record["row"]["notebook"]])
+    runs = {mode: NotebookRun(nb.name, mode, [CellRun(**c) for c in r["cells"]], r["seconds"],
+                              r["kernel_id"]) for mode, r in record["runs"].items()}
+    return compare(nb, runs)
