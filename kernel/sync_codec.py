@@ -39,6 +39,7 @@ import collections
 import contextlib
 import copyreg
 import ctypes
+import functools
 import gc
 import hashlib
 import importlib
@@ -501,6 +502,11 @@ def _tensor_ref(token: str) -> Any:
     raise pickle.UnpicklingError(f"tensor {token} referenced outside a NotebookOS state update")
 
 
+def _cached_function(func: Any, maxsize: int | None, typed: bool) -> Any:
+    """A notebook function under ``functools.lru_cache`` / ``functools.cache``, wrapped again."""
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
+
+
 def _tensor_with_grad_ref(token: str, grad: Any) -> Any:
     """Stands for a leaf tensor and its ``.grad`` in a pickled value; see ``_tensor_ref``."""
     raise pickle.UnpicklingError(f"tensor {token} referenced outside a NotebookOS state update")
@@ -623,6 +629,15 @@ class _ValuePickler(cloudpickle.CloudPickler):
         if (type(obj) is self._array_type and obj.nbytes > TENSOR_INLINE_LIMIT
                 and not obj.dtype.hasobject):
             return (_array_ref, (self._on_tensor(obj),))  # type: ignore[misc]
+        if type(obj) is functools._lru_cache_wrapper:  # noqa: SLF001 - @functools.cache
+            wrapped = getattr(obj, "__wrapped__", None)
+            if (isinstance(wrapped, types.FunctionType)
+                    and wrapped.__globals__ is self._namespace):
+                # a notebook function under @cache / @lru_cache: pickling by reference looked it
+                # up in __main__, where a standby has no such name; the function travels by
+                # value and is wrapped again (the cache starts empty, as after a restart)
+                parameters = obj.cache_parameters()
+                return (_cached_function, (wrapped, parameters["maxsize"], parameters["typed"]))
         if (isinstance(obj, type) and "__slotnames__" not in obj.__dict__
                 and not cloudpickle_internals._should_pickle_by_reference(obj)):
             # Pickling an instance caches __slotnames__ on its class; do it now so that a
@@ -891,6 +906,7 @@ class StateEncoder:
             names = set(effects.bound | effects.deleted | effects.mutated)
             # Functions passed as arguments (map(step, xs)) may be called too.
             names |= _names_reached_by_calls(namespace, effects.called | effects.mutated)
+            names |= _arrays_sharing_memory(namespace, effects.mutated)
         return sorted(n for n in names if not is_internal_name(n))
 
     def encode(self, namespace: Mapping[str, Any], effects: CellEffects) -> SyncUpdate:
@@ -1390,6 +1406,24 @@ def _names_reached_by_calls(namespace: Mapping[str, Any], called: Iterable[str])
         ):
             reached.add(name)
     return reached
+
+
+def _arrays_sharing_memory(namespace: Mapping[str, Any], mutated: Iterable[str]) -> set[str]:
+    """Names bound to numpy arrays whose memory a mutated name's array shares: a write through
+    a view (``x2_sub = x2[:2, :2]``, then ``x2_sub[0, 0] = 99``) changed ``x2`` too, and the
+    other way round. Small arrays are copied per name (docs/state-sync.md), so the name the cell
+    did not mention must be sent again. Names bound to arrays directly, bounds compared
+    (``numpy.may_share_memory``): cheap, and a false positive costs one hash."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return set()
+    written = [namespace[n] for n in mutated
+               if type(namespace.get(n)) is numpy.ndarray]
+    if not written:
+        return set()
+    return {name for name, value in namespace.items()
+            if type(value) is numpy.ndarray and not is_internal_name(name)
+            and any(value is not w and numpy.may_share_memory(value, w) for w in written)}
 
 
 def _code_globals(code: types.CodeType) -> set[str]:

@@ -171,3 +171,32 @@ def test_checking_a_gib_of_tensors_after_a_cell_is_bounded(pair: Pair) -> None:
     assert took < 3.0, f"checking 256 MiB of tensors took {took:.2f} s"
     pair.run("big[1].data[5] = 2.0")
     assert float(pair.standby["big"][1][5]) == 2.0
+
+
+def test_a_write_through_a_view_reaches_the_array_it_views(pair: Pair) -> None:
+    """Found by the notebook corpus (PythonDataScienceHandbook 02.02): small arrays are copied
+    per name, so the array a view was taken from is sent again when the view is written."""
+    pair.run("import numpy as np\nx2 = np.arange(12).reshape(3, 4)\nx2_sub = x2[:2, :2]")
+    pair.run("x2_sub[0, 0] = 99")
+    assert pair.standby["x2"][0, 0] == 99 and pair.standby["x2_sub"][0, 0] == 99
+    pair.run("x2[0, 1] = 42")
+    assert pair.standby["x2_sub"][0, 1] == 42
+
+
+def test_a_cached_notebook_function_is_replicated(pair: Pair) -> None:
+    """Found by the notebook corpus (norvig/pytudes Stubborn): a @functools.cache function was
+    pickled by reference to __main__, where a standby has no such name."""
+    pair.run("""
+        import functools
+        @functools.cache
+        def fib(n):
+            return n if n < 2 else fib(n - 1) + fib(n - 2)
+        @functools.lru_cache(maxsize=8, typed=True)
+        def square(n):
+            return n * n
+        table = {n: fib(n) for n in range(20)}
+    """)
+    fib, square = pair.standby["fib"], pair.standby["square"]
+    assert fib(30) == 832040 and fib.cache_info().maxsize is None
+    assert square(3) == 9 and square.cache_parameters() == {"maxsize": 8, "typed": True}
+    assert pair.standby["table"][19] == 4181
