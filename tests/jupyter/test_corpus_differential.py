@@ -30,9 +30,11 @@ NOTEBOOKS = ("pdsh-01.06-errors", "pdsh-02.02-numpy-basics", "pdsh-02.08-sorting
 MODES = ("notebookos", "kills")
 
 # (notebook, mode) -> {code cell index: why it differs today}; remove an entry with its fix.
-_VIEW = ("cell 29's x2_sub = x2[:2, :2] is a numpy view of x2; cell 30's x2_sub[0, 0] = 99 writes "
-         "x2's memory, a change cell 30's AST does not name (issue 31, item 1): after the "
-         "executor's kill the new executor's x2 still holds 12 where plain IPython's holds 99")
+_VIEW = ("cell 29's x2_sub = x2[:2, :2] is a numpy view of x2; a standby holds it as a copy "
+         "(small arrays are copied per name, docs/state-sync.md), so cell 30's x2_sub[0, 0] = 99, "
+         "run on a former standby after the kill, does not write x2 there. A write through a "
+         "view on the replica that made it is replicated (test_sync_unnamed_changes.py); views "
+         "kept as views on standbys are not built yet")
 KNOWN: dict[tuple[str, str], dict[int, str]] = {
     ("pdsh-02.02-numpy-basics", "kills"): {31: _VIEW, 32: _VIEW, 34: _VIEW},
 }
