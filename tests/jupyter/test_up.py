@@ -89,7 +89,9 @@ def test_up_runs_a_notebook_kernel_and_stops_cleanly(tmp_path: Path) -> None:
         assert results[0]["outputs"][0]["data"]["text/plain"] == "43"
         doc = _wait_whole(gs_port, 3)
         assert len(doc["hosts"]) == 3
-        _check_metrics_live(doc)  # the restarted daemons' endpoints, wherever they now are
+        # the restarted daemons' endpoints, wherever they now are: the kernel was whole all along
+        # (the restarted Local Scheduler takes its replica back), so wait for its registration
+        doc = _wait_metrics_live(gs_port)
         assert proc.poll() is None
 
         proc.send_signal(signal.SIGINT)
@@ -119,6 +121,19 @@ def _check_metrics_live(doc: dict) -> None:
     for url in urls["local_schedulers"].values():
         assert "notebookos_host_gpus{" in _get(url)
     assert len(json.loads(_get(urls["service_discovery"]))) == 1 + len(doc["hosts"])
+
+
+def _wait_metrics_live(gs_port: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = _status(gs_port)
+        try:
+            _check_metrics_live(doc)
+            return doc
+        except (OSError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _status(gs_port: int) -> dict:
