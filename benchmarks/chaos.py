@@ -17,7 +17,7 @@ Faults, drawn at random (seeded) between cells:
 - ``kill-executor``: SIGKILL of the replica that ran the last cell (the next cell's sticky pick);
 - ``kill-standby``: SIGKILL of another replica;
 - ``kill-local-scheduler``: SIGKILL of the Local Scheduler of a host holding a replica (its
-  replicas die with it; ``notebookos up`` restarts it);
+  replicas live on; ``notebookos up`` restarts it and it takes them back);
 - ``kill-global-scheduler``: SIGKILL of the Global Scheduler (``notebookos up`` restarts it);
 - ``hang-host``: SIGSTOP of a host's Local Scheduler and everything it runs, SIGCONT 10 s later;
 - ``double``: two of the above, on different hosts, the second 0.1-1 s after the first.
