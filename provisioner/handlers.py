@@ -53,12 +53,15 @@ class NotebookOSHandler(APIHandler):
     def initialize(self, address: str | None = None) -> None:
         self.address = address or global_scheduler_address()
 
-    async def cluster_status(self) -> global_scheduler_pb2.ClusterStatus:
+    def stub(self) -> global_scheduler_pb2_grpc.GlobalSchedulerStub:
         try:
             channel = shared_global_scheduler_channel(self.address)
         except RuntimeError as exc:
             raise web.HTTPError(503, str(exc)) from None
-        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+        return global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
+
+    async def cluster_status(self) -> global_scheduler_pb2.ClusterStatus:
+        stub = self.stub()
         try:
             return await stub.GetClusterStatus(
                 global_scheduler_pb2.GetClusterStatusRequest(), timeout=RPC_TIMEOUT_S)
@@ -136,20 +139,13 @@ class WakeHandler(NotebookOSHandler):
     @web.authenticated
     async def post(self, kernel_id: str) -> None:
         try:
-            channel = shared_global_scheduler_channel(self.address)
-        except RuntimeError as exc:
-            raise web.HTTPError(503, str(exc)) from None
-        stub = global_scheduler_pb2_grpc.GlobalSchedulerStub(channel)
-        try:
-            answer = await stub.WakeKernel(
+            answer = await self.stub().WakeKernel(
                 global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
                 timeout=RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise web.HTTPError(404, f"NotebookOS knows no kernel {kernel_id!r}") from None
-            raise web.HTTPError(
-                503, f"the NotebookOS Global Scheduler at {self.address} is not reachable: "
-                     f"{exc.code().name}") from None
+            raise self.unreachable(exc.code().name) from None
         self.finish(json.dumps({"waking": answer.waking}))
 
 

@@ -41,13 +41,8 @@ def _expected() -> str:
     return f"{int(np.arange(2_000_000).sum())} {{'a': [1, 2]}} True {random.random()}\n"
 
 
-def _hibernated(cluster, kernel_id: str) -> bool:  # noqa: ANN001
-    status = cluster.kernel(kernel_id)
-    return status.state == common_pb2.KERNEL_STATE_HIBERNATED and not status.replicas \
-        and "hibernated after" in status.message
-
-
-def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(make_cluster):  # noqa: ANN001
+def _kernel_with_state(make_cluster):  # noqa: ANN001, ANN202
+    """A three-host cluster whose kernels hibernate after 2 s, and a kernel holding STATE."""
     cluster = make_cluster(FAST)
     cluster.start_gs()
     for i in range(3):
@@ -55,6 +50,17 @@ def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(m
     cluster.wait_hosts(3)
     kernel_id, kc = cluster.start_kernel(gpus=1)
     assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    return cluster, kernel_id, kc
+
+
+def _hibernated(cluster, kernel_id: str) -> bool:  # noqa: ANN001
+    status = cluster.kernel(kernel_id)
+    return status.state == common_pb2.KERNEL_STATE_HIBERNATED and not status.replicas \
+        and "hibernated after" in status.message
+
+
+def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(make_cluster):  # noqa: ANN001
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
     pids = [r.pid for r in cluster.kernel(kernel_id).replicas]
     assert len(pids) == 3
 
@@ -80,13 +86,7 @@ def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(m
 
 
 def test_a_hibernated_notebook_survives_a_scheduler_restart_and_wakes_on_request(make_cluster):  # noqa: ANN001
-    cluster = make_cluster(FAST)
-    cluster.start_gs()
-    for i in range(3):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(3)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
     cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
 
     cluster.gs.send_signal(signal.SIGKILL)
