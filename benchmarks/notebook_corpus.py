@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from notebookos.testing import smoke
 from notebookos.testing.differential import (
     CELL_TIMEOUT_S,
     MODES,
@@ -91,7 +92,7 @@ def table(rows: list[dict], modes: tuple[str, ...]) -> str:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> list[Comparison]:
-    names = [SMOKE] if args.smoke else args.notebooks
+    names = args.notebooks
     notebooks = load_corpus(CORPUS, names)
     cluster = UpCluster(workdir, 4)
     _ACTIVE.append(cluster)
@@ -148,7 +149,6 @@ def _stop_and_exit(signum: int, _frame: object) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--smoke", action="store_true", help=f"one notebook only ({SMOKE})")
     parser.add_argument("--notebooks", type=lambda v: v.split(","), default=None,
                         help="these notebooks of the manifest, comma-separated (default all)")
     parser.add_argument("--no-kills", dest="kills", action="store_false",
@@ -166,7 +166,7 @@ def main() -> int:
                              "manifest's current rules")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep the logs there")
     parser.add_argument("-v", "--verbose", action="store_true", help="a line per cell")
-    args = parser.parse_args()
+    args = smoke.parse_args(parser, notebooks=[SMOKE])  # --smoke: one small notebook
     args.modes = MODES if args.kills else MODES[:2]
     if args.table_of:
         return print_table_of(Path(args.table_of))

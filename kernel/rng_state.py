@@ -38,9 +38,11 @@ def is_rng_root(name: str) -> bool:
 def capture() -> dict[str, Any]:
     """The current states of the global generators of every module already imported."""
     state: dict[str, Any] = {"random": random.getstate()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and hasattr(numpy, "random") and hasattr(numpy.random, "get_state"):
-        kind, keys, pos, has_gauss, cached = numpy.random.get_state(legacy=True)
+    # numpy.random itself, not numpy: numpy imports it lazily, and a notebook that never used it
+    # has drawn nothing from it (asking would import it into every replica)
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None and hasattr(numpy_random, "get_state"):
+        kind, keys, pos, has_gauss, cached = numpy_random.get_state(legacy=True)
         state["numpy"] = (str(kind), keys.tobytes(), str(keys.dtype), int(pos), int(has_gauss),
                           float(cached))
     torch = sys.modules.get("torch")
