@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from codec_pair import HMAC_KEY, Pair
+from harness import ReplicaGroup
 
 from notebookos.store import LargeObjectStore, open_store
 from notebookos.testing.optional import require_torch
@@ -30,3 +31,15 @@ def pair(file_store: LargeObjectStore) -> Iterator[Pair]:
     p = Pair(file_store)
     yield p
     p.close()
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[ReplicaGroup]:
+    """Three real replica processes with a file store, stopped after the test (a module may
+    define its own ``group``)."""
+    replicas = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
+    try:
+        replicas.start()
+        yield replicas
+    finally:
+        replicas.stop()

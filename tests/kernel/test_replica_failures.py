@@ -14,16 +14,6 @@ from harness import ReplicaGroup
 from notebookos.kernel.replies import EXECUTOR_FAILED
 
 
-@pytest.fixture
-def group(tmp_path: Path):
-    replicas = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
-    try:
-        replicas.start()
-        yield replicas
-    finally:
-        replicas.stop()
-
-
 def test_executor_killed_between_cells(group: ReplicaGroup):
     first = group.execute("import numpy as np\nstate = {'a': 1}\narr = np.arange(10)", target=1)
     count = first.executor_reply()["content"]["execution_count"]

@@ -5,8 +5,6 @@ output. Three real replica processes; the next cell is sent to another replica."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from harness import ReplicaGroup
 
@@ -21,14 +19,6 @@ FIGURE = ("%matplotlib inline\n%config InlineBackend.close_figures = False\n"
           "fig = plt.figure(figsize=(2, 2))\n_ = plt.plot([1, 2])")
 
 
-@pytest.fixture
-def group(tmp_path: Path):
-    replicas = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
-    try:
-        replicas.start()
-        yield replicas
-    finally:
-        replicas.stop()
 
 
 def _displays(result) -> list[dict]:  # noqa: ANN001
