@@ -9,7 +9,8 @@ front differs from ``KernelFront`` in three ways:
   one after another and the front keeps answering everything else meanwhile;
 - before it sends the cell to a fresh container it waits for the container's IOPub welcome
   (ipykernel's XPUB answers a subscription with ``iopub_welcome``), so no output is lost to
-  ZMQ's slow joiner;
+  ZMQ's slow joiner; the cell is set aside meanwhile (the loop serves every front: it never
+  blocks on one), and sent when the welcome comes or ``WELCOME_WAIT_S`` has passed;
 - requests that arrive while parked get an answer without a replica: ``kernel_info`` from the
   reply cached at start, ``is_complete`` ``unknown``, ``comm_info`` no comms, ``interrupt`` and
   ``shutdown`` a plain ok (there is nothing to interrupt or stop); ``complete``, ``inspect``,
@@ -19,7 +20,6 @@ front differs from ``KernelFront`` in three ways:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -48,6 +48,8 @@ class CellFront(KernelFront):
         self._cell: str | None = None  # client msg_id of the cell being placed or run
         self._backlog: deque[tuple[list[bytes], dict, str]] = deque()
         self._welcomed: set[int] = set()
+        # cells set aside until their container's IOPub welcome: replica -> (deadline, send)
+        self._welcome_waiters: dict[int, tuple[float, Callable[[], None]]] = {}
 
     # -- while parked -------------------------------------------------------------------------
 
@@ -116,9 +118,12 @@ class CellFront(KernelFront):
             except Exception as exc:  # noqa: BLE001 - the client must get an answer
                 log.exception("kernel %s: placing %s failed", self.kernel_id, msg_id)
                 result = PlacementFailed(f"placing the cell failed: {exc}")
-            self._commands.append(lambda: self._placed(idents, msg, msg_id, attempt, result))
+            self._run_on_loop(lambda: self._placed(idents, msg, msg_id, attempt, result))
 
-        threading.Thread(target=place, daemon=True, name=f"place-{self.kernel_id}").start()
+        if self._started:
+            self._placer.submit(place)
+        else:
+            place()
 
     def _placed(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int,
                 result: Any) -> None:
@@ -135,6 +140,12 @@ class CellFront(KernelFront):
         self._apply_commands()  # the cell's container was just connected
         replica = self._replicas.get(executor)
         if replica is not None and executor not in self._welcomed:
+            def send() -> None:
+                self._send_execute(idents, msg, msg_id, attempt, executor, device_ids)
+
+            if self._started:  # set aside until the welcome (or WELCOME_WAIT_S)
+                self._welcome_waiters[executor] = (time.monotonic() + WELCOME_WAIT_S, send)
+                return
             self._await_welcome(executor, replica.iopub)
             self._apply_commands()
         if executor not in self._replicas:
@@ -147,9 +158,12 @@ class CellFront(KernelFront):
 
     def _from_replica_iopub(self, rid: int, frames: list[bytes]) -> None:
         if rid not in self._welcomed and self._is_welcome(frames):
-            # The loop polled the container's IOPub before its cell was sent: note the welcome
-            # here, or _await_welcome would wait for one that has already come.
+            # The loop read the container's IOPub before its cell was sent: note the welcome
+            # here, or the cell would wait for one that has already come.
             self._welcomed.add(rid)
+            waiter = self._welcome_waiters.pop(rid, None)
+            if waiter is not None:
+                waiter[1]()
             return
         super()._from_replica_iopub(rid, frames)
 
@@ -158,8 +172,27 @@ class CellFront(KernelFront):
         msg = self._verify_quiet(msg_list)
         return msg is not None and msg["header"].get("msg_type") == "iopub_welcome"
 
+    def _next_duty(self) -> float | None:
+        due = super()._next_duty()
+        for deadline, _ in self._welcome_waiters.values():
+            due = deadline if due is None else min(due, deadline)
+        return due
+
+    def _timed_duties(self) -> None:
+        super()._timed_duties()
+        now = time.monotonic()
+        for rid, (deadline, send) in list(self._welcome_waiters.items()):
+            if rid not in self._replicas or now >= deadline:
+                del self._welcome_waiters[rid]
+                if rid in self._replicas:
+                    log.warning("kernel %s: replica %d sent no IOPub welcome within %gs",
+                                self.kernel_id, rid, WELCOME_WAIT_S)
+                    self._welcomed.add(rid)
+                send()  # sent now, or answered that its container was lost
+
     def _await_welcome(self, rid: int, sock: zmq.Socket) -> None:
-        """Wait until the container's IOPub has our subscription (its welcome message)."""
+        """Wait until the container's IOPub has our subscription (its welcome message); only
+        for a front not served by the loop."""
         deadline = time.monotonic() + WELCOME_WAIT_S
         while time.monotonic() < deadline:
             if not sock.poll(int(max(1, (deadline - time.monotonic()) * 1000))):

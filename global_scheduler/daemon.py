@@ -12,6 +12,7 @@ import grpc
 
 from notebookos.config import Config
 from notebookos.global_scheduler.autoscaler import Autoscaler
+from notebookos.global_scheduler.limits import raise_limits
 from notebookos.global_scheduler.providers import (
     HostProvider,
     LocalProcessProvider,
@@ -160,6 +161,7 @@ class GlobalSchedulerDaemon:
 
 
 def run(config: Config) -> int:
+    raise_limits()  # before the first ZMQ socket: room for thousands of kernels
     daemon = GlobalSchedulerDaemon(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: threading.Thread(target=daemon.stop, daemon=True).start())

@@ -1,13 +1,15 @@
 """A distributed kernel's front: the five ZMQ sockets Jupyter Server talks to, and the routing.
 
-To Jupyter Server the front *is* the kernel. Each front runs one thread that owns all its sockets:
-the five bound front sockets (shell, control, stdin: ROUTER; iopub: XPUB; hb: REP echo) and, per
-replica, DEALER sockets to its shell/control/stdin and a SUB socket on its iopub.
+To Jupyter Server the front *is* the kernel. Every front of the process is served by one loop
+(front_loop.py: asyncio over epoll, no polling), which owns all its sockets: the five bound front
+sockets (shell, control, stdin: ROUTER; iopub: XPUB; hb: REP echo) and, per replica, DEALER
+sockets to its shell/control/stdin and a SUB socket on its iopub. Other threads hand a front
+work as commands, run on the loop in order with the messages it routes.
 
 Routing (DESIGN section 3):
 - ``execute_request``: ``hooks.place_execute`` picks the executor and commits its GPUs. It runs on
-  a thread of its own (it may wait for GPUs, for CommitGpus, for a migration), one cell at a
-  time and in order, so the loop keeps routing everything else meanwhile; an interrupt withdraws
+  a thread of the placement pool (it may wait for GPUs, for CommitGpus, for a migration), one
+  cell at a time and in order, so the loop keeps routing everything else meanwhile; an interrupt withdraws
   the cells not sent yet (an ``aborted`` reply each). The
   executor gets ``execute_request`` with ``metadata.gpu_device_ids``, every other replica gets
   ``yield_request``; each copy is re-signed with the kernel key. The client sees the executor's
@@ -50,9 +52,10 @@ import zmq
 from jupyter_client.session import Session
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.front_sockets import FrontSockets
 from notebookos.global_scheduler.kernel_info import starting_kernel_info
-from notebookos.global_scheduler.placement_worker import PlacementWorker
+from notebookos.global_scheduler.placement_worker import PlacementPool
 from notebookos.unrouted import UnroutedReplies
 
 log = logging.getLogger(__name__)
@@ -73,7 +76,12 @@ UNROUTED_KEEP_S = 60.0
 # The username of the requests the Global Scheduler itself sends replicas (readiness.py,
 # control.py); the front forwards clients' requests with their own headers.
 GS_USERNAME = "notebookos-gs"
-POLL_S = 0.05  # the front's loop wakes at least this often (held yields, kept replies)
+# How often a front retries what waits for a client (kept replies, IOPub held for a resubscribing
+# client, requests deferred until IOPub is subscribed): only while there is such a thing.
+RETRY_S = 0.05
+# At most this many rounds over a front's sockets per turn on the loop: a front flooded with
+# messages lets the other fronts in between.
+MAX_ROUNDS = 64
 
 
 class PlacementFailed(Exception):
@@ -160,15 +168,6 @@ class _Waiting:
     placed_at: float = 0.0
 
 
-@dataclass
-class _Polled:
-    """The front loop's poll set, rebuilt whenever the replica set changes."""
-
-    replicas: dict[int, Any] | None = None
-    poller: zmq.Poller = field(default_factory=zmq.Poller)
-    sockets: dict[Any, tuple[str, int | None]] = field(default_factory=dict)
-
-
 def _retry_id(msg_id: str, attempt: int) -> str:
     """The id a request runs under when it is placed again (``<client id>:retry<attempt>``)."""
     return f"{msg_id.rsplit(':retry', 1)[0]}:retry{attempt}"
@@ -219,14 +218,19 @@ class KernelFront:
         # Attempts whose election failed and that run again under a new id: their replicas'
         # busy/idle are not the cell's (election id -> attempt)
         self._superseded: OrderedDict[str, int] = OrderedDict()
-        # commands for the front's thread (deque: appends and pops are atomic, and an empty
+        # commands for the front's loop (deque: appends and pops are atomic, and an empty
         # check costs nothing on the hot path, unlike Queue.get_nowait's exception)
         self._commands: deque[Callable[[], None]] = deque()
         self._stop = threading.Event()
-        # Another thread queues a command and writes a byte here: the loop wakes at once.
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # The loop serving this front once started (front_loop.py), the sockets it watches
+        # (socket -> (name, replica id), socket -> fd) and the front's next timed duty.
+        self._loop: FrontLoop | None = None
+        self._watched: dict[zmq.Socket, tuple[str, int | None]] = {}
+        self._watched_fds: dict[zmq.Socket, int] = {}
+        self._watched_replicas: dict[int, _ReplicaSockets] | None = None
+        self._tick: Any = None  # asyncio.TimerHandle
+        self._tick_due = 0.0
+        self._closed = False
         # A kernel bound before its replicas are ready (``starting``): kernel_info is answered
         # here (``kernel_info``: a replica's reply content, else one made up), every other
         # request is held, in order, until ``replicas_ready`` or ``start_failed``.
@@ -238,7 +242,7 @@ class KernelFront:
         # of its own (placement may wait for GPUs): ``_placing`` is the one being placed.
         self._waiting: deque[_Waiting] = deque()
         self._placing: _Waiting | None = None
-        self._placer = PlacementWorker(f"place-{kernel_id}")
+        self._placer = PlacementPool.shared()
         self._arrivals: OrderedDict[str, float] = OrderedDict()  # client msg_id -> monotonic
         # What each cell waited for before it was sent to its executor (client msg_id ->
         # {what: why}, in order): the replicas starting, GPUs, a migration. The reply says so.
@@ -262,7 +266,6 @@ class KernelFront:
         # lost to it. So, re-bound, IOPub waits until no subscription came for a short while.
         self._rebound = bool(ports)
         self._last_subscription = 0.0
-        self._thread: threading.Thread | None = None
         self.preferred_replica: int | None = None
         self.yield_hold_s = YIELD_HOLD_S
         self._holding: dict[str, _Pending] = {}  # execute requests whose yields are held back
@@ -284,46 +287,52 @@ class KernelFront:
         # a reply for a client that has not (re)connected yet is kept, not dropped
         # (retried at most every poll interval, not on every message the loop handles)
         self._unrouted = UnroutedReplies(self._sockets["shell"], keep_s=UNROUTED_KEEP_S,
-                                         retry_every_s=POLL_S)
+                                         retry_every_s=RETRY_S)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"front-{self.kernel_id}")
-        self._thread.start()
+        """Serve this front on the process's front loop from now on."""
+        self._loop = FrontLoop.shared()
+        self._loop.call(self._service)
+
+    @property
+    def _started(self) -> bool:
+        return self._loop is not None and not self._closed
 
     def close(self) -> None:
+        """Stop routing and close every socket (on the loop, waited for up to 5 s)."""
         self._stop.set()
         self.client_attached.set()  # a start waiting for a client goes on (and finds it gone)
-        self._placer.close()
-        self._wake()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._loop is None or not self._loop.alive():
+            self._close_sockets()
+            return
+        try:
+            self._loop.run(self._close_sockets, timeout=5)
+        except TimeoutError:  # the loop is held up: it closes them when it gets there
+            log.warning("kernel %s: the front loop did not close the front within 5 s",
+                        self.kernel_id)
+
+    def _close_sockets(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_tick()
+        for sock in list(self._watched):
+            self._unwatch(sock)
         for sock in self._sockets.values():
             sock.close(linger=0)
         for r in self._replicas.values():
             r.close()
         self._replicas.clear()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._wake_r = self._wake_w = -1
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):  # full (it wakes anyway) or closed
-            pass
 
     def _run_on_loop(self, command: Callable[[], None]) -> None:
-        """Run ``command`` on the front's thread (in order with the messages it routes), or
-        here when the loop does not run."""
-        if self._thread is None or not self._thread.is_alive():
+        """Run ``command`` on the front's loop (in order with the messages it routes), or
+        here when the front is not served by a loop."""
+        if not self._started:
             command()
             return
+        assert self._loop is not None
         self._commands.append(command)
-        self._wake()
+        self._loop.call(self._service)
 
     def replicas_ready(self) -> None:
         """The replicas of a kernel bound while ``starting`` are connected (``set_replicas``):
@@ -417,7 +426,7 @@ class KernelFront:
             for rid in list(self._replicas):
                 if rid not in wanted or self._replicas[rid].endpoint != wanted[rid]:
                     self._drain(rid)
-                    self._replicas.pop(rid).close()
+                    self._close_replica(rid)
                     dropped.append(rid)
             self._executors_lost_before_idle(set(dropped))
             for msg_id, pending in list(self._pending.items()):
@@ -429,15 +438,20 @@ class KernelFront:
             for rid, e in wanted.items():
                 if rid not in self._replicas:
                     self._replicas[rid] = self._connect(e)
+            self._watch_sockets()
             done.set()
 
-        if self._thread is None or not self._thread.is_alive():
-            apply()
-        else:
-            self._commands.append(apply)
-            self._wake()
-            if wait:
-                done.wait(timeout=5)
+        self._run_on_loop(apply)
+        if wait and self._loop is not None and not self._loop.on_loop():
+            done.wait(timeout=5)
+
+    def _close_replica(self, rid: int) -> None:
+        """Stop watching a replica's sockets, then close them (a closed socket's fd number is
+        reused at once: the loop must not hold it)."""
+        replica = self._replicas.pop(rid)
+        for sock in (replica.shell, replica.control, replica.stdin, replica.iopub):
+            self._unwatch(sock)
+        replica.close()
 
     def _drain(self, rid: int) -> None:
         """Route what a replica being dropped has already sent (its last output, an idle, a
@@ -474,58 +488,72 @@ class KernelFront:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        poller = _Polled()
-        while not self._stop.is_set():
-            try:
-                self._loop_pass(poller)
-            except Exception:  # noqa: BLE001 - a dead loop would leave the kernel unanswered
-                log.exception("kernel %s: front loop pass failed; carrying on", self.kernel_id)
-                poller.replicas = None  # rebuild the poll set from scratch
-
-    def _loop_pass(self, polled: _Polled) -> None:
-        self._apply_commands()
-        if polled.replicas != self._replicas:  # the replica set changed: poll the new sockets
-            polled.replicas = dict(self._replicas)
-            polled.poller = zmq.Poller()
-            polled.sockets.clear()
-            for name in ("shell", "control", "stdin", "hb", "iopub"):
-                polled.poller.register(self._sockets[name], zmq.POLLIN)
-                polled.sockets[self._sockets[name]] = (name, None)
-            polled.poller.register(self._wake_r, zmq.POLLIN)
-            polled.sockets[self._wake_r] = ("wake", None)
-            for rid, r in polled.replicas.items():
-                for name in ("shell", "control", "stdin", "iopub"):
-                    sock = getattr(r, name)
-                    polled.poller.register(sock, zmq.POLLIN)
-                    polled.sockets[sock] = (f"replica-{name}", rid)
-        try:
-            events = polled.poller.poll(int(POLL_S * 1000))
-        except zmq.ZMQError:
-            polled.replicas = None
+    def _watch_sockets(self) -> None:
+        """Watch the client sockets and the replicas' (once the replica set changed)."""
+        if self._loop is None or self._closed or self._watched_replicas == self._replicas:
             return
-        self._release_deferred()
-        if self.iopub_held and self._iopub_topics:
-            self._flush_iopub()
-        if self._holding:
-            self._send_due_yields()
-        if self._unrouted:
-            self._unrouted.retry()
-        for sock, _ in events:
-            name, rid = polled.sockets[sock]
-            if name == "wake":
-                self._drain_wake()
-                self._apply_commands()
-                continue
-            if sock.closed:  # a command applied earlier in this pass dropped its replica
+        wanted: dict[zmq.Socket, tuple[str, int | None]] = {}
+        for name in ("shell", "control", "stdin", "hb", "iopub"):
+            wanted[self._sockets[name]] = (name, None)
+        for rid, r in self._replicas.items():
+            for name in ("shell", "control", "stdin", "iopub"):
+                wanted[getattr(r, name)] = (f"replica-{name}", rid)
+        for sock in [s for s in self._watched if s not in wanted]:
+            self._unwatch(sock)
+        for sock, role in wanted.items():
+            if sock not in self._watched:
+                fd = sock.getsockopt(zmq.FD)
+                self._loop.loop.add_reader(fd, self._service)
+                self._watched_fds[sock] = fd
+            self._watched[sock] = role
+        self._watched_replicas = dict(self._replicas)
+
+    def _unwatch(self, sock: zmq.Socket) -> None:
+        self._watched.pop(sock, None)
+        fd = self._watched_fds.pop(sock, None)
+        if fd is not None and self._loop is not None:
+            self._loop.loop.remove_reader(fd)
+
+    def _service(self) -> None:
+        """The front's turn on the loop: apply commands, then read every socket that has a
+        message until none has (a ZMQ fd signals edges, and any send or receive on a socket
+        may consume its signal: each socket's ``EVENTS`` is read again after every round),
+        then the timed duties, then the next timer."""
+        if self._closed:
+            return
+        try:
+            self._apply_commands()
+            self._watch_sockets()
+            for _ in range(MAX_ROUNDS):
+                if not self._service_round() or self._closed:
+                    break
+            else:  # still busy: the other fronts get a turn first
+                assert self._loop is not None
+                self._loop.loop.call_soon(self._service)
+            if not self._closed:
+                self._timed_duties()
+        except Exception:  # noqa: BLE001 - a dead front would leave the kernel unanswered
+            log.exception("kernel %s: front loop pass failed; carrying on", self.kernel_id)
+            self._watched_replicas = None  # watch the sockets again from scratch
+        if not self._closed:
+            self._schedule_tick()
+
+    def _service_round(self) -> bool:
+        """One message from each socket that has one; whether there was any."""
+        got = False
+        for sock, (name, rid) in list(self._watched.items()):
+            if sock.closed or sock not in self._watched:  # dropped earlier in this round
                 continue
             try:
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    continue
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 continue
-            except zmq.ZMQError as exc:  # closed under us: the next pass polls the new set
+            except zmq.ZMQError as exc:  # closed under us
                 log.debug("kernel %s: %s socket gone: %s", self.kernel_id, name, exc)
                 continue
+            got = True
             try:
                 self._dispatch(name, rid, frames)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
@@ -535,6 +563,50 @@ class KernelFront:
             except Exception:  # noqa: BLE001 - one bad message must not stop the kernel
                 self._dropped("malformed")
                 log.exception("kernel %s: dropping a message on %s", self.kernel_id, name)
+            if self._commands:
+                self._apply_commands()
+            self._watch_sockets()
+        return got
+
+    def _timed_duties(self) -> None:
+        self._release_deferred()
+        if self.iopub_held and self._iopub_topics:
+            self._flush_iopub()
+        if self._holding:
+            self._send_due_yields()
+        if self._unrouted:
+            self._unrouted.retry()
+
+    def _next_duty(self) -> float | None:
+        """When the front next has something timed to do (monotonic, the loop's clock)."""
+        due: float | None = None
+        if self._holding:
+            due = min(p.yields_due for p in self._holding.values())
+        if self._deferred or (self.iopub_held and self._iopub_topics) or self._unrouted:
+            soon = time.monotonic() + RETRY_S
+            due = soon if due is None else min(due, soon)
+        return due
+
+    def _schedule_tick(self) -> None:
+        due = self._next_duty()
+        if due is None:
+            self._cancel_tick()
+            return
+        if self._tick is not None and self._tick_due <= due:
+            return  # an earlier (or the same) turn is set: it sets the next one
+        self._cancel_tick()
+        assert self._loop is not None
+        self._tick_due = due
+        self._tick = self._loop.loop.call_at(due, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        self._service()
+
+    def _cancel_tick(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
 
     def _dropped(self, reason: str) -> None:
         """Count a dropped message: here (the kernel's status) and in the hooks' metrics."""
@@ -562,13 +634,6 @@ class KernelFront:
                 self._dropped("malformed")
                 log.exception("kernel %s: dropping a deferred message on %s", self.kernel_id,
                               name)
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
 
     def _apply_commands(self) -> None:
         while self._commands:
@@ -855,7 +920,7 @@ class KernelFront:
                 result = PlacementFailed(f"placing the cell failed: {exc}")
             self._run_on_loop(lambda: self._placement_done(waiting, result))
 
-        if self._thread is None or not self._thread.is_alive():
+        if not self._started:
             place()  # no loop to keep free (a front used without start())
         else:
             self._placer.submit(place)

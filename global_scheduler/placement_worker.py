@@ -1,11 +1,14 @@
-"""The thread a kernel's front places its cells on, one at a time.
+"""The threads kernel fronts place their cells on: one pool for every front of the process.
 
 Placing a cell can wait (for GPUs, a ``CommitGpus`` call, a migration), so it never runs on the
-front's loop. One thread per front, started with its first cell and kept until the front closes:
-a new thread per cell cost the loop a thread start on every cell (``Thread.start`` waits until
-the new thread runs, a scheduling round trip on a busy host) and the process a thread's setup.
-Not a ``ThreadPoolExecutor(1)``: its workers are joined at interpreter exit, and a placement
-waiting for GPUs would hold the Global Scheduler's exit; this thread is a daemon, and a job that
+fronts' loop (front_loop.py). Each front places one cell at a time, in order (``_placing``), so
+the pool only needs a thread per placement *in progress*: threads grow with the cells being
+placed at once, not with open notebooks (issue 32: a thread kept per front made two threads per
+idle notebook). A worker left idle for ``IDLE_S`` ends; one that is idle takes the next job, so
+a notebook running cell after cell reuses a thread (a new thread per cell cost the loop a
+thread start on every cell).
+Not a ``ThreadPoolExecutor``: its workers are joined at interpreter exit, and a placement
+waiting for GPUs would hold the Global Scheduler's exit; these are daemons, and a job that
 raises is logged here rather than kept in a future nobody reads.
 """
 
@@ -18,36 +21,59 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+IDLE_S = 30.0  # an idle worker ends after this long
 
-class PlacementWorker:
-    def __init__(self, name: str) -> None:
+
+class PlacementPool:
+    _shared: PlacementPool | None = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self, name: str = "place", idle_s: float = IDLE_S) -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._idle_s = idle_s
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._closed = False
+        self._idle = 0  # workers waiting for a job
+        self._workers = 0
+        self._started = 0
+
+    @classmethod
+    def shared(cls) -> PlacementPool:
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    @property
+    def workers(self) -> int:
+        return self._workers
 
     def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on the worker thread after the jobs submitted before it."""
+        """Run ``job`` on a worker: an idle one, else a new one."""
         with self._lock:
-            if self._closed:  # its front closed: the kernel is gone, nobody waits for this
-                log.debug("%s: closed, a placement dropped", self._name)
-                return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
-                self._thread.start()
+            if self._idle > 0:
+                self._idle -= 1
+            else:
+                self._workers += 1
+                self._started += 1
+                threading.Thread(target=self._run, daemon=True,
+                                 name=f"{self._name}-{self._started}").start()
             self._jobs.put(job)
 
-    def close(self) -> None:
-        """Let the thread end after the job it runs (a placement ends once its kernel stops)."""
-        with self._lock:
-            self._closed = True
-            if self._thread is not None:
-                self._jobs.put(None)
-
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():  # nobody counted on this worker: it ends
+                        self._idle -= 1
+                        self._workers -= 1
+                        return
+                continue  # a job came as the wait ended: it is this worker's
             try:
                 job()
             except Exception:  # noqa: BLE001 - the worker outlives one bad job
                 log.exception("%s: a placement job failed", self._name)
+            with self._lock:
+                self._idle += 1

@@ -89,10 +89,10 @@ def test_a_short_cell_on_the_previous_executor_never_asks_the_standby(cluster) -
     assert hooks.released[1:] == cells  # each cell's GPUs released on its reply
 
 
-def test_cells_are_placed_one_after_the_other_on_one_thread_off_the_loop(cluster) -> None:  # noqa: ANN001
-    """Placement can wait (GPUs, a CommitGpus call), so it runs off the front's loop: on one
-    thread the front keeps, not a new thread per cell (whose start the loop waited for on every
-    cell), and that thread ends with the front."""
+def test_cells_are_placed_one_after_the_other_off_the_loop_on_a_reused_thread(cluster) -> None:  # noqa: ANN001
+    """Placement can wait (GPUs, a CommitGpus call), so it runs off the fronts' loop, on the
+    placement pool: a thread that is idle takes the next cell (not a new thread per cell, whose
+    start the loop waited for on every cell), and no thread is kept per front."""
     front, executor, standby, client, hooks = cluster
     _first_cell(executor, standby, client)
     for n in range(2, 5):
@@ -102,11 +102,10 @@ def test_cells_are_placed_one_after_the_other_on_one_thread_off_the_loop(cluster
         executor.reply(run, "execute_reply", {"status": "ok", "execution_count": n}, "executor")
         assert _client_reply(client)["content"]["execution_count"] == n
     threads = hooks.placing_threads
-    assert len(threads) == 4 and len(set(threads)) == 1, threads
-    assert threads[0] is not front._thread
-    front.close()
-    threads[0].join(5)
-    assert not threads[0].is_alive()
+    # one thread, or two when a cell came before the first had counted itself idle again
+    assert len(threads) == 4 and len(set(threads)) <= 2, threads
+    assert front._loop is not None and all(t is not front._loop._thread for t in threads)
+    assert threads[-1] in threads[:-1]  # reused
 
 
 def test_a_longer_cell_brings_the_standby_in_after_the_hold(cluster) -> None:  # noqa: ANN001

@@ -1,0 +1,36 @@
+"""Room for thousands of kernels: open files and ZMQ sockets.
+
+Each open kernel holds 17 ZMQ sockets in the Global Scheduler (5 bound for its clients, 4 per
+replica), each an fd for its mailbox plus its TCP connections. libzmq's default of 1,023 sockets
+per context and a soft ``RLIMIT_NOFILE`` of 1,024 would stop the scheduler at about 60 kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+
+import zmq
+
+log = logging.getLogger(__name__)
+
+SOCKETS_PER_KERNEL = 17
+
+
+def raise_limits(kernels: int = 20_000) -> int:
+    """Raise the soft open-file limit to the hard one and the process ZMQ context's socket cap
+    to what ``kernels`` need (call before the context makes its first socket). Returns the
+    number of kernels the open-file limit leaves room for."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d: %s", soft, exc)
+    wanted = kernels * SOCKETS_PER_KERNEL + 1024
+    context = zmq.Context.instance()
+    if context.get(zmq.MAX_SOCKETS) < wanted:
+        context.set(zmq.MAX_SOCKETS, wanted)
+    room = soft // (SOCKETS_PER_KERNEL * 2) if soft != resource.RLIM_INFINITY else kernels
+    return min(kernels, room)
