@@ -24,6 +24,7 @@ CHEAP = {
     "gpu_binding": ([], 40),  # skips without CUDA; a tiny run with it
     "cell_order": (["--no-live"], 40),  # the simulated orders; the live one needs a cluster
     "routing": ([], 90),  # a GS, three LSs, one kernel: the benchmark that had crashed
+    "gs_scale": ([], 60),  # real fronts on stand-in replicas
 }
 
 

@@ -1,0 +1,264 @@
+"""What open kernels cost the Global Scheduler's fronts, up to thousands of kernels (issue 32).
+
+    python benchmarks/gs_scale.py [--json] [--kernels 10,100,1000] [--window 10] [--cells 300]
+
+The real fronts (global_scheduler/front.py, on the process's one front loop) in this process,
+each connected to three stand-in replicas (notebookos/testing/standin_replicas.py: many kernels'
+replicas in one other process, speaking the replica's side of the protocol). For each count N:
+
+- ``threads``: this process's threads with N open fronts, and ``threads_before`` with none
+  (the fronts' loop and the placement pool are the only threads fronts add);
+- ``idle_cpu_ms_per_s`` (the process, N idle fronts, over --window s) and its value per kernel;
+- ``rss_per_kernel_kb``: resident memory added per open front (its 17 ZMQ sockets, its maps);
+- ``cell_ms`` p50/p99: a trivial cell through kernel 0's front (client -> front -> stand-in
+  executor -> front -> client), against ``direct_ms``, the same request sent straight to the
+  stand-in (alternating, same run); ``overhead_ms`` = their difference at p50 and p99;
+- ``loaded_cell_ms``: the same while --rate cells/s flow through the other fronts (round robin);
+- ``kernel_info_ms`` p50/p99 through the front;
+- ``open_s``: the time to open the N fronts (bind, connect, watch).
+
+The Global Scheduler's gRPC side and its placement decision are not in this figure (placement
+is a stub that answers replica 1); benchmarks/routing.py and placement.py measure those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zmq
+from jupyter_client.session import Session
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from notebookos.global_scheduler.front import KernelFront, ReplicaEndpoint  # noqa: E402
+from notebookos.global_scheduler.limits import raise_limits  # noqa: E402
+from notebookos.testing import smoke  # noqa: E402
+from notebookos.testing.standin_replicas import kernel_id  # noqa: E402
+
+
+class PlaceOnReplicaOne:
+    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        return 1, []
+
+    def release_execute(self, kernel_id: str, msg_id: str) -> None:
+        pass
+
+    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        pass
+
+    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        pass
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3) if ordered else 0.0
+
+
+class Client:
+    """A Jupyter client's shell + IOPub on one front (or shell alone, straight to a replica)."""
+
+    def __init__(self, context: zmq.Context, key: str, shell_port: int,
+                 iopub_port: int | None = None) -> None:
+        self.session = Session(key=key.encode())
+        self.shell = context.socket(zmq.DEALER)
+        self.shell.linger = 0
+        self.shell.connect(f"tcp://127.0.0.1:{shell_port}")
+        self.iopub = None
+        if iopub_port is not None:
+            self.iopub = context.socket(zmq.SUB)
+            self.iopub.linger = 0
+            self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+            self.iopub.connect(f"tcp://127.0.0.1:{iopub_port}")
+
+    def request(self, msg_type: str, content: dict, timeout_s: float = 10.0) -> float:
+        """Send; wait for the reply; seconds taken."""
+        msg = self.session.msg(msg_type, content)
+        started = time.perf_counter()
+        self.session.send(self.shell, msg)
+        if not self.shell.poll(timeout_s * 1000):
+            raise TimeoutError(f"no {msg_type} reply within {timeout_s} s")
+        self.shell.recv_multipart()
+        taken = time.perf_counter() - started
+        self.drain()
+        return taken
+
+    def send(self, msg_type: str, content: dict) -> None:
+        self.session.send(self.shell, msg_type, content)
+
+    def drain(self) -> None:
+        for sock in (self.shell, self.iopub):
+            while sock is not None and sock.poll(0):
+                sock.recv_multipart()
+
+    def close(self) -> None:
+        for sock in (self.shell, self.iopub):
+            if sock is not None:
+                sock.close(linger=0)
+
+
+def measure(count: int, window: float, cells: int, rate: float) -> dict[str, Any]:
+    key = uuid.uuid4().hex
+    standin = subprocess.Popen(
+        [sys.executable, "-m", "notebookos.testing.standin_replicas", "--kernels", str(count),
+         "--key", key], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    fronts: list[KernelFront] = []
+    clients: list[Client] = []
+    context = zmq.Context.instance()
+    try:
+        assert standin.stdout is not None
+        ports = json.loads(standin.stdout.readline())
+        threads_before, rss_before = _threads(), _rss_kb()
+        hooks = PlaceOnReplicaOne()
+        opened = time.perf_counter()
+        for k in range(count):
+            front = KernelFront(kernel_id(k), key, "hmac-sha256", hooks)
+            front.set_replicas([
+                ReplicaEndpoint(int(r), "127.0.0.1", p["shell"], p["iopub"][k], p["stdin"],
+                                p["control"]) for r, p in ports.items()])
+            front.start()
+            fronts.append(front)
+        open_s = time.perf_counter() - opened
+        client = Client(context, key, fronts[0].ports["shell_port"], fronts[0].ports["iopub_port"])
+        direct = Client(context, key, ports["1"]["shell"])
+        clients += [client, direct]
+        time.sleep(1.0)  # the IOPub subscription reaches the front
+        client.request("execute_request", {"code": "0", "silent": False})  # first cell: all asked
+        time.sleep(max(1.0, min(5.0, count / 500)))  # connections settle
+        threads = _threads()
+        rss_per_kernel_kb = (_rss_kb() - rss_before) / count
+        cpu0, t0 = _cpu_s(), time.monotonic()
+        time.sleep(window)
+        idle_cpu_ms_per_s = (_cpu_s() - cpu0) / (time.monotonic() - t0) * 1000
+        via_front: list[float] = []
+        straight: list[float] = []
+        for _ in range(cells):
+            via_front.append(client.request("execute_request", {"code": "1", "silent": False}))
+            straight.append(direct.request("execute_request", {"code": "1", "silent": False}))
+        info = [client.request("kernel_info_request", {}) for _ in range(max(10, cells // 3))]
+        loaded = _loaded(context, key, fronts, client, cells, rate, clients)
+        ms = [v * 1000 for v in via_front]
+        direct_ms = [v * 1000 for v in straight]
+        return {
+            "kernels": count,
+            "open_s": round(open_s, 3),
+            "threads_before": threads_before,
+            "threads": threads,
+            "idle_cpu_ms_per_s": round(idle_cpu_ms_per_s, 3),
+            "idle_cpu_ms_per_s_per_kernel": round(idle_cpu_ms_per_s / count, 5),
+            "rss_per_kernel_kb": round(rss_per_kernel_kb, 1),
+            "cell_ms": {"p50": _pct(ms, 0.5), "p99": _pct(ms, 0.99)},
+            "direct_ms": {"p50": _pct(direct_ms, 0.5), "p99": _pct(direct_ms, 0.99)},
+            "overhead_ms": {"p50": round(_pct(ms, 0.5) - _pct(direct_ms, 0.5), 3),
+                            "p99": round(_pct(ms, 0.99) - _pct(direct_ms, 0.99), 3)},
+            "kernel_info_ms": {"p50": _pct([v * 1000 for v in info], 0.5),
+                               "p99": _pct([v * 1000 for v in info], 0.99)},
+            **loaded,
+        }
+    finally:
+        for c in clients:
+            c.close()
+        for front in fronts:
+            front.close()
+        if standin.stdin is not None:
+            standin.stdin.close()
+        try:
+            standin.wait(10)
+        except subprocess.TimeoutExpired:
+            standin.kill()
+
+
+def _loaded(context: zmq.Context, key: str, fronts: list[KernelFront], client: Client,
+            cells: int, rate: float, clients: list[Client]) -> dict[str, Any]:
+    """Kernel 0's cells while ``rate`` cells/s go round robin through the other fronts."""
+    others = [Client(context, key, f.ports["shell_port"]) for f in fronts[1:1 + min(200, len(fronts))]]
+    clients += others
+    if not others or rate <= 0:
+        return {}
+    stop = threading.Event()
+    sent = [0]
+
+    def flow() -> None:
+        period = 1.0 / rate
+        due = time.monotonic()
+        while not stop.is_set():
+            c = others[sent[0] % len(others)]
+            c.drain()
+            c.send("execute_request", {"code": "1", "silent": False})
+            sent[0] += 1
+            due += period
+            stop.wait(max(0.0, due - time.monotonic()))
+
+    load = threading.Thread(target=flow, daemon=True)
+    started = time.monotonic()
+    load.start()
+    try:
+        loaded = [client.request("execute_request", {"code": "1", "silent": False}) * 1000
+                  for _ in range(cells)]
+    finally:
+        stop.set()
+        load.join(5)
+    achieved = sent[0] / (time.monotonic() - started)
+    return {"loaded_cell_ms": {"p50": _pct(loaded, 0.5), "p99": _pct(loaded, 0.99)},
+            "load_cells_per_s": round(achieved, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--kernels", default="10,100,500,1000", help="comma-separated counts")
+    parser.add_argument("--window", type=float, default=10.0, help="idle seconds measured")
+    parser.add_argument("--cells", type=int, default=300, help="cells timed each way")
+    parser.add_argument("--rate", type=float, default=100.0,
+                        help="cells/s through the other fronts for loaded_cell_ms")
+    args = smoke.parse_args(parser, argv, kernels="3", window=0.5, cells=10, rate=20.0)
+    try:  # as root, beyond the hard limit too (a daemon's unit or container sets it there)
+        nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nr_open, nr_open))
+    except (OSError, ValueError):
+        pass
+    room = raise_limits()
+    results = []
+    for count in (int(n) for n in args.kernels.split(",")):
+        if count > room:
+            results.append({"kernels": count, "skipped": f"the open-file limit leaves room for "
+                                                         f"{room} kernels in one process"})
+            continue
+        results.append(measure(count, args.window, args.cells, args.rate))
+        if not args.json:
+            print(json.dumps(results[-1]), flush=True)
+    if args.json:
+        print(json.dumps({"gs_scale": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
