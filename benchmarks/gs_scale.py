@@ -19,6 +19,11 @@ replicas in one other process, speaking the replica's side of the protocol). For
 
 The Global Scheduler's gRPC side and its placement decision are not in this figure (placement
 is a stub that answers replica 1); benchmarks/routing.py and placement.py measure those.
+
+``--real 1,10,20``: the whole Global Scheduler daemon with three Local Schedulers and real
+replicas (as benchmarks/routing.py starts them), N 0-GPU kernels each run one cell and then sit
+idle; the Global Scheduler's process is read from /proc over --window s: ``gs_threads``,
+``gs_idle_cpu_ms_per_s``, ``gs_rss_mb``, and ``cell_ms`` (a trivial cell through its front, p50).
 """
 
 from __future__ import annotations
@@ -231,6 +236,65 @@ def _loaded(context: zmq.Context, key: str, fronts: list[KernelFront], client: C
             "load_cells_per_s": round(achieved, 1)}
 
 
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_real(count: int, window: float) -> dict[str, Any]:
+    """The Global Scheduler daemon with ``count`` idle kernels of real replicas."""
+    import statistics
+    import tempfile
+
+    from jupyter_client import BlockingKernelClient
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from routing import Daemons
+
+    from notebookos.proto import common_pb2, global_scheduler_pb2
+    from notebookos.proto.convert import connection_info_to_dict
+
+    with tempfile.TemporaryDirectory(prefix="nbos-gs-scale-") as tmp:
+        daemons = Daemons(Path(tmp))
+        clients: list[BlockingKernelClient] = []
+        try:
+            stub = daemons.start()
+            gs_pid = daemons.procs[0].pid
+            for n in range(count):
+                started = stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
+                    kernel_id=f"scale-{n:03d}", key=uuid.uuid4().hex,
+                    resources=common_pb2.ResourceSpec(millicpus=10, memory_mb=64, gpus=0)),
+                    timeout=180)
+                kc = BlockingKernelClient()
+                kc.load_connection_info(connection_info_to_dict(started.connection))
+                kc.start_channels()
+                kc.wait_for_ready(timeout=120)
+                kc.execute_interactive("x = 1", timeout=60)
+                clients.append(kc)
+            time.sleep(5)  # the replicas and the scheduler settle (Raft rests)
+            cpu0, t0 = _proc_cpu_s(gs_pid), time.monotonic()
+            time.sleep(window)
+            idle = (_proc_cpu_s(gs_pid) - cpu0) / (time.monotonic() - t0) * 1000
+            status = Path(f"/proc/{gs_pid}/status").read_text()
+            rss_kb = int(next(line.split()[1] for line in status.splitlines()
+                              if line.startswith("VmRSS:")))
+            threads = len(os.listdir(f"/proc/{gs_pid}/task"))
+            cells = []
+            for _ in range(30):
+                t = time.perf_counter()
+                clients[0].execute_interactive("pass", timeout=30)
+                cells.append((time.perf_counter() - t) * 1000)
+            return {"kernels": count, "gs_threads": threads,
+                    "gs_idle_cpu_ms_per_s": round(idle, 2),
+                    "gs_idle_cpu_ms_per_s_per_kernel": round(idle / count, 3),
+                    "gs_rss_mb": round(rss_kb / 1000, 1),
+                    "cell_ms_p50": round(statistics.median(cells), 2)}
+        finally:
+            for kc in clients:
+                kc.stop_channels()
+            daemons.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -239,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", type=int, default=300, help="cells timed each way")
     parser.add_argument("--rate", type=float, default=100.0,
                         help="cells/s through the other fronts for loaded_cell_ms")
+    parser.add_argument("--real", default="",
+                        help="comma-separated counts of idle kernels of real replicas behind "
+                             "the whole Global Scheduler daemon (e.g. 1,10,20)")
     args = smoke.parse_args(parser, argv, kernels="3", window=0.5, cells=10, rate=20.0)
     try:  # as root, beyond the hard limit too (a daemon's unit or container sets it there)
         nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
@@ -255,8 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         results.append(measure(count, args.window, args.cells, args.rate))
         if not args.json:
             print(json.dumps(results[-1]), flush=True)
+    real = []
+    for count in (int(n) for n in args.real.split(",") if n):
+        real.append(measure_real(count, args.window))
+        if not args.json:
+            print(json.dumps(real[-1]), flush=True)
     if args.json:
-        print(json.dumps({"gs_scale": results}, indent=1))
+        print(json.dumps({"gs_scale": results, "real": real}, indent=1))
     return 0
 
 

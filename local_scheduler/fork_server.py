@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -38,9 +39,19 @@ class ForkedProcess:
         self.pid = pid
         self.returncode: int | None = None
         self._done = threading.Event()
+        self._callbacks: list[Callable[[int], None]] = []
+        self._callbacks_lock = threading.Lock()
 
     def poll(self) -> int | None:
         return self.returncode
+
+    def add_exit_callback(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(returncode)`` once it has exited (at once when it has)."""
+        with self._callbacks_lock:
+            if self.returncode is None:
+                self._callbacks.append(callback)
+                return
+        callback(self.returncode)
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._done.wait(timeout):
@@ -49,9 +60,17 @@ class ForkedProcess:
         return self.returncode
 
     def exited(self, code: int) -> None:
-        if self.returncode is None:
+        with self._callbacks_lock:
+            if self.returncode is not None:
+                return
             self.returncode = code
             self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback(code)
+            except Exception:  # noqa: BLE001 - the server's reader must go on
+                log.exception("exit callback failed for pid %d", self.pid)
 
 
 class ForkServer:

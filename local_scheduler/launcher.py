@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from notebookos.local_scheduler import replica_records, spawn
+from notebookos.local_scheduler.exit_watch import ExitWatcher
 from notebookos.local_scheduler.fork_server import ForkedPrewarmed, ForkedProcess, ForkServer
 from notebookos.local_scheduler.pid_watch import (
     WatchedProcess,
@@ -181,6 +181,7 @@ class ProcessLauncher(Launcher):
         # preloaded interpreter (fork_server.py); None: they start as new interpreters.
         self.fork_server = (ForkServer(python, module, self.workdir / "fork-server.log")
                             if fork_server else None)
+        self.exits = ExitWatcher()
         if self.fork_server is not None:
             self.fork_server.start_in_background()
 
@@ -236,8 +237,7 @@ class ProcessLauncher(Launcher):
                                   forked=prewarmed is None and isinstance(process, ForkedProcess))
         self.records.put(spec.owner, replica_records.record_of(replica, resources,
                                                                start_ticks(process.pid)))
-        threading.Thread(target=self._watch, args=(replica,), daemon=True,
-                         name=f"watch-{spec.owner}").start()
+        self._watch(replica)
         return replica
 
     def recover(self) -> list[tuple[LaunchedReplica, ResourceSpec]]:
@@ -271,15 +271,22 @@ class ProcessLauncher(Launcher):
                             self.records.path, exc, record)
                 continue
             self.records.put(spec.owner, record)
-            threading.Thread(target=self._watch, args=(replica,), daemon=True,
-                             name=f"watch-{spec.owner}").start()
+            self._watch(replica)
             recovered.append((replica, resources))
         self.records.save()  # names this Local Scheduler as the holder, even of none
         return recovered
 
     def _watch(self, replica: LaunchedReplica) -> None:
-        assert isinstance(replica.process, subprocess.Popen | ForkedProcess | WatchedProcess)
-        code = replica.process.wait()
+        """Learn of the replica's exit without a thread of its own: the fork server's notice
+        for a forked one, else the launcher's exit watcher (a pidfd in one selector)."""
+        process = replica.process
+        assert isinstance(process, subprocess.Popen | ForkedProcess | WatchedProcess)
+        if isinstance(process, ForkedProcess):
+            process.add_exit_callback(lambda code: self._exited(replica, code))
+        else:
+            self.exits.watch(process, lambda code: self._exited(replica, code))
+
+    def _exited(self, replica: LaunchedReplica, code: int) -> None:
         self.records.drop(replica.spec.owner)
         try:
             self.on_exit(replica, code)
@@ -305,6 +312,7 @@ class ProcessLauncher(Launcher):
     def close(self) -> None:
         if self.fork_server is not None:
             self.fork_server.close()
+        self.exits.close()
 
 
 def log_tail(path: Path, limit: int = 2000) -> str:
