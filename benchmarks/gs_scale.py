@@ -22,7 +22,9 @@ is a stub that answers replica 1); benchmarks/routing.py and placement.py measur
 
 ``--real 1,10,20``: the whole Global Scheduler daemon with three Local Schedulers and real
 replicas (as benchmarks/routing.py starts them), N 0-GPU kernels each run one cell and then sit
-idle; the Global Scheduler's process is read from /proc over --window s: ``gs_threads``,
+idle, each with a client connected as Jupyter Server's websocket connects (shell, IOPub,
+stdin, control; no heartbeat channel); the Global Scheduler's process is read from /proc over
+--window s: ``gs_threads``,
 ``gs_idle_cpu_ms_per_s``, ``gs_rss_mb``, and ``cell_ms`` (a trivial cell through its front, p50).
 """
 
@@ -241,7 +243,36 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure_real(count: int, window: float) -> dict[str, Any]:
+def _task_cpu(pid: int) -> dict[int, float]:
+    cpu: dict[int, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu
+
+
+def _write_thread_cpu(pid: int, before: dict[int, float], after: dict[int, float],
+                      seconds: float, out: Path) -> None:
+    """Each thread's CPU over the window (ms/s), named from ``py-spy dump``."""
+    names: dict[int, str] = {}
+    dump = subprocess.run(["py-spy", "dump", "-p", str(pid)], capture_output=True, text=True)
+    for line in dump.stdout.splitlines():
+        if line.startswith("Thread "):  # Thread 0x7F.. (idle): "name"  or  Thread 12345 ...
+            parts = line.split()
+            try:
+                names[int(parts[1], 0)] = line.split(":", 1)[1].strip()
+            except (ValueError, IndexError):
+                continue
+    (out.parent / f"{out.stem}-dump.txt").write_text(dump.stdout)
+    rows = sorted(((after[t] - before.get(t, 0.0)) / seconds * 1000, t) for t in after)
+    out.write_text("".join(f"{ms:8.2f} ms/s  tid {t}  {names.get(t, '(native)')}\n"
+                           for ms, t in reversed(rows)))
+
+
+def measure_real(count: int, window: float, profile: Path | None = None) -> dict[str, Any]:
     """The Global Scheduler daemon with ``count`` idle kernels of real replicas."""
     import statistics
     import tempfile
@@ -256,6 +287,7 @@ def measure_real(count: int, window: float) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="nbos-gs-scale-") as tmp:
         daemons = Daemons(Path(tmp))
+        daemons.env.pop("NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S")  # the default, 2 s
         clients: list[BlockingKernelClient] = []
         try:
             stub = daemons.start()
@@ -267,18 +299,30 @@ def measure_real(count: int, window: float) -> dict[str, Any]:
                     timeout=180)
                 kc = BlockingKernelClient()
                 kc.load_connection_info(connection_info_to_dict(started.connection))
-                kc.start_channels()
+                kc.start_channels(hb=False)  # as Jupyter Server's websocket: no heartbeat
                 kc.wait_for_ready(timeout=120)
                 kc.execute_interactive("x = 1", timeout=60)
                 clients.append(kc)
             time.sleep(5)  # the replicas and the scheduler settle (Raft rests)
+            spy = None
+            if profile is not None:  # py-spy's folded stacks of the idle window
+                spy = subprocess.Popen(["py-spy", "record", "--gil", "-p", str(gs_pid), "-d",
+                                        str(int(window)), "-f", "raw", "-o",
+                                        str(profile / f"gs-idle-{count}.txt")],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            tasks0 = _task_cpu(gs_pid)
             cpu0, t0 = _proc_cpu_s(gs_pid), time.monotonic()
             time.sleep(window)
+            if profile is not None:
+                _write_thread_cpu(gs_pid, tasks0, _task_cpu(gs_pid), time.monotonic() - t0,
+                                  profile / f"gs-threads-{count}.txt")
             idle = (_proc_cpu_s(gs_pid) - cpu0) / (time.monotonic() - t0) * 1000
             status = Path(f"/proc/{gs_pid}/status").read_text()
             rss_kb = int(next(line.split()[1] for line in status.splitlines()
                               if line.startswith("VmRSS:")))
             threads = len(os.listdir(f"/proc/{gs_pid}/task"))
+            if spy is not None:
+                spy.wait(30)
             cells = []
             for _ in range(30):
                 t = time.perf_counter()
@@ -306,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", default="",
                         help="comma-separated counts of idle kernels of real replicas behind "
                              "the whole Global Scheduler daemon (e.g. 1,10,20)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="with --real: py-spy's stacks of the GS's idle window, to this dir")
     args = smoke.parse_args(parser, argv, kernels="3", window=0.5, cells=10, rate=20.0)
     try:  # as root, beyond the hard limit too (a daemon's unit or container sets it there)
         nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
@@ -314,17 +360,19 @@ def main(argv: list[str] | None = None) -> int:
         pass
     room = raise_limits()
     results = []
-    for count in (int(n) for n in args.kernels.split(",")):
+    for count in (int(n) for n in args.kernels.split(",") if n):
         if count > room:
             results.append({"kernels": count, "skipped": f"the open-file limit leaves room for "
                                                          f"{room} kernels in one process"})
+            if not args.json:
+                print(json.dumps(results[-1]), flush=True)
             continue
         results.append(measure(count, args.window, args.cells, args.rate))
         if not args.json:
             print(json.dumps(results[-1]), flush=True)
     real = []
     for count in (int(n) for n in args.real.split(",") if n):
-        real.append(measure_real(count, args.window))
+        real.append(measure_real(count, args.window, args.profile))
         if not args.json:
             print(json.dumps(real[-1]), flush=True)
     if args.json:

@@ -228,6 +228,8 @@ class KernelFront:
         self._watched: dict[zmq.Socket, tuple[str, int | None]] = {}
         self._watched_fds: dict[zmq.Socket, int] = {}
         self._watched_replicas: dict[int, _ReplicaSockets] | None = None
+        # the same sockets in one zmq_poll: reading every socket's EVENTS in one C call
+        self._poller = zmq.Poller()
         self._tick: Any = None  # asyncio.TimerHandle
         self._tick_due = 0.0
         self._closed = False
@@ -505,11 +507,13 @@ class KernelFront:
                 fd = sock.getsockopt(zmq.FD)
                 self._loop.loop.add_reader(fd, self._service)
                 self._watched_fds[sock] = fd
+                self._poller.register(sock, zmq.POLLIN)
             self._watched[sock] = role
         self._watched_replicas = dict(self._replicas)
 
     def _unwatch(self, sock: zmq.Socket) -> None:
-        self._watched.pop(sock, None)
+        if self._watched.pop(sock, None) is not None:
+            self._poller.unregister(sock)
         fd = self._watched_fds.pop(sock, None)
         if fd is not None and self._loop is not None:
             self._loop.loop.remove_reader(fd)
@@ -540,20 +544,24 @@ class KernelFront:
 
     def _service_round(self) -> bool:
         """One message from each socket that has one; whether there was any."""
-        got = False
-        for sock, (name, rid) in list(self._watched.items()):
-            if sock.closed or sock not in self._watched:  # dropped earlier in this round
+        try:
+            ready = self._poller.poll(0)
+        except zmq.ZMQError as exc:  # a socket closed under us: watch afresh
+            log.debug("kernel %s: polling its sockets: %s", self.kernel_id, exc)
+            self._watched_replicas = None
+            return False
+        for sock, _ in ready:
+            role = self._watched.get(sock)
+            if role is None or sock.closed:  # dropped earlier in this round
                 continue
+            name, rid = role
             try:
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    continue
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 continue
             except zmq.ZMQError as exc:  # closed under us
                 log.debug("kernel %s: %s socket gone: %s", self.kernel_id, name, exc)
                 continue
-            got = True
             try:
                 self._dispatch(name, rid, frames)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
@@ -566,7 +574,7 @@ class KernelFront:
             if self._commands:
                 self._apply_commands()
             self._watch_sockets()
-        return got
+        return bool(ready)
 
     def _timed_duties(self) -> None:
         self._release_deferred()

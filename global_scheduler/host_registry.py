@@ -156,14 +156,15 @@ class HostRegistryMixin:
             link.prewarm_pool_size = request.prewarm_pool_size
             reported = {(r.kernel_id, r.replica_id): r for r in request.replicas}
             orphaned = []
-            for entry in self.kernels.values():
-                for rid, rl in entry.replicas.items():
-                    r = reported.get((entry.kernel_id, rid))
-                    if rl.host_id == request.host_id and r is not None:
-                        rl.pid = r.pid
-                        if (r.committed_gpu_device_ids and not self._holds_gpus(entry, rid)
-                                and not link.releasing(entry.kernel_id, rid)):
-                            orphaned.append((entry.kernel_id, rid))
+            # what the host reports, not every kernel: a heartbeat costs the host's replicas
+            for (kernel_id, rid), r in reported.items():
+                entry = self.kernels.get(kernel_id)
+                rl = entry.replicas.get(rid) if entry is not None else None
+                if rl is not None and rl.host_id == request.host_id:
+                    rl.pid = r.pid
+                    if (r.committed_gpu_device_ids and not self._holds_gpus(entry, rid)
+                            and not link.releasing(kernel_id, rid)):
+                        orphaned.append((kernel_id, rid))
             # GPUs committed on the host for a request the GS does not know (it restarted
             # mid-cell): released when seen in two heartbeats in a row.
             suspects = self._orphan_suspects.setdefault(request.host_id, set())

@@ -46,7 +46,13 @@ class PlacementPool:
 
     @property
     def workers(self) -> int:
+        """Workers alive now."""
         return self._workers
+
+    @property
+    def started(self) -> int:
+        """Workers ever started."""
+        return self._started
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a worker: an idle one, else a new one."""

@@ -14,6 +14,7 @@ from fake_replicas import KEY, FakeReplica, FrontHooks
 from jupyter_client.session import Session
 
 from notebookos.global_scheduler.front import KernelFront
+from notebookos.global_scheduler.placement_worker import PlacementPool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,18 +95,19 @@ def test_cells_are_placed_one_after_the_other_off_the_loop_on_a_reused_thread(cl
     placement pool: a thread that is idle takes the next cell (not a new thread per cell, whose
     start the loop waited for on every cell), and no thread is kept per front."""
     front, executor, standby, client, hooks = cluster
+    pool = PlacementPool.shared()
     _first_cell(executor, standby, client)
-    for n in range(2, 5):
+    started = pool.started
+    for n in range(2, 6):
         _execute(client)
         run = executor.receive()
         assert run is not None
         executor.reply(run, "execute_reply", {"status": "ok", "execution_count": n}, "executor")
         assert _client_reply(client)["content"]["execution_count"] == n
     threads = hooks.placing_threads
-    # one thread, or two when a cell came before the first had counted itself idle again
-    assert len(threads) == 4 and len(set(threads)) <= 2, threads
+    assert len(threads) == 5
+    assert pool.started == started, "a placement thread started for a cell: none was reused"
     assert front._loop is not None and all(t is not front._loop._thread for t in threads)
-    assert threads[-1] in threads[:-1]  # reused
 
 
 def test_a_longer_cell_brings_the_standby_in_after_the_hold(cluster) -> None:  # noqa: ANN001
