@@ -40,7 +40,8 @@ class GlobalSchedulerLink:
         self.stub = gs_grpc.GlobalSchedulerStub(self.channel)
         self.tokens = tokens
         self._refused: str | None = None  # the last refusal logged (logged once, not per retry)
-        self._events: queue.Queue[global_scheduler_pb2.ReplicaEvent] = queue.Queue()
+        # replica events for the Global Scheduler, in order; None wakes the sender to stop
+        self._events: queue.Queue[global_scheduler_pb2.ReplicaEvent | None] = queue.Queue()
         self._event_seq = itertools.count(1)
         self._hb_seq = itertools.count(1)
         self._stop = threading.Event()
@@ -76,6 +77,7 @@ class GlobalSchedulerLink:
 
     def close(self, deregister: bool, reason: str = "shutdown") -> None:
         self._stop.set()
+        self._events.put(None)
         if deregister and self._registered.is_set():
             try:
                 self.stub.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(
@@ -180,10 +182,9 @@ class GlobalSchedulerLink:
         pending: global_scheduler_pb2.ReplicaEvent | None = None
         while not self._stop.is_set():
             if pending is None:
-                try:
-                    pending = self._events.get(timeout=0.5)
-                except queue.Empty:
-                    continue
+                pending = self._events.get()  # blocks until an event (or close's None)
+                if pending is None:
+                    return
             if not self._registered.wait(timeout=0.5):
                 continue
             try:
