@@ -21,7 +21,9 @@ The predictor (``predictor=``):
   16 -> 2, ReLU, Adam, lr 1e-3, batch 128, about 116,000 parameters) in torch, trained when the
   policy is built on the 870 records of all 435 pairs of the 29 reference types in both orders,
   labelled by the simulator's synthetic "measurements" (``notebookos.workload.interference``,
-  calibrated to the paper's V100 mean 1.54 / std 0.49), split 6:2:2; its test SMAPE is reported.
+  calibrated to the paper's V100 mean 1.54 / std 0.49), split 6:2:2, inputs min-max normalised,
+  target delta - 1 (each job's own; see ``MLPPredictor``), early stopping after 50 epochs without
+  a better validation loss; its test SMAPE is reported.
   Needs torch (``pip install 'notebookos[torch]'``); without it building the policy fails with a
   message that says so and names the alternatives. Predictions are made once per pair of job types
   and cached, so a run costs one training plus table look-ups.
@@ -34,7 +36,8 @@ The predictor (``predictor=``):
 - ``blind``: every pair predicted free of slowdown: interference-blind sharing, the paper's
   "GPU sharing" baseline.
 
-Figures (summary.json): ``gsla_violation_fraction`` (over jobs that shared), ``excess_ratio_p50/
+Figures (summary.json): ``gsla_violation_fraction`` (over jobs that shared),
+``gsla_violation_fraction_all_jobs`` (over all jobs: the paper's count), ``excess_ratio_p50/
 p90/p99`` over violators, ``shared_jobs``, ``predictor_smape`` (test split; oracle: 0).
 """
 
