@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--policy", default=None, help=f"policy (default {DEFAULT_POLICY})")
     group.add_argument("--compare", default=None, metavar="P1,P2,...",
                        help="run several policies and write one report")
+    parser.add_argument("--job-types", choices=("trace", "table1"), default="trace",
+                        help="job traces: keep the trace's model names (default), or give each "
+                             "job one of the 29 types of TensorShare's Table 1 by a hash of its "
+                             "id and --seed, as that paper's simulation did")
     parser.add_argument("--placement", choices=("pooled", "consolidated"), default="pooled",
                         help="job policies: may a job's GPUs span hosts (default pooled)")
     parser.add_argument("--seed", type=int, default=0, help="seed (the run is deterministic)")
@@ -107,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             get_policy(name, **config.policy_params.get(name, {}))
         workload = read_trace(args.trace, args.format, args.time_unit)
+        if args.job_types != "trace":
+            from notebookos.workload.job_types import assign_types
+
+            workload = assign_types(workload, args.job_types, args.seed)
     except (ValueError, TypeError, TraceError) as exc:
         print(f"notebookos simulate: {exc}", file=sys.stderr)
         return 2

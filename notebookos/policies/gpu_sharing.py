@@ -60,7 +60,7 @@ class SharingDecision:
     delta_running: float = 1.0  # predicted slowdown of the cell that holds the device
 
 
-def make_predictor(name: str, *, seed: int = 0, epochs: int = 300) -> tuple[str, Predictor]:
+def make_predictor(name: str, *, seed: int = 0, epochs: int = 1000) -> tuple[str, Predictor]:
     """(the predictor's name, the predictor); ``auto`` is ``mlp`` with torch, else ``ridge``."""
     from notebookos.policies import tensorshare
 

@@ -20,7 +20,8 @@ has waited longer than ``profile_s`` for the profiler skips it (the time-aware r
 
 Extra figures: ``shared_jobs`` (jobs that shared at some point) and, for a policy with a GPU SLA
 (``gsla``), ``gsla_violation_fraction`` (over jobs that shared: realised delta = run time / solo
-duration above the job's SLA) and ``excess_ratio_p50/p90/p99`` over the violators
+duration above the job's SLA; ``gsla_violation_fraction_all_jobs`` over all finished jobs, the
+paper's denominator) and ``excess_ratio_p50/p90/p99`` over the violators
 (100 x (delta - SLA) / SLA), as TensorShare reports them; for a profiling pool, ``profiled_jobs``
 and ``finished_in_profiling``.
 """
@@ -336,6 +337,10 @@ class SharingJobSimulator(JobSimulator):
                 excess.append(100.0 * (delta - sla) / sla)
         extra["gsla_violation_fraction"] = round(len(excess) / len(deltas), 6) if deltas else 0.0
         extra["gsla_violations"] = len(excess)
+        # TensorShare's own denominator (sec. 4.1: "the ratio of jobs that violate their gSLA to
+        # the total number of jobs"; a job that never shared has delta 1 and cannot violate).
+        extra["gsla_violation_fraction_all_jobs"] = (round(len(excess) / len(done), 6)
+                                                     if done else 0.0)
         values = np.asarray(excess) if excess else None
         for q in (50, 90, 99):
             extra[f"excess_ratio_p{q}"] = (round(float(np.percentile(values, q)), 3)

@@ -157,6 +157,24 @@ def test_compare_takes_the_seeds_policies_and_reports_their_own_figures(tmp_path
     assert "p99.9 queue s" in capsys.readouterr().out
 
 
+def test_job_types_table1_renames_the_jobs_as_tensorshare_simulated_them(tmp_path):
+    # Issue 35: TensorShare's simulation drew each Philly job's type from its Table 1 (29 types).
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time,duration,num_gpu,model_name\n" + "".join(
+        f"j{i},{i * 30},{60 + i * 10},1,dqn\n" for i in range(40)))
+    out = tmp_path / "run"
+    for types in ("trace", "table1"):
+        assert main(["simulate", "--trace", str(trace), "--format", "tiresias", "--cluster", "1x2",
+                     "--policy", "tensorshare", "--policy-param", "tensorshare.predictor=oracle",
+                     "--job-types", types, "--quiet", "--no-plots",
+                     "--out", str(out / types)]) == 0
+    summaries = {t: json.loads((out / t / "summary.json").read_text()) for t in ("trace", "table1")}
+    assert all(s["completed"] == 40 for s in summaries.values())
+    assert "gsla_violation_fraction_all_jobs" in summaries["table1"]
+    # dqn beside dqn barely slows either; random types make different pairs
+    assert summaries["trace"]["mean_shared_slowdown"] != summaries["table1"]["mean_shared_slowdown"]
+
+
 def test_the_subscription_plot_is_drawn_only_for_policies_that_replicate(trace, tmp_path):
     # Issue 21: it drew flat zero SR lines for reservation, batch and lcp, which do not replicate.
     out = tmp_path / "run"
