@@ -5,8 +5,10 @@ grow with replicas). A pidfd (``os.pidfd_open``) is readable once its process ha
 whoever its parent is, so one thread waits on all of them: a child of ours (``Popen``: reaped
 by its ``wait()``, instant then) and a replica a previous run started (``WatchedProcess``). A
 replica the fork server forked is not watched here: the server reports its exit, and its
-``ForkedProcess`` calls back (``add_exit_callback``). The callbacks run on the watcher's
-thread and must be short (the launcher's drops a record and queues an event).
+``ForkedProcess`` calls back (``add_exit_callback``), which hands the work to this thread
+(``call``): the server's reader must never wait for the Local Scheduler's lock, since a thread
+holding that lock may be waiting for the reader's answer to a fork order. The callbacks run on
+the watcher's thread and must be short (the launcher's drops a record and queues an event).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class ExitWatcher:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
         self._added: list[tuple[int, Any, Callable[[int], None]]] = []
+        self._calls: list[Callable[[], None]] = []
         self._closed = False
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
@@ -47,6 +50,14 @@ class ExitWatcher:
                 os.close(pidfd)
                 return
             self._added.append((pidfd, process, on_exit))
+        os.write(self._wake_w, b"\0")
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the watcher's thread, after the exits reported before it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._calls.append(fn)
         os.write(self._wake_w, b"\0")
 
     def _run(self) -> None:
@@ -70,8 +81,14 @@ class ExitWatcher:
             pass
         with self._lock:
             added, self._added = self._added, []
+            calls, self._calls = self._calls, []
         for pidfd, process, on_exit in added:
             self._selector.register(pidfd, selectors.EVENT_READ, (process, on_exit))
+        for fn in calls:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one failing callback must not stop the watcher
+                log.exception("exit callback failed")
 
     @staticmethod
     def _finish(process: Any, on_exit: Callable[[int], None]) -> None:

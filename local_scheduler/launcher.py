@@ -282,7 +282,9 @@ class ProcessLauncher(Launcher):
         process = replica.process
         assert isinstance(process, subprocess.Popen | ForkedProcess | WatchedProcess)
         if isinstance(process, ForkedProcess):
-            process.add_exit_callback(lambda code: self._exited(replica, code))
+            # the fork server's reader reports it: hand the work to the watcher's thread
+            process.add_exit_callback(
+                lambda code: self.exits.call(lambda: self._exited(replica, code)))
         else:
             self.exits.watch(process, lambda code: self._exited(replica, code))
 

@@ -219,3 +219,42 @@ def test_the_pool_keeps_forked_replicas_that_wait_for_their_order(tmp_path: Path
             launcher.fork_server.promote(discarded.process.pid, [], {}, tmp_path / "x.log")
     finally:
         launcher.close()
+
+
+def test_an_exit_reported_while_a_fork_waits_for_the_callbacks_lock_does_not_stall_the_fork(
+        tmp_path: Path, probe_module: str) -> None:
+    """The Local Scheduler launches under its lock and waits for the fork server's answer; an
+    exit callback that takes that lock must not run on the server's reader (which would then
+    never read the answer: a 10 s stall, missed heartbeats, the host dropped; found by
+    benchmarks/hibernate.py)."""
+    import threading
+
+    lock = threading.Lock()
+    exits: list[int] = []
+
+    def on_exit(replica, code: int) -> None:  # noqa: ANN001
+        with lock:  # as LocalSchedulerService._replica_exited takes its lock
+            exits.append(code)
+
+    launcher = ProcessLauncher(tmp_path / "work", on_exit, module=probe_module, fork_server=True)
+    server = launcher.fork_server
+    assert server is not None
+
+    def spec(n: int, exit_code: str) -> ReplicaSpec:
+        return ReplicaSpec(f"k{n}", 1, "127.0.0.1:0", (), "file:///nowhere", "key",
+                           "hmac-sha256", env={"PROBE_EXIT": exit_code})
+
+    try:
+        _wait_for("the fork server did not start", lambda: server.alive)
+        first = launcher.launch(spec(1, "0"))
+        assert first.log_path is not None
+        _output(first.log_path)
+        with lock:  # held across the exit of the first and the fork of the second
+            time.sleep(0.5)  # the first has exited: its callback waits for the lock
+            started = time.monotonic()
+            launcher.launch(spec(2, "0"))
+            took = time.monotonic() - started
+        assert took < 3, f"the fork waited {took:.1f} s for an exit callback"
+        _wait_for("the exits were not reported", lambda: len(exits) == 2)
+    finally:
+        launcher.close()
