@@ -599,12 +599,15 @@ class _ValuePickler(cloudpickle.CloudPickler):
 
     def __init__(
         self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None,
-        units: _UnitRefs | None = None,
+        units: _UnitRefs | None = None, view_roots: Mapping[int, Any] | None = None,
     ) -> None:
         super().__init__(file, protocol=5)
         self._namespace = namespace
         self._on_tensor = on_tensor
         self._units = units
+        # arrays whose memory several names' arrays share (``x2_sub = x2[:2, :2]``), by id:
+        # each goes by its token, and every view of it as a view (``_array_view``)
+        self._view_roots = view_roots if on_tensor is not None else None
         torch = _torch()
         numpy = sys.modules.get("numpy")
         self._tensor_type = torch.Tensor if (torch is not None and on_tensor) else None
@@ -626,6 +629,12 @@ class _ValuePickler(cloudpickle.CloudPickler):
                 # its gradient is part of its state (``W.grad`` after ``backward()``)
                 return (_tensor_with_grad_ref, (token, obj.grad))
             return (_tensor_ref, (token,))
+        if self._view_roots and type(obj) is self._array_type:
+            root = _array_root(obj)
+            if id(root) in self._view_roots:
+                if root is obj:
+                    return (_array_ref, (self._on_tensor(obj),))  # type: ignore[misc]
+                return (_array_view, _view_arguments(obj, root))
         if (type(obj) is self._array_type and obj.nbytes > TENSOR_INLINE_LIMIT
                 and not obj.dtype.hasobject):
             return (_array_ref, (self._on_tensor(obj),))  # type: ignore[misc]
@@ -686,8 +695,9 @@ class _SharedRefPickler(_ValuePickler):
     def __init__(
         self, file: io.BytesIO, namespace: Any, on_tensor: Callable[[Any], str] | None,
         token_by_id: Mapping[int, str], units: _UnitRefs | None = None,
+        view_roots: Mapping[int, Any] | None = None,
     ) -> None:
-        super().__init__(file, namespace, on_tensor, units)
+        super().__init__(file, namespace, on_tensor, units, view_roots)
         self._token_by_id = token_by_id
         self.order: list[str] = []
         self._index: dict[str, int] = {}
@@ -887,6 +897,7 @@ class StateEncoder:
         self.state = state or SyncState()
         self._known_objects: set[str] = set()  # store keys known to exist
         self._upload_threads = upload_threads
+        self._view_roots: dict[int, Any] = {}  # this encode's (see ``_shared_array_memory``)
 
     def holds_tensors(self) -> bool:
         """Whether the synced namespace holds tensors or large arrays (each cell checks them)."""
@@ -935,6 +946,16 @@ class StateEncoder:
             # A unit met for the first time (a matplotlib figure) goes before all of them: the
             # roots that reach it are pickled after it, referring to the objects inside it.
             todo = collections.deque(self.candidate_names(namespace, effects))
+            self._view_roots, members = _shared_array_memory(namespace)
+            if members:
+                # names whose arrays share memory and whose entries do not refer to the shared
+                # array's token yet (they were copies): sent again, as views of it
+                queued = set(todo)
+                for name, root in members.items():
+                    token = self.state.token_for(root)
+                    if name not in queued and token not in self.state.entry_tokens.get(
+                            name, frozenset()):
+                        todo.append(name)
             units: dict[str, None] = {}
             redo: dict[str, None] = {}
             objects: dict[str, None] = {}
@@ -1202,7 +1223,7 @@ class StateEncoder:
                 units.used.clear()
                 units.ids.clear()
             buffer = io.BytesIO()
-            pickler = _ValuePickler(buffer, namespace, on_tensor, units)
+            pickler = _ValuePickler(buffer, namespace, on_tensor, units, self._view_roots)
             if shared:
                 pickler.memo = {id(obj): (index, obj) for index, (_, obj) in enumerate(shared)}
             pickler.dump(value)
@@ -1226,7 +1247,8 @@ class StateEncoder:
                 units.used.clear()
                 units.ids.clear()
             buffer = io.BytesIO()
-            slow = _SharedRefPickler(buffer, namespace, on_tensor, token_by_id, units)
+            slow = _SharedRefPickler(buffer, namespace, on_tensor, token_by_id, units,
+                                     self._view_roots)
             slow.dump(value)
             held = slow.memo.copy()
             for key in slow.class_members | (units.ids if units is not None else set()):
@@ -1424,6 +1446,57 @@ def _arrays_sharing_memory(namespace: Mapping[str, Any], mutated: Iterable[str])
     return {name for name, value in namespace.items()
             if type(value) is numpy.ndarray and not is_internal_name(name)
             and any(value is not w and numpy.may_share_memory(value, w) for w in written)}
+
+
+def _array_root(array: Any) -> Any:
+    """The array whose memory ``array`` views (itself when it owns its memory, or when its
+    memory is another object's, ``numpy.frombuffer``)."""
+    numpy = sys.modules["numpy"]
+    root = array
+    while type(root.base) is numpy.ndarray:
+        root = root.base
+    return root
+
+
+def _shared_array_memory(namespace: Mapping[str, Any]) -> tuple[dict[int, Any], dict[str, Any]]:
+    """Arrays whose memory several names' arrays share (``x2_sub = x2[:2, :2]``: a write through
+    one shows in the other), as (id -> that array, name -> the array its value views). A
+    standby keeps them views of one array (``_array_view``) instead of a copy per name, so a
+    write through one, on whichever replica runs the next cell, shows in the other. Only plain
+    C-contiguous arrays at the root (a view of one is rebuilt on its buffer)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return {}, {}
+    groups: dict[int, list[str]] = {}
+    roots: dict[int, Any] = {}
+    for name, value in namespace.items():
+        if type(value) is not numpy.ndarray or is_internal_name(name) or value.dtype.hasobject:
+            continue
+        root = _array_root(value)
+        if not root.flags.c_contiguous:
+            continue
+        roots[id(root)] = root
+        groups.setdefault(id(root), []).append(name)
+    shared = {key: roots[key] for key, names in groups.items() if len(names) > 1}
+    members = {name: shared[key] for key, names in groups.items() if key in shared
+               for name in names}
+    return shared, members
+
+
+def _view_arguments(view: Any, root: Any) -> tuple:
+    """What ``_array_view`` needs to make ``view`` again on ``root``'s memory."""
+    offset = view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    return (root, offset, view.shape, view.strides, view.dtype, bool(view.flags.writeable))
+
+
+def _array_view(root: Any, offset: int, shape: tuple, strides: tuple, dtype: Any,
+                writeable: bool = True) -> Any:
+    """A view of ``root``'s memory (a standby's copy of a view the executor's namespace holds)."""
+    numpy = sys.modules.get("numpy") or importlib.import_module("numpy")
+    view = numpy.ndarray(shape, dtype, buffer=root, offset=offset, strides=strides)
+    if not writeable:
+        view.flags.writeable = False
+    return view
 
 
 def _code_globals(code: types.CodeType) -> set[str]:

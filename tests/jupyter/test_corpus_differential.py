@@ -30,14 +30,7 @@ NOTEBOOKS = ("pdsh-01.06-errors", "pdsh-02.02-numpy-basics", "pdsh-02.08-sorting
 MODES = ("notebookos", "kills")
 
 # (notebook, mode) -> {code cell index: why it differs today}; remove an entry with its fix.
-_VIEW = ("cell 29's x2_sub = x2[:2, :2] is a numpy view of x2; a standby holds it as a copy "
-         "(small arrays are copied per name, docs/state-sync.md), so cell 30's x2_sub[0, 0] = 99, "
-         "run on a former standby after the kill, does not write x2 there. A write through a "
-         "view on the replica that made it is replicated (test_sync_unnamed_changes.py); views "
-         "kept as views on standbys are not built yet")
-KNOWN: dict[tuple[str, str], dict[int, str]] = {
-    ("pdsh-02.02-numpy-basics", "kills"): {31: _VIEW, 32: _VIEW, 34: _VIEW},
-}
+KNOWN: dict[tuple[str, str], dict[int, str]] = {}
 
 
 @pytest.fixture(scope="module")
