@@ -341,6 +341,7 @@ class ExecutionMixin(SharingMixin):
         kernel.executor = rid
         entry.executions[msg_id] = (rid, host_id)
         entry.last_cell_gpus[rid] = device_ids
+        entry.gpu_commits[msg_id] = (time.monotonic(), len(device_ids))
 
     def _executor_order(self, kernel, request: ResourceSpec) -> list[int]:  # noqa: ANN001
         decision = self.policy.choose_executor(self.cluster, kernel, request)
@@ -361,6 +362,9 @@ class ExecutionMixin(SharingMixin):
             held = entry.executions.pop(msg_id, None) if entry is not None else None
             if held is None:
                 return
+            committed = entry.gpu_commits.pop(msg_id, None)
+            if committed is not None:  # the cell's GPU time: its GPUs x commit -> release
+                entry.gpu_seconds += committed[1] * (time.monotonic() - committed[0])
             self._active(entry)
             rid, host_id = held
             if entry.session_gpus is not None:

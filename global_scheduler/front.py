@@ -1152,7 +1152,8 @@ class KernelFront:
                                  pending: _Pending, rid: int) -> list[bytes]:
         """The executor's execute_reply with what the scheduler knows added under
         ``metadata.notebookos``: ``host_id`` (the executor's host), ``gpu_device_ids`` (the
-        GPUs committed for the cell), ``interactivity_delay_ms`` (request at the front ->
+        GPUs committed for the cell), ``gpu_seconds`` (their count x their commit -> this reply:
+        the cell's GPU time), ``interactivity_delay_ms`` (request at the front ->
         execute_input) and, for a cell that waited before it was sent to its executor,
         ``waited_ms`` (request at the front -> sent), ``waited_for`` (what it waited for:
         ``replicas starting``, ``GPUs``, ``migration``, comma-separated in order) and
@@ -1160,6 +1161,9 @@ class KernelFront:
         placement = pending.placement
         assert placement is not None
         extra: dict[str, Any] = {"gpu_device_ids": list(pending.gpu_device_ids)}
+        if pending.gpu_device_ids and placement.placed_at:  # committed when placed, released now
+            extra["gpu_seconds"] = round(
+                len(pending.gpu_device_ids) * (time.monotonic() - placement.placed_at), 3)
         replica = self._replicas.get(rid)
         if replica is not None and replica.endpoint.host_id:
             extra["host_id"] = replica.endpoint.host_id

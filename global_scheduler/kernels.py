@@ -51,6 +51,10 @@ class KernelEntry:
     message: str = ""
     created_unix: float = field(default_factory=time.time)
     executions: dict[str, tuple[int, str]] = field(default_factory=dict)  # msg -> (replica, host)
+    # GPU time: GPU-seconds bound to the kernel's cells so far (each cell: its GPUs x commit ->
+    # release), and each running cell's (monotonic commit time, GPU count)
+    gpu_seconds: float = 0.0
+    gpu_commits: dict[str, tuple[float, int]] = field(default_factory=dict)
     raft_removals: list[int] = field(default_factory=list)  # lost members still in the group
     # Raft addresses of the replicas in ``raft_removals`` where known: a replica asked to join
     # is listed there (with its address) until it is ready, so one that never gets there (its
@@ -99,6 +103,7 @@ class KernelEntry:
                 "removal_addresses": {str(k): v for k, v in self.removal_addresses.items()},
                 "session_gpus": list(self.session_gpus) if self.session_gpus else None,
                 "checkpoint_count": self.checkpoint_count, "kernel_info": self.kernel_info,
+                "gpu_seconds": self.gpu_seconds,
                 # a hibernated kernel stays so across a Global Scheduler restart
                 "hibernated": self.state in ("hibernating", "hibernated", "waking")
                 and not self.replicas,

@@ -59,6 +59,9 @@ class RecoveryMixin:
         with self._placement_cv:
             for msg_id in running:
                 del entry.executions[msg_id]
+                committed = entry.gpu_commits.pop(msg_id, None)
+                if committed is not None:  # its GPUs were held until the replica was lost
+                    entry.gpu_seconds += committed[1] * (time.monotonic() - committed[0])
                 self.cell_queue.finished(entry.kernel_id, msg_id)
         if entry.front is not None:
             entry.front.set_replicas(entry.endpoints())

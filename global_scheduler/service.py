@@ -180,6 +180,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
                             removal_addresses={int(k): str(v) for k, v in
                                                doc.get("removal_addresses", {}).items()},
                             checkpoint_count=int(doc.get("checkpoint_count", 0)),
+                            gpu_seconds=float(doc.get("gpu_seconds", 0.0)),
                             kernel_info=doc.get("kernel_info"),
                             hibernated_unix=float(doc.get("hibernated_unix", 0.0)),
                             pending_stops=[(str(h), int(r))

@@ -14,6 +14,7 @@ holder of a shared device is committed there as usual and the cell that joins it
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from notebookos.cluster import AccountingError, replica_owner
@@ -150,6 +151,7 @@ class SharingMixin:
         kernel.executor = rid
         entry.executions[msg_id] = (rid, host_id)
         entry.last_cell_gpus[rid] = device_ids
+        entry.gpu_commits[msg_id] = (time.monotonic(), len(device_ids))
 
     def _sharing_released(self, kernel_id: str, msg_id: str, host_id: str) -> None:
         """A cell released its GPUs on ``host_id``: forget it if it was a sharer; a sharer whose

@@ -3,6 +3,8 @@ Global Scheduler's registry under its lock. Mixed into ``GlobalSchedulerService`
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from notebookos.cluster import ReplicaState
@@ -68,7 +70,20 @@ class StatusMixin:
             last_container_start_ms=entry.last_container_start_ms,
             last_cell_pid=entry.last_cell_pid,
             last_cell_from_prewarm_pool=entry.last_cell_from_prewarm_pool,
-            queued_cells=queued)
+            queued_cells=queued, **self._gpu_time(entry, kernel))
+
+    @staticmethod
+    def _gpu_time(entry: KernelEntry, kernel) -> dict[str, float]:  # noqa: ANN001
+        """GPU-seconds the kernel's cells held (running ones so far) and what a reservation of
+        its GPUs since it started would have held."""
+        gpus = kernel.request.gpus if kernel is not None else 0
+        reserved = gpus * max(0.0, time.time() - entry.created_unix)
+        if entry.session_gpus is not None:  # bound for the kernel's life: used = reserved
+            return {"gpu_seconds_used": reserved, "gpu_seconds_reserved": reserved}
+        now = time.monotonic()
+        running = sum(n * (now - t) for t, n in entry.gpu_commits.values())
+        return {"gpu_seconds_used": entry.gpu_seconds + running,
+                "gpu_seconds_reserved": reserved}
 
     def GetKernelStatus(self, request, context):  # noqa: N802
         with self.lock:

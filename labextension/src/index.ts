@@ -45,6 +45,8 @@ export interface ICellRun {
   waitedFor: string;
   waitReason: string;
   runMs: number | null;
+  /** GPU-seconds the cell held (its GPUs x commit -> reply), null without GPUs. */
+  gpuSeconds: number | null;
   notices: string[];
 }
 
@@ -62,6 +64,9 @@ interface IKernelEntry {
   replicas: IReplica[];
   last_cell_gpus: { host_id: string; device_ids: number[] } | null;
   last_interactivity_delay_ms: number | null;
+  /** GPU-hours the kernel's cells held, and what reserving its GPUs since it started would have. */
+  gpu_hours_used?: number;
+  gpu_hours_reserved?: number;
 }
 
 const CLUSTER_REFRESH_MS = 5000;
@@ -129,6 +134,32 @@ function gpuText(gpus: number[]): string {
   return (gpus.length === 1 ? 'GPU ' : 'GPUs ') + gpus.join(',');
 }
 
+/** GPU time: "0.42 GPU-s", "3.1 GPU-min", "1.25 GPU-h". */
+export function gpuTimeText(seconds: number | null): string {
+  if (seconds === null) {
+    return '-';
+  }
+  if (seconds < 60) {
+    return `${seconds.toFixed(2)} GPU-s`;
+  }
+  if (seconds < 3600) {
+    return `${(seconds / 60).toFixed(1)} GPU-min`;
+  }
+  return `${(seconds / 3600).toFixed(2)} GPU-h`;
+}
+
+/** The notebook's GPU time against what reserving its GPUs since it started would have held. */
+export function gpuHoursText(used: number | null, reserved: number | null): string {
+  if (used === null || reserved === null || reserved <= 0) {
+    return 'This notebook asked for no GPU.';
+  }
+  const saved = Math.max(0, 1 - used / reserved) * 100;
+  return (
+    `GPU time: ${gpuTimeText(used * 3600)} used; a reservation since it started would have ` +
+    `held ${gpuTimeText(reserved * 3600)} (${saved.toFixed(1)}% saved).`
+  );
+}
+
 function msText(ms: number | null): string {
   if (ms === null || ms === undefined || Number.isNaN(ms)) {
     return '?';
@@ -152,6 +183,9 @@ export function describeRun(run: ICellRun): string {
   if (run.runMs !== null) {
     text += `, ran ${msText(run.runMs)}`;
   }
+  if (run.gpuSeconds !== null) {
+    text += `, GPU time ${gpuTimeText(run.gpuSeconds)}`;
+  }
   if (run.waitReason) {
     text += `. Why it waited: ${run.waitReason}`;
   }
@@ -167,6 +201,8 @@ class KernelRecord {
   private message = '';
   state = '';
   stateMessage = '';
+  gpuHoursUsed: number | null = null;
+  gpuHoursReserved: number | null = null;
   /** Why the scheduler cannot be asked now (it is restarting), or ''. */
   schedulerDown = '';
   /** Called when a fetch changed what is known (the panel and item redraw). */
@@ -227,6 +263,8 @@ class KernelRecord {
     this.message = entry.message;
     this.state = entry.state;
     this.stateMessage = entry.message;
+    this.gpuHoursUsed = entry.gpu_hours_used ?? null;
+    this.gpuHoursReserved = entry.gpu_hours_reserved ?? null;
     this.replicas = entry.replicas;
     this.notices.push(...seen);
     const last = this.last;
@@ -274,6 +312,7 @@ export function runFromReply(
     waitedFor: block.waited_for || '',
     waitReason: block.wait_reason || '',
     runMs: Number.isFinite(started) && Number.isFinite(ended) ? ended - started : null,
+    gpuSeconds: num(block.gpu_seconds),
     notices: []
   };
 }
@@ -327,6 +366,7 @@ class NotebookOSPanel extends Widget {
   private readonly notices: HTMLElement;
   private readonly cluster: HTMLElement;
   private readonly kernelState: HTMLElement;
+  private readonly gpuHours: HTMLElement;
   private readonly wake: HTMLButtonElement;
   /** Called after the Wake button asked the scheduler to wake the kernel. */
   onWake: (() => void) | null = null;
@@ -347,6 +387,8 @@ class NotebookOSPanel extends Widget {
     this.cluster = document.createElement('div');
     this.kernelState = document.createElement('p');
     this.kernelState.className = 'jp-NotebookOS-KernelState';
+    this.gpuHours = document.createElement('p');
+    this.gpuHours.className = 'jp-NotebookOS-GpuHours';
     this.wake = document.createElement('button');
     this.wake.textContent = 'Wake';
     this.wake.className = 'jp-NotebookOS-Wake';
@@ -360,6 +402,7 @@ class NotebookOSPanel extends Widget {
     this.node.append(
       heading('Kernel'),
       this.kernelState,
+      this.gpuHours,
       this.wake,
       heading('Cells of this notebook'),
       this.history,
@@ -419,6 +462,9 @@ class NotebookOSPanel extends Widget {
       : this.record.schedulerDown ||
         `${state || 'unknown'}${this.record.stateMessage ? ': ' + this.record.stateMessage : ''}`;
     this.kernelState.dataset.state = state;
+    this.gpuHours.textContent = this.record
+      ? gpuHoursText(this.record.gpuHoursUsed, this.record.gpuHoursReserved)
+      : '';
     this.wake.hidden = state !== 'hibernated';
     this.wake.disabled = false;
     const runs = this.record ? [...this.record.runs].reverse() : [];
@@ -431,7 +477,8 @@ class NotebookOSPanel extends Widget {
         '<tr><th>[n]</th><th title="executor replica">rep.</th><th>host</th>' +
         '<th>GPUs</th><th title="interactivity delay">delay</th>' +
         '<th title="waited before it was sent to its executor">wait</th>' +
-        '<th title="run time">ran</th></tr>';
+        '<th title="run time">ran</th>' +
+        '<th title="GPU-seconds its GPUs were bound while it ran">GPU time</th></tr>';
       for (const run of runs) {
         const row = table.insertRow();
         const cells = [
@@ -441,7 +488,8 @@ class NotebookOSPanel extends Widget {
           run.gpus.join(',') || '-',
           msText(run.delayMs),
           run.waitedMs ? `${msText(run.waitedMs)} ${run.waitedFor}`.trim() : '-',
-          msText(run.runMs)
+          msText(run.runMs),
+          gpuTimeText(run.gpuSeconds)
         ];
         for (const text of cells) {
           row.insertCell().textContent = text;

@@ -96,6 +96,10 @@ def status_document(status: global_scheduler_pb2.ClusterStatus,
         "last_interactivity_delay_ms": round(k.last_interactivity_delay_ms, 1),
         "last_container_start_ms": round(k.last_container_start_ms, 1),
         "queued_cells": k.queued_cells,
+        # GPU time: GPU-hours the kernel's cells held, and what reserving its GPUs since it
+        # started would have held
+        "gpu_hours_used": round(k.gpu_seconds_used / 3600, 6),
+        "gpu_hours_reserved": round(k.gpu_seconds_reserved / 3600, 6),
     } for k in status.kernels]
     metrics = {
         "global_scheduler": metrics_url(status.metrics_address, metrics_tls),
@@ -129,6 +133,9 @@ def render_text(doc: dict[str, Any]) -> str:
                 delay += f" (container start {k['last_container_start_ms']:.0f}ms)"
         if k["queued_cells"]:
             delay += f" queued={k['queued_cells']}"
+        if k["gpu_hours_reserved"]:
+            delay += (f" gpu-hours={k['gpu_hours_used']:.3f}/{k['gpu_hours_reserved']:.3f}"
+                      " reserved")
         lines.append(f"  {k['id']} ({k['state']}) executor={k['executor']}{delay}"
                      + (f"  {k['message']}" if k["message"] else ""))
         for r in k["replicas"]:

@@ -179,7 +179,7 @@ class HostStatus(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[ResourceSpec, _Mapping]] = ..., subscribed: _Optional[_Union[ResourceSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., virtual_gpus: _Optional[bool] = ..., gpus_committed: _Optional[int] = ..., gpus_pending: _Optional[int] = ..., subscription_ratio: _Optional[float] = ..., prewarm_pool_size: _Optional[int] = ..., last_heartbeat_unix: _Optional[float] = ..., draining: _Optional[bool] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class KernelStatus(_message.Message):
-    __slots__ = ("kernel_id", "state", "resources", "replicas", "executor_replica_id", "connection", "message", "created_unix", "dropped_messages", "last_interactivity_delay_ms", "last_container_start_ms", "last_cell_pid", "last_cell_from_prewarm_pool", "queued_cells")
+    __slots__ = ("kernel_id", "state", "resources", "replicas", "executor_replica_id", "connection", "message", "created_unix", "dropped_messages", "last_interactivity_delay_ms", "last_container_start_ms", "last_cell_pid", "last_cell_from_prewarm_pool", "queued_cells", "gpu_seconds_used", "gpu_seconds_reserved")
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,8 @@ class KernelStatus(_message.Message):
     LAST_CELL_PID_FIELD_NUMBER: _ClassVar[int]
     LAST_CELL_FROM_PREWARM_POOL_FIELD_NUMBER: _ClassVar[int]
     QUEUED_CELLS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_USED_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_RESERVED_FIELD_NUMBER: _ClassVar[int]
     kernel_id: str
     state: KernelState
     resources: ResourceSpec
@@ -208,4 +210,6 @@ class KernelStatus(_message.Message):
     last_cell_pid: int
     last_cell_from_prewarm_pool: bool
     queued_cells: int
-    def __init__(self, kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., resources: _Optional[_Union[ResourceSpec, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., executor_replica_id: _Optional[int] = ..., connection: _Optional[_Union[ConnectionInfo, _Mapping]] = ..., message: _Optional[str] = ..., created_unix: _Optional[float] = ..., dropped_messages: _Optional[int] = ..., last_interactivity_delay_ms: _Optional[float] = ..., last_container_start_ms: _Optional[float] = ..., last_cell_pid: _Optional[int] = ..., last_cell_from_prewarm_pool: _Optional[bool] = ..., queued_cells: _Optional[int] = ...) -> None: ...
+    gpu_seconds_used: float
+    gpu_seconds_reserved: float
+    def __init__(self, kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., resources: _Optional[_Union[ResourceSpec, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., executor_replica_id: _Optional[int] = ..., connection: _Optional[_Union[ConnectionInfo, _Mapping]] = ..., message: _Optional[str] = ..., created_unix: _Optional[float] = ..., dropped_messages: _Optional[int] = ..., last_interactivity_delay_ms: _Optional[float] = ..., last_container_start_ms: _Optional[float] = ..., last_cell_pid: _Optional[int] = ..., last_cell_from_prewarm_pool: _Optional[bool] = ..., queued_cells: _Optional[int] = ..., gpu_seconds_used: _Optional[float] = ..., gpu_seconds_reserved: _Optional[float] = ...) -> None: ...

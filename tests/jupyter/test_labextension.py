@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,7 @@ def test_status_item_names_the_executor_and_follows_it_after_a_sigkill(
     hover = lab.cell(0).locator(".jp-InputPrompt").get_attribute("title") or ""
     assert f"replica {first['replica_id']} on {first['host_id']}, GPU " in hover, hover
     assert "delay" in hover and "ran" in hover, hover
+    assert re.search(r"GPU time \d+\.\d\d GPU-s", hover), hover  # its GPUs x commit -> reply
 
     os.kill(first["pid"], signal.SIGKILL)
     lab.run_cell(1, "x * 2")
@@ -76,6 +78,13 @@ def test_status_item_names_the_executor_and_follows_it_after_a_sigkill(
     panel.wait_for(state="visible")
     panel.locator(".jp-NotebookOS-History").wait_for(state="visible")
     assert panel.locator(".jp-NotebookOS-History tr").count() == 3  # heading + two cells
+    # Each cell's GPU time, and the notebook's against what a reservation would have held.
+    assert panel.locator(".jp-NotebookOS-History th").last.inner_text() == "GPU time"
+    gpu_time = panel.locator(".jp-NotebookOS-History tr").nth(1).locator("td").last.inner_text()
+    assert re.fullmatch(r"\d+\.\d\d GPU-s", gpu_time), gpu_time
+    hours = panel.locator(".jp-NotebookOS-GpuHours").inner_text()
+    assert re.match(r"GPU time: \d+\.\d\d GPU-s used; a reservation since it started would "
+                    r"have held .+ \(\d+\.\d% saved\)\.", hours), hours
     panel.filter(has_text=f"replica {first['replica_id']} on {first['host_id']} was "
                           "lost").wait_for(state="visible", timeout=30_000)
     panel.locator(".jp-NotebookOS-Hosts").wait_for(state="visible")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from sched_cluster import make_cluster_fixture, run_cell  # noqa: F401 - fixture
@@ -43,3 +44,26 @@ def test_the_reply_names_executor_host_gpus_and_delay(make_cluster) -> None:  # 
     assert survivor.replica_id != executor.replica_id
     assert (block["replica_id"], block["host_id"]) == (survivor.replica_id, survivor.host_id)
     assert len(block["gpu_device_ids"]) == 1
+
+
+def test_each_cell_and_the_kernel_count_their_gpu_time(make_cluster) -> None:  # noqa: ANN001, F811
+    """A cell's GPU time is its GPUs x commit -> reply (the reply block's ``gpu_seconds``); the
+    kernel's status sums its cells' and says what reserving its GPUs since it started would
+    have held (issue 34: the panel shows the two)."""
+    cluster = make_cluster()
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"t-host-{i}", gpus=2)
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=2)
+    block, _ = block_and_executor(cluster, kernel_id, kc, "import time\ntime.sleep(0.5)")
+    assert len(block["gpu_device_ids"]) == 2
+    assert 2 * 0.5 <= block["gpu_seconds"] < 2 * 10, block  # two GPUs, half a second each
+    short, _ = block_and_executor(cluster, kernel_id, kc, "1")
+    assert short["gpu_seconds"] < block["gpu_seconds"]
+    status = cluster.kernel(kernel_id)
+    used = block["gpu_seconds"] + short["gpu_seconds"]
+    assert used * 0.9 <= status.gpu_seconds_used <= used * 1.1 + 0.05, (used, status)
+    # reserving two GPUs since the kernel started holds more than its cells did
+    assert status.gpu_seconds_reserved > status.gpu_seconds_used
+    assert status.gpu_seconds_reserved <= 2 * (time.time() - status.created_unix) + 0.01
