@@ -153,6 +153,32 @@ def test_lucid_starvation_guard_promotes_a_job_that_waited_too_long():
     assert result["B"][0] == 60  # promoted at 51, first when A ends
 
 
+def test_lucid_has_no_starvation_guard_by_default_so_a_short_job_is_not_queued_behind_old_ones():
+    # 4 GPUs, no profiler, true durations. A (4 GPUs) runs 0-8 h. B (4 GPUs, 10 h) arrives at 1 s,
+    # C (1 GPU, 100 s) at 7 h. When A ends B has waited 8 h: the old 6-h guard put it first
+    # (C ended at 18 h); Algorithm 4 orders by GPUs x estimate alone, so C goes first.
+    hour = 3600
+    rows = [("A", 0, 8 * hour, 4, "vgg16"), ("B", 1, 10 * hour, 4, "vgg19"),
+            ("C", 7 * hour, 100, 1, "vgg11")]
+    result, record = run(rows, "lucid", profile_hosts=0, estimator="oracle")
+    assert result["C"] == (8 * hour, 8 * hour + 100)
+    assert result["B"][0] == 8 * hour + 100
+    assert record.extra["starvation_promotions"] == 0
+
+
+def test_lucid_oracle_estimate_puts_a_short_big_job_before_a_long_small_one():
+    # 4 GPUs held by A until 100 s. Waiting: L (1 GPU, 1,000 s: GPU time 1,000) and S (4 GPUs,
+    # 10 s: GPU time 40). With the true duration S goes first even though it asks for more GPUs;
+    # the default (blind, before any job has finished) estimate orders by GPUs: L first.
+    rows = [("A", 0, 100, 4, "vgg16"), ("L", 1, 1000, 1, "vgg19"), ("S", 2, 10, 4, "vgg11")]
+    oracle, _ = run(rows, "lucid", profile_hosts=0, estimator="oracle")
+    assert oracle["S"] == (100, 110) and oracle["L"][0] == 110
+    blind, _ = run(rows, "lucid", profile_hosts=0)
+    assert blind["L"][0] == 100 and blind["S"][0] == 1100
+    with pytest.raises(ValueError):
+        get_policy("lucid", estimator="psychic")
+
+
 # -- tensorshare ----------------------------------------------------------------------------------
 
 
