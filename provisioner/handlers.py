@@ -4,7 +4,9 @@
 - ``GET /api/notebookos/kernels/<kernel_id>``: that kernel's entry of the status document (keys
   ``id``, ``replicas`` with ``replica_id``/``host_id``/``pid``/``state``, ``executor``) plus
   ``last_cell_gpus`` (device ids bound during the last cell, with the host) and
-  ``last_interactivity_delay_ms``.
+  ``last_interactivity_delay_ms``; with the status document's ``gpu_hours_used`` (GPU-hours the
+  kernel's cells held) and ``gpu_hours_reserved`` (what reserving its GPUs since it started would
+  have held).
 
 - ``POST /api/notebookos/kernels/<kernel_id>/wake``: wake a hibernated kernel (``{"waking": ...}``).
 - ``GET /api/notebookos/supervisor``: what ``notebookos up`` says of its daemons (its state file,
