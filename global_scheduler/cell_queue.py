@@ -16,13 +16,16 @@ notify.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from notebookos.policies.cell_order import CellOrder, WaitingCell
 
 MAX_STARTED = 100_000  # cells whose release never came (their kernel vanished): bounded
+RECENT_CELLS = 100  # the wait estimate goes by the GPU-holding time of this many latest cells
 
 
 @dataclass(slots=True)
@@ -38,6 +41,7 @@ class CellQueue:
     _waiters: dict[tuple[str, str], _Waiter] = field(default_factory=dict)
     _started: dict[tuple[str, str], tuple[WaitingCell, float]] = field(default_factory=dict)
     _seq: itertools.count = field(default_factory=itertools.count)
+    _recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_CELLS))
 
     def join(self, kernel_id: str, msg_id: str, *, user: str, notebook: str, gpus: int
               ) -> WaitingCell:
@@ -88,6 +92,7 @@ class CellQueue:
         if started is not None:
             cell, at = started
             now = self.clock()
+            self._recent.append(now - at)
             self.order.cell_finished(cell, now - at, now)
 
     def kernel_gone(self, kernel_id: str) -> None:
@@ -100,8 +105,31 @@ class CellQueue:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    def estimate_wait_s(self, cell: WaitingCell) -> float | None:
+        """A rough wait for ``cell``: the cells ahead of it, and the one whose GPUs it waits
+        for (half of it left, on average), each the median length of the latest cells, served
+        as many at a time as run now. None before any cell has finished."""
+        if not self._recent:
+            return None
+        typical = statistics.median(self._recent)
+        at_once = max(1, len(self._started))
+        return typical * (self.position(cell) + 0.5) / at_once
+
     def explain(self, cell: WaitingCell) -> str:
         ahead = self.position(cell)
         why = self.order.explain(cell, self.clock())
         where = f"{ahead} cell(s) ahead of it in the queue" if ahead else "first in the queue"
+        wait = self.estimate_wait_s(cell)
+        if wait is not None:
+            where += (f", about {_duration(wait)} to wait (the latest {len(self._recent)} "
+                      f"cell(s) held their GPUs {_duration(statistics.median(self._recent))} "
+                      "at the median)")
         return f"{where}; {why}" if why else where
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -138,3 +138,26 @@ def test_the_queue_reports_durations_to_the_order_and_forgets_stopped_kernels() 
     queue.tried(d, 0, placed=True)
     queue.kernel_gone("k1")
     assert queue.order.predict_s("u", "n") == 7.0 and queue.order.learned == 1
+
+
+def test_the_queue_estimates_a_waiting_cells_wait_from_recent_cells() -> None:
+    """Issue 34: a cell waiting for GPUs is told its place in the queue and about how long it
+    will wait, from how long the latest cells held their GPUs."""
+    clock = Clock()
+    queue = CellQueue(UserFairness(), clock=clock)
+    first = queue.join("k0", "m0", user="c", notebook="n", gpus=1)  # never served, earlier
+    assert queue.estimate_wait_s(first) is None and "to wait" not in queue.explain(first)
+    for n, length in enumerate((10.0, 30.0, 20.0)):  # three cells ran: median 20 s
+        running = queue.join(f"k{n}", f"r{n}", user="a", notebook="n", gpus=1)
+        queue.tried(running, 0, placed=True)
+        clock.now += length
+        queue.finished(f"k{n}", f"r{n}")
+    holder = queue.join("k9", "held", user="z", notebook="n", gpus=1)
+    queue.tried(holder, 0, placed=True)  # one cell holds the GPUs now
+    clock.now += 1.0
+    second = queue.join("k5", "m5", user="b", notebook="n", gpus=1)
+    # first is ahead of second: 1.5 cells of 20 s, one at a time
+    assert queue.estimate_wait_s(second) == pytest.approx(30.0)
+    text = queue.explain(second)
+    assert text.startswith("1 cell(s) ahead of it in the queue, about 30 s to wait (the latest "
+                           "3 cell(s) held their GPUs 20 s at the median)"), text
