@@ -225,7 +225,9 @@ class GlobalSchedulerSettings:
     hibernate_after_s: float = setting(
         3600.0, "A kernel with no cell for this long hibernates: its checkpoint is made to hold "
         "its last cell, its replicas stop, and the next cell wakes it from the checkpoint (its "
-        "output says so and how long it took). 0: never. Needs a store (cluster.store_url).",
+        "output says so and how long it took). 0: never. Needs a store (cluster.store_url). "
+        "The simulator models it as `simulate --hibernate-after-s` (off there by default; "
+        "docs/evaluation.md measures 3600 and 900).",
         _at_least(0.0))
     cell_checkpoint_timeout_s: float = setting(
         60.0, "batch, lcp: how long a cell's container may take to make the cell's checkpoint "

@@ -20,6 +20,13 @@ SUMMARY_COLUMNS = (
     ("cost_usd", "cost $", "{:.0f}"), ("revenue_usd", "revenue $", "{:.0f}"),
     ("wall_s", "wall s", "{:.2f}"),
 )
+# Shown when a run hibernated (--hibernate-after-s).
+HIBERNATION_COLUMNS = (
+    ("replica_hours", "replica-h", "{:.0f}"),
+    ("replica_hours_without_hibernation", "replica-h awake", "{:.0f}"),
+    ("hibernations", "hibern.", "{}"), ("wakes", "wakes", "{}"),
+    ("wake_delay_p50_s", "wake p50 s", "{:.1f}"), ("wake_delay_p99_s", "wake p99 s", "{:.1f}"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,6 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-autoscale", action="store_true",
                         help="session policies: keep the cluster at --cluster")
     parser.add_argument("--max-hosts", type=int, default=100_000, help="autoscaler's ceiling")
+    parser.add_argument("--hibernate-after-s", type=float, default=None, metavar="S",
+                        help="session kernels with no cell for S seconds hibernate (replicas "
+                             "stopped) and the next cell wakes them, as live "
+                             "global_scheduler.hibernate_after_s (live default 3600); 0 or "
+                             "unset: never (the same as --set hibernate_after_s=S)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a simulator setting, e.g. container_start_s=20 (docs/simulator.md)")
     parser.add_argument("--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
@@ -84,6 +96,8 @@ def build_config(args: argparse.Namespace):  # noqa: ANN201
             raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of "
                              f"{', '.join(sorted(known))}")
         settings[key] = _value(raw)
+    if args.hibernate_after_s is not None:
+        settings["hibernate_after_s"] = args.hibernate_after_s
     params: dict[str, dict[str, object]] = {}
     for item in args.policy_param:
         key, sep, raw = item.partition("=")
@@ -164,8 +178,11 @@ def trace_label(path: Path) -> str:
 
 
 def format_table(summaries: list[dict]) -> str:
-    header = [label for _, label, _ in SUMMARY_COLUMNS]
-    rows = [[("-" if s.get(key) is None else fmt.format(s[key])) for key, _, fmt in SUMMARY_COLUMNS]
+    columns = SUMMARY_COLUMNS
+    if any(s.get("hibernations") for s in summaries):
+        columns += HIBERNATION_COLUMNS
+    header = [label for _, label, _ in columns]
+    rows = [[("-" if s.get(key) is None else fmt.format(s[key])) for key, _, fmt in columns]
             for s in summaries]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]

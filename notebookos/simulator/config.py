@@ -42,6 +42,13 @@ class SimConfig:
     host_provision_s: float = 90.0  # the autoscaler's VM provisioning delay
     scaling_interval_s: float = 60.0
     drain_hysteresis_hosts: int = 2  # scale_in=drain: move replicas only above this surplus
+    # Hibernation (global_scheduler.hibernate_after_s): a session kernel with no cell for this
+    # long stops its replicas; its next cell wakes it (0: never, the default here so that the
+    # published figures stand; the live default is 3600).
+    hibernate_after_s: float = 0.0
+    wake_s: float = 4.85  # a wake with replicas from the prewarm pool: 100 MiB + a torch model
+    #                       (benchmarks/hibernate.py); a replica without a warm container adds
+    #                       container_start_s - prewarm_promotion_s
     preemption_overhead_s: float = 0.0  # job policies: added to a preempted job's remaining time
     # Billing (paper section 5.5).
     host_usd_per_hour: float = 24.48  # an 8-GPU VM (AWS p3.16xlarge on demand)

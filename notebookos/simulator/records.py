@@ -48,10 +48,14 @@ class Integrals:
     committed_gpus: int = 0
     standby_gpu_equiv: float = 0.0  # sum over standby replicas of their GPU request
     standby_replicas: int = 0  # replicas of replicated kernels that are not executing
+    replicas: int = 0  # replica containers of session kernels, executing or not
+    hibernated_replicas: int = 0  # replicas that hibernated sessions would hold awake
     host_s: float = 0.0
     committed_gpu_s: float = 0.0
     standby_gpu_s: float = 0.0
     standby_replica_s: float = 0.0
+    replica_s: float = 0.0
+    hibernated_replica_s: float = 0.0
 
     def advance(self, now: float) -> None:
         dt = now - self.last
@@ -60,6 +64,8 @@ class Integrals:
             self.committed_gpu_s += self.committed_gpus * dt
             self.standby_gpu_s += self.standby_gpu_equiv * dt
             self.standby_replica_s += self.standby_replicas * dt
+            self.replica_s += self.replicas * dt
+            self.hibernated_replica_s += self.hibernated_replicas * dt
             self.last = now
 
 
@@ -78,6 +84,8 @@ class RunRecord:
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)  # a policy's own figures, merged into the summary
     reserves_gpus: bool = False  # the policy binds GPUs for the session (reservation)
+    hibernations: int = 0  # idle sessions whose replicas stopped (SimConfig.hibernate_after_s)
+    wake_delays: list[float] = field(default_factory=list)  # per wake: cell held back, s
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:
@@ -156,9 +164,31 @@ def summarize(record: RunRecord, gpus_per_host: int, gpu_usd_per_hour: float, ma
         "revenue_usage_usd": round(usage_revenue, 2),
         "revenue_standby_usd": round(standby_revenue, 2),
         "profit_margin": round((revenue - cost) / revenue, 4) if revenue > 0 else None,
+        **hibernation_figures(record),
         "simulated_s": round(record.end_time, 3),
         "wall_s": round(record.wall_s, 4),
         **record.extra,
+    }
+
+
+def hibernation_figures(record: RunRecord) -> dict:
+    """Replica-hours held by session kernels, and what hibernation saved of them: the replicas
+    a hibernated session would have held awake, from its hibernation to its wake (or its end).
+    A wake's delay is the time from the cell that woke the session to its kernel being up again
+    (placing its replicas, which may wait like a start, and the wake itself)."""
+    integ = record.integrals
+    delays = np.array(record.wake_delays, dtype=float)
+    held_h = integ.replica_s / 3600.0
+    saved_h = integ.hibernated_replica_s / 3600.0
+    return {
+        "replica_hours": round(held_h, 3),
+        "replica_hours_without_hibernation": round(held_h + saved_h, 3),
+        "replica_hours_saved": round(saved_h, 3),
+        "hibernations": record.hibernations,
+        "wakes": int(delays.size),
+        "wake_delay_p50_s": _pct(delays, 50),
+        "wake_delay_p99_s": _pct(delays, 99),
+        "wake_delay_avg_s": _mean(delays),
     }
 
 

@@ -22,6 +22,7 @@ from notebookos.policies import placement
 from notebookos.policies.base import Policy, ScalingView
 from notebookos.policies.cell_order import ArrivalOrder, WaitingCell, cell_order_for
 from notebookos.simulator.config import SimConfig
+from notebookos.simulator.hibernation import Hibernation
 from notebookos.simulator.hosts import HostFactory
 from notebookos.simulator.records import RunRecord, TaskRecord
 from notebookos.simulator.session_modes import mode_for
@@ -29,7 +30,7 @@ from notebookos.workload.model import Session, Task, Workload
 
 # Event kinds, in the order they apply at one instant.
 TASK_END, HOST_READY, KERNEL_READY, TASK_START, PREWARM, SESSION_STOP, SESSION_START, \
-    TASK_SUBMIT, SCALE_TICK = range(9)
+    TASK_SUBMIT, SCALE_TICK, HIBERNATE = range(10)
 
 
 @dataclass(slots=True)
@@ -57,6 +58,9 @@ class _Sess:
     cells: int = 0
     submitted: int = 0
     wait_hosts: int = 0  # hosts this waiting kernel asked for
+    hibernated: int = 0  # replicas the hibernated kernel stopped (0: awake)
+    idle_token: int = 0  # the idle clock's generation (hibernation.py)
+    wake_started: float | None = None  # a wake's first cell arrived then
 
 
 class SessionSimulator:
@@ -87,6 +91,7 @@ class SessionSimulator:
         self.live_sessions = len(self.sessions)
         self.binding = policy.binding
         self.mode = mode_for(self)
+        self.hibernation = Hibernation(self, HIBERNATE)
         self.pool_size = self.mode.pool_size()
         self.record.reserves_gpus = self.binding.binds_at_placement
         # The uncontended request path: every policy pays the hops, replicated kernels the
@@ -378,8 +383,11 @@ class SessionSimulator:
         sess.kernel = kernel
         if not self.binding.binds_at_placement:
             self._add_standby(len(hosts), request.gpus)
+        self.record.integrals.replicas += len(hosts)
         self._refresh_books()
-        self._push(now + self.config.container_start_s, KERNEL_READY, sess)
+        latency = self.config.container_start_s if sess.wake_started is None else \
+            self.hibernation.latency([h.host_id for h in hosts], now)
+        self._push(now + latency, KERNEL_READY, sess)
         return True
 
     def _teardown(self, sess: _Sess, now: float) -> None:
@@ -396,10 +404,12 @@ class SessionSimulator:
             self._books(now)
             if not self.binding.binds_at_placement:
                 self._add_standby(-len(sess.kernel.replicas), sess.s.request.gpus)
+            self.record.integrals.replicas -= len(sess.kernel.replicas)
             self.cluster.remove_kernel(sess.kernel.kernel_id)
             sess.kernel = None
             self.maybe_empty = True
             self._refresh_books()
+        self.hibernation.ended(sess, now)
         self._drain(now)
 
     def _maybe_teardown(self, sess: _Sess, now: float) -> None:
@@ -416,6 +426,9 @@ class SessionSimulator:
     def _try_run(self, sess: _Sess, now: float) -> bool:
         """Start the session's next cell if possible; returns False when it had to wait."""
         if sess.current is not None or not sess.queue or sess.ended:
+            return True
+        if sess.hibernated:
+            self.hibernation.wake(sess, now)  # KERNEL_READY calls again
             return True
         if not self.mode.can_run(sess):
             return True  # KERNEL_READY will call again
@@ -465,6 +478,7 @@ class SessionSimulator:
         self._books(now)
         self.mode.on_end(sess, run, now)
         self._refresh_books()
+        self.hibernation.active(sess, now)
         # As live: the freed GPUs go to the cells already waiting (in the cell order) before
         # this session's next cell, which arrives after them.
         self._drain(now)
@@ -485,7 +499,10 @@ class SessionSimulator:
         processed = 0
         now = 0.0
         while self.events:
-            now, kind, _, payload = heapq.heappop(self.events)
+            when, kind, _, payload = heapq.heappop(self.events)
+            if kind == HIBERNATE and self.hibernation.stale(*payload):
+                continue  # nothing happens: the run's clock (and its end) stays put
+            now = when
             self._sample(now)
             if kind == TASK_SUBMIT:
                 sess, run = payload
@@ -514,6 +531,9 @@ class SessionSimulator:
                     payload.ready = True
                     for replica in payload.kernel.replicas.values():
                         replica.state = ReplicaState.RUNNING
+                    if payload.wake_started is not None:
+                        self.hibernation.woke(payload, now)
+                    self.hibernation.active(payload, now)
                     self._try_run(payload, now)
             elif kind == SESSION_STOP:
                 payload.stopped = True
@@ -532,6 +552,8 @@ class SessionSimulator:
             elif kind == PREWARM:
                 if payload in self.warm:
                     self.warm[payload] = min(self.pool_size, self.warm[payload] + 1)
+            elif kind == HIBERNATE:
+                self.hibernation.due(*payload, now)
             elif kind == SCALE_TICK:
                 self.policy.observe(self.cluster)
                 changed = self._autoscale(now)
