@@ -37,6 +37,7 @@ class HostRegistryMixin:
         self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual,
                                        prewarm_pool_target=self._pool_target(prewarm),
                                        connect=self.connect)
+        self.hosts[host_id].watch()  # its daemon's death shows at once (unreachable_since)
 
     def _pool_target(self, offered: int) -> int:
         """A host's prewarm pool target: the pool it offers, or for lcp the policy's warm pool."""

@@ -46,6 +46,47 @@ class HostLink:
         default_factory=OrderedDict)
     # a cell's request id -> the host's request id of the commitment it took over
     _taken_over: dict[str, str] = field(default_factory=dict)
+    # Since when the host's Local Scheduler does not answer (0: it does): the channel's
+    # connectivity says so within milliseconds of the daemon's death (its connection closes and
+    # reconnecting is refused), long before the heartbeat timeout; cleared once it answers.
+    unreachable_since: float = 0.0
+    _connected: bool = False  # the channel was READY since it was made or last failed
+    _probe: grpc.Future | None = None  # a reconnect asked for after the connection dropped
+
+    def _forget_connection(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        self._probe = None
+        self._connected = False
+        self.unreachable_since = 0.0
+
+    def watch(self) -> None:
+        """Connect now and follow the connection's state (``unreachable_since``)."""
+        _ = self.stub
+
+    def _connectivity(self, state: grpc.ChannelConnectivity) -> None:
+        """gRPC's connectivity callback (its own thread): only sets ``unreachable_since``.
+
+        A connection that closes leaves the channel IDLE (gRPC reconnects on the next call):
+        a reconnect is asked for at once (``channel_ready_future``), and its refusal
+        (TRANSIENT_FAILURE) is what marks the daemon unreachable; a channel that was only idle
+        reconnects and nothing is marked."""
+        if state is grpc.ChannelConnectivity.READY:
+            self._connected = True
+            if self.unreachable_since:
+                log.info("host %s: its Local Scheduler answers again", self.host_id)
+            self.unreachable_since = 0.0
+        elif state is grpc.ChannelConnectivity.IDLE and self._connected:
+            self._connected = False
+            channel = self._channel
+            if channel is not None and (self._probe is None or self._probe.done()):
+                self._probe = grpc.channel_ready_future(channel)
+        elif state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            self._connected = False
+            if not self.unreachable_since:
+                self.unreachable_since = time.time()
+                log.warning("host %s: its Local Scheduler at %s does not answer", self.host_id,
+                            self.address)
 
     def readdress(self, address: str) -> None:
         """The host's Local Scheduler restarted at a new address: calls go there from now on."""
@@ -53,13 +94,17 @@ class HostLink:
             self.address = address
             channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
+            channel.unsubscribe(self._connectivity)
             channel.close()
+        self._forget_connection()
+        self.watch()
 
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:
         with self._lock:
             if self._stub is None:
                 self._channel = self.connect(self.address)
+                self._channel.subscribe(self._connectivity, try_to_connect=True)
                 self._stub = ls_grpc.LocalSchedulerStub(self._channel)
             return self._stub
 
@@ -218,7 +263,9 @@ class HostLink:
     def close(self) -> None:
         with self._lock:
             if self._channel is not None:
+                self._channel.unsubscribe(self._connectivity)
                 self._channel.close()
+            self._forget_connection()
             self._stub = None
             self._channel = None
 

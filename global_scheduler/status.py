@@ -62,7 +62,8 @@ class StatusMixin:
             kernel_id=entry.kernel_id, state=KERNEL_STATES.get(state, 0),
             resources=resource_spec_to_proto(kernel.request) if kernel else None,
             replicas=replicas, executor_replica_id=(kernel.executor or 0) if kernel else 0,
-            connection=self._connection(entry, with_key), message=entry.message,
+            connection=self._connection(entry, with_key),
+            message=self._message_with_hosts(entry),
             created_unix=entry.created_unix,
             dropped_messages=(entry.front.bad_signatures + entry.front.malformed)
             if entry.front else 0,
@@ -71,6 +72,19 @@ class StatusMixin:
             last_cell_pid=entry.last_cell_pid,
             last_cell_from_prewarm_pool=entry.last_cell_from_prewarm_pool,
             queued_cells=queued, **self._gpu_time(entry, kernel))
+
+    def _message_with_hosts(self, entry: KernelEntry) -> str:
+        """The kernel's message, and a word on each of its replicas' hosts whose Local
+        Scheduler does not answer (its replica runs on; the daemon takes it back on restart)."""
+        notes = []
+        now = time.time()
+        for rid, rl in sorted(entry.replicas.items()):
+            link = self.hosts.get(rl.host_id)
+            if link is not None and link.unreachable_since:
+                notes.append(f"the Local Scheduler of host {rl.host_id} does not answer (for "
+                             f"{now - link.unreachable_since:.1f} s); replica {rid} runs on "
+                             "there and is taken back when it restarts")
+        return "; ".join(([entry.message] if entry.message else []) + notes)
 
     @staticmethod
     def _gpu_time(entry: KernelEntry, kernel) -> dict[str, float]:  # noqa: ANN001
@@ -114,7 +128,8 @@ class StatusMixin:
                     subscription_ratio=host.subscription_ratio(self.replicas_per_kernel),
                     prewarm_pool_size=link.prewarm_pool_size,
                     last_heartbeat_unix=link.last_heartbeat, draining=link.draining,
-                    metrics_address=link.metrics_address))
+                    metrics_address=link.metrics_address,
+                    unreachable_since_unix=link.unreachable_since))
             limit = getattr(self.policy, "subscription_ratio_limit", 0.0)
             return global_scheduler_pb2.ClusterStatus(
                 hosts=hosts, kernels=[self._kernel_status(e) for e in self.kernels.values()],

@@ -149,7 +149,7 @@ class PolicyHints(_message.Message):
     def __init__(self, replicas: _Optional[int] = ..., preferred_host_ids: _Optional[_Iterable[str]] = ..., excluded_host_ids: _Optional[_Iterable[str]] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class HostStatus(_message.Message):
-    __slots__ = ("host_id", "address", "capacity", "subscribed", "gpus", "virtual_gpus", "gpus_committed", "gpus_pending", "subscription_ratio", "prewarm_pool_size", "last_heartbeat_unix", "draining", "metrics_address")
+    __slots__ = ("host_id", "address", "capacity", "subscribed", "gpus", "virtual_gpus", "gpus_committed", "gpus_pending", "subscription_ratio", "prewarm_pool_size", "last_heartbeat_unix", "draining", "metrics_address", "unreachable_since_unix")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class HostStatus(_message.Message):
     LAST_HEARTBEAT_UNIX_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_SINCE_UNIX_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     address: str
     capacity: ResourceSpec
@@ -176,7 +177,8 @@ class HostStatus(_message.Message):
     last_heartbeat_unix: float
     draining: bool
     metrics_address: str
-    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[ResourceSpec, _Mapping]] = ..., subscribed: _Optional[_Union[ResourceSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., virtual_gpus: _Optional[bool] = ..., gpus_committed: _Optional[int] = ..., gpus_pending: _Optional[int] = ..., subscription_ratio: _Optional[float] = ..., prewarm_pool_size: _Optional[int] = ..., last_heartbeat_unix: _Optional[float] = ..., draining: _Optional[bool] = ..., metrics_address: _Optional[str] = ...) -> None: ...
+    unreachable_since_unix: float
+    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[_Union[ResourceSpec, _Mapping]] = ..., subscribed: _Optional[_Union[ResourceSpec, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., virtual_gpus: _Optional[bool] = ..., gpus_committed: _Optional[int] = ..., gpus_pending: _Optional[int] = ..., subscription_ratio: _Optional[float] = ..., prewarm_pool_size: _Optional[int] = ..., last_heartbeat_unix: _Optional[float] = ..., draining: _Optional[bool] = ..., metrics_address: _Optional[str] = ..., unreachable_since_unix: _Optional[float] = ...) -> None: ...
 
 class KernelStatus(_message.Message):
     __slots__ = ("kernel_id", "state", "resources", "replicas", "executor_replica_id", "connection", "message", "created_unix", "dropped_messages", "last_interactivity_delay_ms", "last_container_start_ms", "last_cell_pid", "last_cell_from_prewarm_pool", "queued_cells", "gpu_seconds_used", "gpu_seconds_reserved")

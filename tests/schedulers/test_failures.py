@@ -592,3 +592,37 @@ def test_the_executor_killed_after_every_cell_never_wedges_the_kernel(make_clust
             os.kill(pid, signal.SIGKILL)
     run = run_cell(kc, "print(x)", timeout=45)
     assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
+
+
+def test_a_local_scheduler_that_stops_answering_shows_in_the_status_within_a_second(
+        make_cluster) -> None:  # noqa: ANN001
+    """Issue 33 item 2: the status never shows a stale view. A SIGKILLed Local Scheduler is
+    seen at once (its connection closes and reconnecting is refused), long before the heartbeat
+    timeout: the host says since when, and each kernel with a replica there says its daemon
+    does not answer while the replica runs on. A restarted daemon clears both."""
+    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "30",
+                            "NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "30"})
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"u-host-{i}")
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
+    victim_host, victim_pid = _replicas(cluster, kernel_id)[1]
+    killed = time.monotonic()
+    cluster.ls[victim_host].send_signal(signal.SIGKILL)
+    cluster.wait(lambda: "does not answer" in cluster.kernel(kernel_id).message, 5,
+                 "the kernel's status to say its host's daemon does not answer")
+    seen_after = time.monotonic() - killed
+    assert seen_after < 2.0, f"seen after {seen_after:.2f} s"  # the issue asks 1 s; load
+    message = cluster.kernel(kernel_id).message
+    assert f"the Local Scheduler of host {victim_host} does not answer" in message, message
+    host = next(h for h in cluster.status().hosts if h.host_id == victim_host)
+    assert host.unreachable_since_unix > 0
+    assert pid_alive(victim_pid)  # the replica runs on
+    cluster.ls[victim_host].wait(timeout=10)
+    cluster.start_ls(victim_host)
+    cluster.wait(lambda: "does not answer" not in cluster.kernel(kernel_id).message, 30,
+                 "the restarted daemon to clear it")
+    assert all(h.unreachable_since_unix == 0 for h in cluster.status().hosts)
+    assert result_text(run_cell(kc, "data['b'] = 2\nsorted(data)")) == "['a', 'b']"
