@@ -51,21 +51,7 @@ sys.path.insert(0, str(ROOT))
 from notebookos.global_scheduler.front import KernelFront, ReplicaEndpoint  # noqa: E402
 from notebookos.global_scheduler.limits import raise_limits  # noqa: E402
 from notebookos.testing import smoke  # noqa: E402
-from notebookos.testing.standin_replicas import kernel_id  # noqa: E402
-
-
-class PlaceOnReplicaOne:
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        return 1, []
-
-    def release_execute(self, kernel_id: str, msg_id: str) -> None:
-        pass
-
-    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
-
-    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
+from notebookos.testing.standin_replicas import PlaceOnReplicaOne, kernel_id  # noqa: E402
 
 
 def _cpu_s() -> float:

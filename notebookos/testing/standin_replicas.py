@@ -36,6 +36,23 @@ def kernel_id(index: int) -> str:
     return f"standin-{index:05d}"
 
 
+class PlaceOnReplicaOne:
+    """A front's scheduler side that places every cell on replica 1 with no GPU (the fronts
+    are measured or tested alone, without a Global Scheduler's placement)."""
+
+    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        return 1, []
+
+    def release_execute(self, kernel_id: str, msg_id: str) -> None:
+        pass
+
+    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        pass
+
+    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        pass
+
+
 class StandInReplicas:
     def __init__(self, kernels: int, key: str, ip: str = "127.0.0.1") -> None:
         self.context = zmq.Context()

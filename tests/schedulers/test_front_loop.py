@@ -19,25 +19,11 @@ import zmq
 from jupyter_client.session import Session
 
 from notebookos.global_scheduler.front import KernelFront, ReplicaEndpoint
-from notebookos.testing.standin_replicas import kernel_id
+from notebookos.testing.standin_replicas import PlaceOnReplicaOne, kernel_id
 
 pytestmark = pytest.mark.timeout(120)
 
 KERNELS = 40
-
-
-class Hooks:
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        return 1, []
-
-    def release_execute(self, kernel_id: str, msg_id: str) -> None:
-        pass
-
-    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
-
-    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
-        pass
 
 
 def _threads() -> int:
@@ -64,7 +50,7 @@ def standins() -> Iterator[tuple[str, dict]]:
 
 
 def _open(key: str, ports: dict, k: int) -> KernelFront:
-    front = KernelFront(kernel_id(k), key, "hmac-sha256", Hooks())
+    front = KernelFront(kernel_id(k), key, "hmac-sha256", PlaceOnReplicaOne())
     front.set_replicas([ReplicaEndpoint(int(r), "127.0.0.1", p["shell"], p["iopub"][k],
                                         p["stdin"], p["control"]) for r, p in ports.items()])
     front.start()
