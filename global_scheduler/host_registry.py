@@ -92,8 +92,9 @@ class HostRegistryMixin:
                     if link.address != request.address:
                         log.info("host %s re-registered from %s (was %s)", request.host_id,
                                  request.address, link.address)
-                        link.readdress(request.address)
                         self.cluster.hosts[request.host_id].address = request.address
+                    # a fresh channel and watch: the old one may be backing off its reconnects
+                    link.readdress(request.address)
                     self._lose_unreported(request.host_id, request.replicas)
             if link is None:
                 try:

@@ -46,57 +46,67 @@ class HostLink:
         default_factory=OrderedDict)
     # a cell's request id -> the host's request id of the commitment it took over
     _taken_over: dict[str, str] = field(default_factory=dict)
-    # Since when the host's Local Scheduler does not answer (0: it does): the channel's
-    # connectivity says so within milliseconds of the daemon's death (its connection closes and
-    # reconnecting is refused), long before the heartbeat timeout; cleared once it answers.
+    # Since when the host's Local Scheduler does not answer (0: it does): a ``WatchHost`` call
+    # held open on it fails the moment its connection closes (the daemon died), long before
+    # the heartbeat timeout; a probe that waits for the channel clears it once it answers.
+    # Event-driven: gRPC's completion queue reports both, nothing here wakes to look.
     unreachable_since: float = 0.0
-    _connected: bool = False  # the channel was READY since it was made or last failed
-    _probe: grpc.Future | None = None  # a reconnect asked for after the connection dropped
-
-    def _forget_connection(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-        self._probe = None
-        self._connected = False
-        self.unreachable_since = 0.0
+    _watch_call: grpc.Future | None = None
+    _closed: bool = False
 
     def watch(self) -> None:
-        """Connect now and follow the connection's state (``unreachable_since``)."""
-        _ = self.stub
+        """Hold a ``WatchHost`` call open on the host (its end says the daemon is gone)."""
+        self._watch_call_start(held=True)
 
-    def _connectivity(self, state: grpc.ChannelConnectivity) -> None:
-        """gRPC's connectivity callback (its own thread): only sets ``unreachable_since``.
+    def _watch_call_start(self, *, held: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+        request = local_scheduler_pb2.WatchHostRequest(answer_now=not held)
+        # held: fails at once if the daemon is not there now; a probe waits for the channel
+        call = self.stub.WatchHost.future(request, wait_for_ready=not held)
+        with self._lock:
+            self._watch_call = call
+        call.add_done_callback(lambda done: self._watch_call_done(done, held))
 
-        A connection that closes leaves the channel IDLE (gRPC reconnects on the next call):
-        a reconnect is asked for at once (``channel_ready_future``), and its refusal
-        (TRANSIENT_FAILURE) is what marks the daemon unreachable; a channel that was only idle
-        reconnects and nothing is marked."""
-        if state is grpc.ChannelConnectivity.READY:
-            self._connected = True
-            if self.unreachable_since:
-                log.info("host %s: its Local Scheduler answers again", self.host_id)
-            self.unreachable_since = 0.0
-        elif state is grpc.ChannelConnectivity.IDLE and self._connected:
-            self._connected = False
-            channel = self._channel
-            if channel is not None and (self._probe is None or self._probe.done()):
-                self._probe = grpc.channel_ready_future(channel)
-        elif state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            self._connected = False
+    def _watch_call_done(self, call: grpc.Future, held: bool) -> None:
+        """On gRPC's thread: a held call ended (the daemon is gone or stopping), or a probe was
+        answered (it is back) or failed."""
+        with self._lock:
+            if self._closed or call is not self._watch_call or call.cancelled():
+                return
+        failed = call.exception() is not None
+        if held or failed:
             if not self.unreachable_since:
                 self.unreachable_since = time.time()
                 log.warning("host %s: its Local Scheduler at %s does not answer", self.host_id,
                             self.address)
+            if failed and not held:  # a probe failed (not for want of a connection): later
+                _release_timer().after(1.0, lambda: self._watch_call_start(held=False))
+            else:
+                self._watch_call_start(held=False)
+            return
+        if self.unreachable_since:
+            log.info("host %s: its Local Scheduler answers again", self.host_id)
+        self.unreachable_since = 0.0
+        self._watch_call_start(held=True)
+
+    def _stop_watch(self) -> None:
+        with self._lock:
+            call, self._watch_call = self._watch_call, None
+        if call is not None:
+            call.cancel()
+        self.unreachable_since = 0.0
 
     def readdress(self, address: str) -> None:
-        """The host's Local Scheduler restarted at a new address: calls go there from now on."""
+        """The host's Local Scheduler restarted (at a new address, or the same): calls go there
+        from now on, on a fresh channel with a fresh watch."""
         with self._lock:
             self.address = address
             channel, self._channel, self._stub = self._channel, None, None
+        self._stop_watch()
         if channel is not None:
-            channel.unsubscribe(self._connectivity)
             channel.close()
-        self._forget_connection()
         self.watch()
 
     @property
@@ -104,7 +114,6 @@ class HostLink:
         with self._lock:
             if self._stub is None:
                 self._channel = self.connect(self.address)
-                self._channel.subscribe(self._connectivity, try_to_connect=True)
                 self._stub = ls_grpc.LocalSchedulerStub(self._channel)
             return self._stub
 
@@ -262,10 +271,11 @@ class HostLink:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
+        self._stop_watch()
+        with self._lock:
             if self._channel is not None:
-                self._channel.unsubscribe(self._connectivity)
                 self._channel.close()
-            self._forget_connection()
             self._stub = None
             self._channel = None
 

@@ -133,6 +133,7 @@ class LocalSchedulerDaemon:
             if self._stopped.is_set():
                 return
             self.service.draining = True
+            self.service.release_watchers()
             self.service.stop_all()
             self.pool.close()
             self.service.launcher.close()

@@ -99,6 +99,8 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         self.ready_timeout_s = ready_timeout_s
         self.on_shutdown = on_shutdown
         self.draining = False
+        self._watchers: set[threading.Event] = set()  # held WatchHost calls (the GS's)
+        self._watchers_released = False
         self.registered = False
         self.instance_id = ""
         self._replicas: dict[tuple[str, int], ReplicaEntry] = {}
@@ -415,6 +417,28 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         target, ready, starting, message = self.pool.status()
         return local_scheduler_pb2.PrewarmPoolStatus(target_size=target, ready=ready,
                                                      starting=starting, message=message)
+
+    def WatchHost(self, request, context):  # noqa: N802
+        """Held until this daemon stops or the caller goes (see the proto); no thread of ours
+        is woken meanwhile."""
+        if not request.answer_now:
+            ended = threading.Event()
+            with self._lock:
+                self._watchers.add(ended)
+                stopping = self._watchers_released
+            if not stopping and context.add_callback(ended.set):
+                ended.wait()
+            with self._lock:
+                self._watchers.discard(ended)
+        return local_scheduler_pb2.WatchHostResponse(instance_id=self.instance_id)
+
+    def release_watchers(self) -> None:
+        """The daemon stops: answer every held ``WatchHost``."""
+        with self._lock:
+            self._watchers_released = True
+            watchers = list(self._watchers)
+        for ended in watchers:
+            ended.set()
 
     def GetHostStatus(self, request, context):  # noqa: N802
         return local_scheduler_pb2.LocalHostStatus(

@@ -98,7 +98,7 @@ GS_RPCS = {
 }
 LS_RPCS = {
     "StartReplica", "StopReplica", "InterruptReplica", "PrepareReplicaToMigrate",
-    "CommitGpus", "ReleaseGpus", "SetPrewarmPool", "GetHostStatus", "Shutdown",
+    "CommitGpus", "ReleaseGpus", "SetPrewarmPool", "GetHostStatus", "Shutdown", "WatchHost",
 }
 
 

@@ -9,6 +9,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WatchHostRequest(_message.Message):
+    __slots__ = ("answer_now",)
+    ANSWER_NOW_FIELD_NUMBER: _ClassVar[int]
+    answer_now: bool
+    def __init__(self, answer_now: _Optional[bool] = ...) -> None: ...
+
+class WatchHostResponse(_message.Message):
+    __slots__ = ("instance_id",)
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
+
 class RaftPeer(_message.Message):
     __slots__ = ("replica_id", "address")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class LocalSchedulerStub:
                 request_serializer=notebookos_dot_proto_dot_local__scheduler__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=notebookos_dot_proto_dot_local__scheduler__pb2.ShutdownResponse.FromString,
                 _registered_method=True)
+        self.WatchHost = channel.unary_unary(
+                '/notebookos.v1.LocalScheduler/WatchHost',
+                request_serializer=notebookos_dot_proto_dot_local__scheduler__pb2.WatchHostRequest.SerializeToString,
+                response_deserializer=notebookos_dot_proto_dot_local__scheduler__pb2.WatchHostResponse.FromString,
+                _registered_method=True)
 
 
 class LocalSchedulerServicer:
@@ -184,6 +189,15 @@ class LocalSchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchHost(self, request, context):
+        """Held open by the Global Scheduler, which so learns at once that this daemon is gone (the
+        call fails as its connection closes): answered only when the daemon stops, or at once with
+        answer_now (the Global Scheduler checking that the daemon is back).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LocalSchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +245,11 @@ def add_LocalSchedulerServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=notebookos_dot_proto_dot_local__scheduler__pb2.ShutdownRequest.FromString,
                     response_serializer=notebookos_dot_proto_dot_local__scheduler__pb2.ShutdownResponse.SerializeToString,
+            ),
+            'WatchHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.WatchHost,
+                    request_deserializer=notebookos_dot_proto_dot_local__scheduler__pb2.WatchHostRequest.FromString,
+                    response_serializer=notebookos_dot_proto_dot_local__scheduler__pb2.WatchHostResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +495,33 @@ class LocalScheduler:
             '/notebookos.v1.LocalScheduler/Shutdown',
             notebookos_dot_proto_dot_local__scheduler__pb2.ShutdownRequest.SerializeToString,
             notebookos_dot_proto_dot_local__scheduler__pb2.ShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/notebookos.v1.LocalScheduler/WatchHost',
+            notebookos_dot_proto_dot_local__scheduler__pb2.WatchHostRequest.SerializeToString,
+            notebookos_dot_proto_dot_local__scheduler__pb2.WatchHostResponse.FromString,
             options,
             channel_credentials,
             insecure,
