@@ -76,12 +76,15 @@ class HostLink:
             if self._closed or call is not self._watch_call or call.cancelled():
                 return
         failed = call.exception() is not None
-        if held or failed:
+        if held and not failed:  # answered: the daemon stops, or let another watch in: check
+            self._watch_call_start(held=False)
+            return
+        if failed:
             if not self.unreachable_since:
                 self.unreachable_since = time.time()
                 log.warning("host %s: its Local Scheduler at %s does not answer", self.host_id,
                             self.address)
-            if failed and not held:  # a probe failed (not for want of a connection): later
+            if not held:  # a probe failed (not for want of a connection): try again later
                 _release_timer().after(1.0, lambda: self._watch_call_start(held=False))
             else:
                 self._watch_call_start(held=False)

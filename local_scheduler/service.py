@@ -30,6 +30,10 @@ from notebookos.resources import InvalidResourceSpec, ResourceSpec
 
 log = logging.getLogger(__name__)
 
+# WatchHost calls held at once (each holds a server thread): the Global Scheduler needs one,
+# and one more while a restarted instance takes over
+MAX_HELD_WATCHES = 4
+
 RS = common_pb2.ReplicaState
 SUPPORTED_SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha1", "hmac-md5")
 # Prewarmed processes a host keeps ready: an order for more is refused, whoever sends it.
@@ -99,7 +103,8 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         self.ready_timeout_s = ready_timeout_s
         self.on_shutdown = on_shutdown
         self.draining = False
-        self._watchers: set[threading.Event] = set()  # held WatchHost calls (the GS's)
+        # held WatchHost calls (the Global Scheduler's), oldest first
+        self._watchers: dict[threading.Event, None] = {}
         self._watchers_released = False
         self.registered = False
         self.instance_id = ""
@@ -424,12 +429,17 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         if not request.answer_now:
             ended = threading.Event()
             with self._lock:
-                self._watchers.add(ended)
+                if len(self._watchers) >= MAX_HELD_WATCHES:
+                    # bounded server threads: the oldest held call is answered (a Global
+                    # Scheduler whose watch ends so checks the daemon and holds another)
+                    next(iter(self._watchers)).set()
+                    del self._watchers[next(iter(self._watchers))]
+                self._watchers[ended] = None
                 stopping = self._watchers_released
             if not stopping and context.add_callback(ended.set):
                 ended.wait()
             with self._lock:
-                self._watchers.discard(ended)
+                self._watchers.pop(ended, None)
         return local_scheduler_pb2.WatchHostResponse(instance_id=self.instance_id)
 
     def release_watchers(self) -> None:

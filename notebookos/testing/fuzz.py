@@ -35,6 +35,9 @@ LS_SERVICE = local_scheduler_pb2.DESCRIPTOR.services_by_name["LocalScheduler"]
 HOST_METHODS = ("RegisterHost", "Heartbeat", "DeregisterHost", "ReportReplicaEvent")
 READ_METHODS = ("GetKernelStatus", "ListKernels", "GetClusterStatus", "GetHostStatus")
 BYTES_ONLY = ("StartReplica", "Shutdown")  # Local Scheduler orders with no refusal to reach
+# Held open on purpose until the daemon stops (the Global Scheduler's watch of a Local
+# Scheduler): fuzzed with ``answer_now`` only, so every call gets its answer
+LONG_POLL = ("WatchHost",)
 OVERSIZE = 5 * 1024 * 1024  # above gRPC's 4 MiB receive limit
 ID_FIELDS = ("kernel_id", "host_id", "instance_id", "request_id")
 
@@ -182,6 +185,8 @@ def calls(kernel_id: str, known_ids: frozenset[str]) -> st.SearchStrategy[Call]:
         token = draw(st.booleans()) if service == "gs" else False
         if method == "StartKernel":
             msg.kernel_id = kernel_id
+        elif method in LONG_POLL:
+            msg.answer_now = True
         elif method == "SetPrewarmPool":
             msg.target_size = draw(st.one_of(st.integers(-2**31, -1),
                                               st.integers(min_value=65, max_value=2**31 - 1)))
@@ -197,7 +202,7 @@ def calls(kernel_id: str, known_ids: frozenset[str]) -> st.SearchStrategy[Call]:
     def raw(draw: st.DrawFn) -> Call:
         service = draw(st.sampled_from(["gs", "ls"]))
         requests = GS_REQUESTS if service == "gs" else LS_REQUESTS
-        method = draw(st.sampled_from(sorted(requests)))
+        method = draw(st.sampled_from(sorted(m for m in requests if m not in LONG_POLL)))
         kind = draw(st.sampled_from(["random", "other message", "truncated"]))
         if kind == "random":
             payload = draw(st.binary(min_size=1, max_size=256))

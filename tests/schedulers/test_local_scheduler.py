@@ -334,3 +334,28 @@ def test_registers_again_with_a_new_global_scheduler_and_stops_replicas_it_does_
             break
         time.sleep(0.1)
     assert not pid_alive(resp.pid), "the unknown replica's process outlived it"
+
+
+def test_held_host_watches_are_bounded_and_the_oldest_is_answered(host):
+    """``WatchHost`` holds a server thread while it waits for the daemon to stop: a caller
+    holding more than MAX_HELD_WATCHES gets its oldest answered (the daemon keeps threads for
+    everything else), and answer_now is answered at once."""
+    from notebookos.local_scheduler.service import MAX_HELD_WATCHES
+
+    _, stub = host
+    held = [stub.WatchHost.future(local_scheduler_pb2.WatchHostRequest(), timeout=30)
+            for _ in range(MAX_HELD_WATCHES + 2)]
+    try:
+        assert stub.WatchHost(local_scheduler_pb2.WatchHostRequest(answer_now=True),
+                              timeout=5).instance_id
+        deadline = time.monotonic() + 10
+        while sum(f.done() for f in held) < 2:
+            assert time.monotonic() < deadline, "no held watch was answered"
+            time.sleep(0.05)
+        assert all(f.exception() is None for f in held if f.done())
+        # the others are still held (the cluster's Global Scheduler holds one watch too)
+        assert sum(not f.done() for f in held) <= MAX_HELD_WATCHES
+        assert _host_status(stub).host.host_id  # the daemon answers everything else
+    finally:
+        for f in held:
+            f.cancel()
