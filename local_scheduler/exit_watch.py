@@ -96,7 +96,8 @@ class ExitWatcher:
             code = process.wait(timeout=5)
         except subprocess.TimeoutExpired:  # readable yet not reaped: should not happen
             log.error("process %d: its pidfd said exited, wait did not", process.pid)
-            code = process.poll() if process.poll() is not None else -255
+            polled = process.poll()
+            code = polled if polled is not None else -255
         try:
             on_exit(code)
         except Exception:  # noqa: BLE001 - one failing callback must not stop the watcher

@@ -8,21 +8,9 @@ that woke rests again.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import psutil
-import pytest
 from harness import ReplicaGroup
-
-
-@pytest.fixture
-def group(tmp_path: Path):
-    replicas = ReplicaGroup(tmp_path, store_url=f"file://{tmp_path}/store")
-    try:
-        replicas.start()
-        yield replicas
-    finally:
-        replicas.stop()
 
 
 def all_resting(status: dict[int, dict]) -> bool:

@@ -16,6 +16,17 @@ from sched_cluster import make_cluster_fixture, run_cell  # noqa: F401 - fixture
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
+def _cluster_with_kernel(make_cluster, hosts: int, gpus: int):  # noqa: ANN001, ANN202
+    """A Global Scheduler, ``hosts`` Local Schedulers of 2 GPUs, and a kernel of ``gpus``."""
+    cluster = make_cluster()
+    cluster.start_gs()
+    for i in range(hosts):
+        cluster.start_ls(f"r-host-{i}", gpus=2)
+    cluster.wait_hosts(hosts)
+    kernel_id, kc = cluster.start_kernel(gpus=gpus)
+    return cluster, kernel_id, kc
+
+
 def block_and_executor(cluster, kernel_id: str, kc, code: str) -> tuple[dict, object]:  # noqa: ANN001
     reply = run_cell(kc, code)["reply"]
     assert reply["content"]["status"] == "ok", reply["content"]
@@ -25,12 +36,7 @@ def block_and_executor(cluster, kernel_id: str, kc, code: str) -> tuple[dict, ob
 
 
 def test_the_reply_names_executor_host_gpus_and_delay(make_cluster) -> None:  # noqa: ANN001, F811
-    cluster = make_cluster()
-    cluster.start_gs()
-    for i in range(4):
-        cluster.start_ls(f"r-host-{i}", gpus=2)
-    cluster.wait_hosts(4)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=4, gpus=1)
 
     block, executor = block_and_executor(cluster, kernel_id, kc, "x = 1")
     assert block["role"] == "executor"
@@ -50,12 +56,7 @@ def test_each_cell_and_the_kernel_count_their_gpu_time(make_cluster) -> None:  #
     """A cell's GPU time is its GPUs x commit -> reply (the reply block's ``gpu_seconds``); the
     kernel's status sums its cells' and says what reserving its GPUs since it started would
     have held (issue 34: the panel shows the two)."""
-    cluster = make_cluster()
-    cluster.start_gs()
-    for i in range(3):
-        cluster.start_ls(f"t-host-{i}", gpus=2)
-    cluster.wait_hosts(3)
-    kernel_id, kc = cluster.start_kernel(gpus=2)
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=3, gpus=2)
     block, _ = block_and_executor(cluster, kernel_id, kc, "import time\ntime.sleep(0.5)")
     assert len(block["gpu_device_ids"]) == 2
     assert 2 * 0.5 <= block["gpu_seconds"] < 2 * 10, block  # two GPUs, half a second each
