@@ -60,20 +60,26 @@ class CheckpointLog:
         with state.lock:
             dirty = set(state.dirty)
             state.dirty.clear()
+            new_modules, state.modules_dirty = state.modules_dirty, []
             if full:
                 entries: dict[str, SyncEntry] = dict(state.entries)
+                modules = list(state.modules)
             else:
                 entries = {name: state.entries.get(name) or SyncEntry(name, "deleted", "")
                            for name in sorted(dirty)}
+                modules = new_modules
         try:
-            self._write(entries, execution_count, full)
+            self._write(entries, execution_count, full, modules)
         except BaseException:
             with state.lock:
                 state.dirty |= dirty
+                state.modules_dirty[:0] = new_modules
             raise
 
-    def _write(self, entries: dict[str, SyncEntry], execution_count: int, full: bool) -> None:
-        data = checkpoint_bytes(self.kernel_id, entries, execution_count, keep_deleted=not full)
+    def _write(self, entries: dict[str, SyncEntry], execution_count: int, full: bool,
+               modules: list[str]) -> None:
+        data = checkpoint_bytes(self.kernel_id, entries, execution_count, keep_deleted=not full,
+                                modules=modules)
         key = part_key(self.kernel_id)
         self.store.put(key, data)
         if full:

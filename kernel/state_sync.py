@@ -2,6 +2,9 @@
 
 Glue between the replica and the pure modules ``ast_effects`` (which names a cell changed) and
 ``sync_codec`` (serialising them, large values to the store, applying updates, checkpoints).
+The executor's library imports are replayed on the standbys in the background
+(``module_warmup``); ``NOTEBOOKOS_WARM_IMPORTS=0`` in a replica's environment switches that off
+(benchmarks/failover.py measures both ways).
 Sync needs a large-object store (``--store-url``); without one the replica still elects and runs
 cells, and every cell's output says that standbys did not receive its state.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, MutableMapping
@@ -50,6 +54,7 @@ class StateSync:
             from notebookos.store import open_store
 
             from .checkpoint_log import CheckpointLog
+            from .module_warmup import LibraryImports, ModuleWarmer
             from .sync_codec import StateApplier, StateEncoder, SyncState
 
             # a Redis or S3 client (boto3: tens of MB) is made on first use: a standby that
@@ -62,6 +67,9 @@ class StateSync:
                 self.store, kernel_id, threshold_bytes=threshold_bytes, state=self._state
             )
             self._applier = StateApplier(self.store, state=self._state)
+            # the executor's library imports travel to the standbys (module_warmup.py)
+            self._imports = LibraryImports()
+            self._warmer = ModuleWarmer()
             # a checkpoint writes what changed since the last one (docs/state-sync.md)
             self._checkpoints = CheckpointLog(self.store, kernel_id)
         except Exception as exc:  # noqa: BLE001 - reported on every cell, never silent
@@ -94,7 +102,9 @@ class StateSync:
             self.log.exception("state sync failed")
             return None, [f"state sync failed, standbys lack this cell's changes: {exc}"]
         self.warm_store_once_torch_is_loaded()
-        if not update.entries and not update.warnings:
+        update.modules = self._imports.new()
+        self._learn_modules(update.modules, warm=False)
+        if not update.entries and not update.warnings and not update.modules:
             return None, []  # no update: standbys have nothing to apply
         return update.to_bytes(), list(update.warnings)
 
@@ -154,7 +164,25 @@ class StateSync:
             return {"<update>": f"{type(exc).__name__}: {exc}"}
         finally:
             self.warm_store_once_torch_is_loaded()
+            self._learn_modules(parsed.modules)
         return {}
+
+    def _learn_modules(self, names: list[str], warm: bool = True) -> None:
+        """Record library modules of the namespace (for checkpoints) and import those this
+        replica lacks, in the background: a standby then takes over without importing them."""
+        if not names:
+            return
+        with self._state.lock:
+            fresh = [name for name in names if name not in self._state.modules]
+            self._state.modules.update(dict.fromkeys(fresh))
+            self._state.modules_dirty.extend(fresh)
+        if warm and os.environ.get("NOTEBOOKOS_WARM_IMPORTS", "1") != "0":
+            self._warmer.warm(names)
+
+    def wait_for_imports(self, timeout: float | None = None) -> None:
+        """Block until the modules received so far are imported (tests, benchmarks)."""
+        if self._applier is not None:
+            self._warmer.wait(timeout)
 
     @staticmethod
     def entry_names(update: bytes) -> set[str]:
@@ -286,9 +314,12 @@ class StateSync:
 
         checkpoint = read_checkpoint(self.store, self.kernel_id)
         failed = restore_namespace(self.store, checkpoint, namespace, state=self._state)
+        self._learn_modules(checkpoint.modules)
         return int(checkpoint.execution_count), failed
 
     def close(self) -> None:
+        if self._applier is not None:
+            self._warmer.close()
         with self._checkpoint_lock:
             timer, self._checkpoint_timer = self._checkpoint_timer, None
         if timer is not None:

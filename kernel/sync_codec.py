@@ -211,9 +211,14 @@ class SyncUpdate:
 
     entries: list[SyncEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # library modules the executor imported during the cell, for the standbys to import ahead
+    # of a takeover (module_warmup.py); absent from records written before it existed
+    modules: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         plain = {"v": 1, "e": [e.to_plain() for e in self.entries], "w": list(self.warnings)}
+        if self.modules:
+            plain["m"] = list(self.modules)
         return UPDATE_MAGIC + pickle.dumps(plain, protocol=5)
 
     @classmethod
@@ -226,7 +231,15 @@ class SyncUpdate:
             raise ValueError("malformed sync update: entries and warnings must be lists")
         if not all(isinstance(w, str) for w in warnings):
             raise ValueError("malformed sync update: warnings must be strings")
-        return cls([SyncEntry.from_plain(e) for e in entries], warnings)
+        return cls([SyncEntry.from_plain(e) for e in entries], warnings,
+                   _module_names(plain, "sync update"))
+
+
+def _module_names(plain: dict[str, Any], what: str) -> list[str]:
+    modules = plain.get("m", [])
+    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        raise ValueError(f"malformed {what}: modules must be a list of strings")
+    return modules
 
 
 @dataclass
@@ -236,6 +249,7 @@ class Checkpoint:
     entries: dict[str, SyncEntry]
     execution_count: int
     kernel_id: str
+    modules: list[str] = field(default_factory=list)  # library modules the namespace came with
 
 
 def _load_plain(data: bytes, magic: bytes, what: str) -> dict[str, Any]:
@@ -329,6 +343,10 @@ class SyncState:
         self.entries: dict[str, SyncEntry] = {}
         self.entry_tokens: dict[str, frozenset[str]] = {}  # name -> tensors/arrays its value holds
         self.dirty: set[str] = set()  # entries set or deleted since the last checkpoint segment
+        # library modules imported here or by an executor (module_warmup.py), in import order;
+        # those not yet in a checkpoint part
+        self.modules: dict[str, None] = {}
+        self.modules_dirty: list[str] = []
         self._records: dict[str, _TensorRecord] = {}
         self._tokens = _WeakIdMap()
         self._counter = 0
@@ -1921,7 +1939,7 @@ def write_checkpoint(
 
 def checkpoint_bytes(
     kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int,
-    *, keep_deleted: bool = False,
+    *, keep_deleted: bool = False, modules: list[str] | None = None,
 ) -> bytes:
     """A checkpoint record (also a part of a segmented one: then ``keep_deleted``)."""
     if not isinstance(execution_count, int) or execution_count < 0:
@@ -1933,6 +1951,8 @@ def checkpoint_bytes(
         "e": [entry.to_plain() for entry in entries.values()
               if keep_deleted or entry.kind != "deleted"],
     }
+    if modules:
+        plain["m"] = list(modules)
     return CHECKPOINT_MAGIC + pickle.dumps(plain, protocol=5)
 
 
@@ -1943,13 +1963,14 @@ def manifest_bytes(kernel_id: str, base: str, segments: list[str], execution_cou
     return CHECKPOINT_MANIFEST_MAGIC + pickle.dumps(plain, protocol=5)
 
 
-def _checkpoint_part(data: bytes) -> tuple[list[SyncEntry], int, str]:
+def _checkpoint_part(data: bytes) -> tuple[list[SyncEntry], int, str, list[str]]:
     plain = _load_plain(data, CHECKPOINT_MAGIC, "checkpoint")
     entries = plain.get("e")
     count = plain.get("execution_count")
     if not isinstance(entries, list) or not isinstance(count, int):
         raise ValueError("malformed checkpoint: entries must be a list, execution_count an int")
-    return [SyncEntry.from_plain(e) for e in entries], count, str(plain.get("kernel_id"))
+    return ([SyncEntry.from_plain(e) for e in entries], count, str(plain.get("kernel_id")),
+            _module_names(plain, "checkpoint"))
 
 
 def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
@@ -1960,21 +1981,25 @@ def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
     """
     data = store.get(checkpoint_key(kernel_id))
     if not bytes(data[:len(CHECKPOINT_MANIFEST_MAGIC)]) == CHECKPOINT_MANIFEST_MAGIC:
-        decoded, count, kid = _checkpoint_part(data)
-        return Checkpoint({e.name: e for e in decoded if e.kind != "deleted"}, count, kid)
+        decoded, count, kid, modules = _checkpoint_part(data)
+        return Checkpoint({e.name: e for e in decoded if e.kind != "deleted"}, count, kid,
+                          modules)
     plain = _load_plain(data, CHECKPOINT_MANIFEST_MAGIC, "checkpoint manifest")
     base, segments, count = plain.get("base"), plain.get("segments"), plain.get("execution_count")
     if not (isinstance(base, str) and isinstance(segments, list) and isinstance(count, int)
             and all(isinstance(key, str) for key in segments)):
         raise ValueError("malformed checkpoint manifest")
     entries: dict[str, SyncEntry] = {}
+    modules: dict[str, None] = {}
     for key in [base, *segments]:
-        for entry in _checkpoint_part(store.get(key))[0]:
+        part_entries, _, _, part_modules = _checkpoint_part(store.get(key))
+        for entry in part_entries:
             if entry.kind == "deleted":
                 entries.pop(entry.name, None)
             else:
                 entries[entry.name] = entry
-    return Checkpoint(entries, count, str(plain.get("kernel_id")))
+        modules.update(dict.fromkeys(part_modules))
+    return Checkpoint(entries, count, str(plain.get("kernel_id")), list(modules))
 
 
 def restore_namespace(
