@@ -20,7 +20,12 @@ Faults, drawn at random (seeded) between cells:
   replicas live on; ``notebookos up`` restarts it and it takes them back);
 - ``kill-global-scheduler``: SIGKILL of the Global Scheduler (``notebookos up`` restarts it);
 - ``hang-host``: SIGSTOP of a host's Local Scheduler and everything it runs, SIGCONT 10 s later;
-- ``double``: two of the above, on different hosts, the second 0.1-1 s after the first.
+- ``burst-global-scheduler``: SIGKILL of the Global Scheduler 5 times in a row, each as soon as it
+  answers again plus 1-3 s (issue 33: a crash loop must never take JupyterLab down);
+- ``double``: two of the first five, on different hosts, the second 0.1-1 s after the first.
+
+Throughout, JupyterLab's ``/api/status`` is asked every 0.5 s: the summary says how many probes
+failed and the longest outage (JupyterLab must stay reachable whatever fails behind it).
 
 The next cell is sent 0-0.3 s after the fault (before any replacement has joined). Single faults
 wait until the kernel is whole again (three live replicas on distinct hosts, every host back)
@@ -62,9 +67,13 @@ from notebookos.proto import common_pb2
 from notebookos.testing import smoke
 from notebookos.testing.up_session import CellResult, Notebook, UpCluster
 
-SINGLE_KINDS = ("kill-executor", "kill-standby", "kill-local-scheduler", "kill-global-scheduler",
+# the kinds a double fault is drawn from (a burst is already several faults)
+DOUBLE_KINDS = ("kill-executor", "kill-standby", "kill-local-scheduler", "kill-global-scheduler",
                 "hang-host")
+SINGLE_KINDS = (*DOUBLE_KINDS, "burst-global-scheduler")
 KINDS = (*SINGLE_KINDS, "double")
+BURST_KILLS = 5
+LAB_PROBE_S = 0.5
 HANG_S = 10.0
 WHOLE_TIMEOUT_S = 300.0
 ROLLBACK = re.compile(r"rebuilt from the checkpoint taken after cell \[(\d+)\]")
@@ -182,6 +191,22 @@ class Injector:
                          victim.host_id)
         raise ValueError(f"unknown fault kind {kind!r}")
 
+    async def burst(self) -> Fault:
+        """Kill the Global Scheduler ``BURST_KILLS`` times, each once it serves again."""
+        for kill in range(BURST_KILLS):
+            self.cluster.global_scheduler().send_signal(signal.SIGKILL)
+            if kill == BURST_KILLS - 1:
+                break
+            deadline = time.monotonic() + WHOLE_TIMEOUT_S
+            await asyncio.sleep(0.2)
+            while await asyncio.to_thread(self.cluster.host_count) < 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Global Scheduler did not come back in a burst")
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(self.rng.uniform(1.0, 3.0))
+        return Fault("burst-global-scheduler", f"global scheduler killed {BURST_KILLS} times",
+                     None)
+
     def _resume(self, pids: list[int]) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -194,6 +219,41 @@ class Injector:
 
 
 # -- the campaign ----------------------------------------------------------------------------
+
+class LabWatch:
+    """Asks JupyterLab's ``/api/status`` every ``LAB_PROBE_S`` while the campaign runs."""
+
+    def __init__(self, base: str, token: str) -> None:
+        self.url = f"{base}/api/status"
+        self.headers = {"Authorization": f"token {token}"}
+        self.probes = 0
+        self.failures = 0
+        self.longest_outage_s = 0.0
+        self._down_since: float | None = None
+
+    async def run(self) -> None:
+        from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+        client = AsyncHTTPClient()
+        while True:
+            self.probes += 1
+            now = time.monotonic()
+            try:
+                await client.fetch(HTTPRequest(self.url, headers=self.headers,
+                                               request_timeout=2.0))
+                self._down_since = None
+            except Exception:  # noqa: BLE001 - any failure is an outage
+                self.failures += 1
+                if self._down_since is None:
+                    self._down_since = now
+                self.longest_outage_s = max(self.longest_outage_s,
+                                            time.monotonic() - self._down_since)
+            await asyncio.sleep(LAB_PROBE_S)
+
+    def summary(self) -> dict:
+        return {"probes": self.probes, "failed": self.failures,
+                "longest_outage_s": round(self.longest_outage_s, 2)}
+
 
 @dataclass
 class Outcome:
@@ -211,6 +271,7 @@ class Campaign:
     setup_s: float = 0.0
     restarts: int = 0
     reconnects: int = 0
+    lab: LabWatch | None = None
 
     def table(self) -> list[dict]:
         rows = []
@@ -305,6 +366,8 @@ async def run_campaign(args: argparse.Namespace, workdir: Path,
     try:
         t0 = time.monotonic()
         await asyncio.to_thread(cluster.wait_up)
+        campaign.lab = LabWatch(cluster.base, cluster.token)
+        lab_task = asyncio.create_task(campaign.lab.run())
         notebook = Notebook(cluster.base, cluster.token)
         await notebook.open()
         verifier = Verifier()
@@ -333,6 +396,7 @@ async def run_campaign(args: argparse.Namespace, workdir: Path,
             await asyncio.sleep(args.gap)
         campaign.restarts = cluster.restarts()
         campaign.reconnects = notebook.reconnects
+        lab_task.cancel()
         return campaign
     finally:
         if notebook is not None:
@@ -360,7 +424,7 @@ async def _one_fault(kind: str, cluster: UpCluster, notebook: Notebook, injector
     assert status is not None
     t_fault = time.monotonic()
     if kind == "double":
-        first_kind, second_kind = rng.sample(SINGLE_KINDS, 2)
+        first_kind, second_kind = rng.sample(DOUBLE_KINDS, 2)
         first = injector.inject(first_kind, status, set())
         await asyncio.sleep(rng.uniform(0.1, 1.0))
         avoid = {first.host} if first.host else set()
@@ -370,6 +434,8 @@ async def _one_fault(kind: str, cluster: UpCluster, notebook: Notebook, injector
             second = Fault(second_kind, f"not injected: {exc}", None)
         fault = Fault("double", f"{first.kind} {first.detail} + {second.kind} {second.detail}",
                       None)
+    elif kind == "burst-global-scheduler":
+        fault = await injector.burst()
     else:
         fault = injector.inject(kind, status, set())
     await asyncio.sleep(rng.uniform(0.0, 0.3))
@@ -512,6 +578,7 @@ def main() -> int:
         "round_robin": args.round_robin, "elapsed_s": round(elapsed, 1),
         "setup_s": round(campaign.setup_s, 1), "daemon_restarts": campaign.restarts,
         "websocket_reconnects": campaign.reconnects, "table": campaign.table(),
+        "jupyterlab": campaign.lab.summary() if campaign.lab else None,
         "outcomes": [asdict(o) for o in campaign.outcomes],
     }
     if args.json:
@@ -522,6 +589,10 @@ def main() -> int:
               f" s), {campaign.restarts} daemon restarts by notebookos up, torch "
               f"{'on' if args.torch else 'off'}, numpy array {args.big_mib} MiB, seed "
               f"{args.seed}")
+        if campaign.lab is not None:
+            lab = campaign.lab.summary()
+            print(f"JupyterLab: {lab['failed']} of {lab['probes']} probes failed, longest "
+                  f"outage {lab['longest_outage_s']:.1f} s")
     bad = sum(o.verdict in ("silent-loss", "error") for o in campaign.outcomes)
     return 1 if bad else 0
 

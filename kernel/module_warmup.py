@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,11 @@ class LibraryImports:
         self._seen: set[str] = set(sys.modules)
         self._count = len(sys.modules)
         self._realpaths: dict[str, str] = {}
+
+    def known(self, names: Iterable[str]) -> None:
+        """Names another replica reported: never reported again from here (a standby that takes
+        over does not send back what it was sent, nor pays to classify it)."""
+        self._seen.update(names)
 
     def new(self) -> list[str]:
         """Names of library modules imported since the previous call, in import order."""
@@ -75,6 +81,15 @@ class LibraryImports:
         return real.startswith(self._roots)
 
 
+def _lower_this_threads_priority() -> None:
+    """Imports ahead of need yield the CPU to the replicas' own work (on Linux a thread has its
+    own nice value): a standby importing torch._dynamo must not slow the executor beside it."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not allowed: import at normal priority
+        pass
+
+
 class ModuleWarmer:
     """Imports module names on one background worker, skipping those already imported."""
 
@@ -92,6 +107,7 @@ class ModuleWarmer:
         self._worker.submit(self._import_all, wanted)
 
     def _import_all(self, names: list[str]) -> None:
+        _lower_this_threads_priority()
         start = time.monotonic()
         count = 0
         for name in names:

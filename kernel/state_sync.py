@@ -172,6 +172,7 @@ class StateSync:
         replica lacks, in the background: a standby then takes over without importing them."""
         if not names:
             return
+        self._imports.known(names)
         with self._state.lock:
             fresh = [name for name in names if name not in self._state.modules]
             self._state.modules.update(dict.fromkeys(fresh))
