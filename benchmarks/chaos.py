@@ -436,6 +436,7 @@ async def _one_fault(kind: str, cluster: UpCluster, notebook: Notebook, injector
                       None)
     elif kind == "burst-global-scheduler":
         fault = await injector.burst()
+        t_fault = time.monotonic()  # timed from the last kill of the burst
     else:
         fault = injector.inject(kind, status, set())
     await asyncio.sleep(rng.uniform(0.0, 0.3))
