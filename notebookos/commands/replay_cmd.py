@@ -180,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, KeyError) as exc:
         print(f"notebookos replay: {exc}", file=sys.stderr)
         return 2
+    from notebookos.replay.compare import settings_from_live
+
+    sim_settings = settings_from_live(cluster.config, sim_settings)
     out = _out_dir(args, cluster.config.cluster.policy)
     try:
         print(f"replay: starting a local cluster ({hosts} hosts x {gpus} GPUs, policy "

@@ -43,6 +43,15 @@ def live_policy_params(config: Config) -> dict[str, Any]:
     return policy_params(config)
 
 
+def settings_from_live(config: Config, sim_settings: dict[str, Any]) -> dict[str, Any]:
+    """The simulator settings that mirror the live cluster's own (the order of waiting cells,
+    hibernation after ``global_scheduler.hibernate_after_s`` of no cell, 3600 s by default),
+    with ``--sim-set`` taking precedence: a replay compares like with like (issue 34)."""
+    live = {"cell_order": config.global_scheduler.cell_order,
+            "hibernate_after_s": config.global_scheduler.hibernate_after_s}
+    return {**live, **sim_settings}
+
+
 def simulate_played(workload: Workload, policy: str, hosts: int, gpus_per_host: int,
                     params: dict[str, Any], autoscale: bool, max_hosts: int, seed: int,
                     settings: dict[str, Any] | None = None) -> tuple[dict[str, Any], RunRecord]:

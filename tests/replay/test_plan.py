@@ -156,3 +156,19 @@ def test_played_until_is_the_part_a_stopped_run_played() -> None:
     stops = {s.session_id: s.stop for s in part.sessions}
     assert stops == {"a": 25.0, "b": 132.0}  # b's running cell keeps its session open
     assert plan.played_until(workload, 0.0) is None
+
+
+def test_the_simulation_beside_a_replay_takes_the_live_clusters_hibernation_and_cell_order():
+    from notebookos.config import load_config
+    from notebookos.replay.compare import settings_from_live
+    from notebookos.simulator.config import SimConfig
+
+    live = load_config(env={}, overrides={"global_scheduler.hibernate_after_s": 900.0,
+                                          "global_scheduler.cell_order": "qssf"})
+    settings = settings_from_live(live, {})
+    assert settings == {"cell_order": "qssf", "hibernate_after_s": 900.0}
+    SimConfig(**settings)  # the simulator takes them as they are
+    # the default live cluster hibernates after an hour, and so does its simulation
+    assert settings_from_live(load_config(env={}), {})["hibernate_after_s"] == 3600.0
+    # --sim-set wins
+    assert settings_from_live(live, {"hibernate_after_s": 0.0})["hibernate_after_s"] == 0.0
