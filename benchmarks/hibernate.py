@@ -1,6 +1,7 @@
 """Hibernation (issue 34): what a sleeping notebook costs, and how long waking it takes.
 
-    python benchmarks/hibernate.py [--json] [--mib 100] [--notebooks 100] [--wake 20] [--smoke]
+    python benchmarks/hibernate.py [--json] [--mib 100] [--notebooks 100] [--wake 20]
+        [--preload torch] [--smoke]
 
 On a real loopback cluster (a Global Scheduler and three Local Schedulers, real replicas;
 ``global_scheduler.hibernate_after_s`` = 2 s):
@@ -86,14 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wake", type=int, default=20)
     parser.add_argument("--no-torch", action="store_true",
                         help="the big notebook holds the array only (no torch import to redo)")
+    parser.add_argument("--preload", default="", metavar="MODULES",
+                        help="local_scheduler.preload_modules of the hosts (e.g. torch: the "
+                             "replicas a wake starts find torch imported)")
     args = smoke.parse_args(parser, argv, mib=8, notebooks=4, wake=2)
-    results: dict[str, Any] = {"mib": args.mib, "notebooks": args.notebooks, "woken": args.wake}
+    results: dict[str, Any] = {"mib": args.mib, "notebooks": args.notebooks, "woken": args.wake,
+                               "preload": args.preload}
     results["plain_cold_start_s"] = plain_cold_start()
     credentials = install_session_credentials()  # TLS files for the cluster, as the tests do
     with tempfile.TemporaryDirectory() as folder:
         cluster = Cluster(Path(folder), {"NOTEBOOKOS_GLOBAL_SCHEDULER_HIBERNATE_AFTER_S": "2",
                                          "NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICA_START_TIMEOUT_S":
-                                         "300"})
+                                         "300",
+                                         "NOTEBOOKOS_LOCAL_SCHEDULER_PRELOAD_MODULES":
+                                         args.preload})
         try:
             cluster.start_gs()
             for i in range(3):

@@ -41,11 +41,15 @@ def library_roots() -> tuple[str, ...]:
     return tuple(sorted(root.rstrip(os.sep) + os.sep for root in roots))
 
 
+# computed once, at import (a forked replica inherits it from the fork server's preload)
+LIBRARY_ROOTS = library_roots()
+
+
 class LibraryImports:
     """The library modules imported since the last call of ``new()``."""
 
     def __init__(self, roots: tuple[str, ...] | None = None) -> None:
-        self._roots = roots if roots is not None else library_roots()
+        self._roots = roots if roots is not None else LIBRARY_ROOTS
         self._seen: set[str] = set(sys.modules)
         self._count = len(sys.modules)
         self._realpaths: dict[str, str] = {}

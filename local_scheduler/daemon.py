@@ -18,6 +18,7 @@ from notebookos.local_scheduler.gpus import detect_gpus
 from notebookos.local_scheduler.gs_link import GlobalSchedulerLink
 from notebookos.local_scheduler.launcher import ExitCallback, Launcher, ProcessLauncher
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmPool
+from notebookos.local_scheduler.prewarm_main import PRELOAD_ENV
 from notebookos.local_scheduler.service import HostInfo, LocalSchedulerService
 from notebookos.metrics import LocalSchedulerMetrics, MetricsServer
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
@@ -82,6 +83,8 @@ class LocalSchedulerDaemon:
             metrics_address=self.metrics_server.address,
         )
         workdir = Path(config.state_path) / "local_scheduler" / self.host_id
+        # what the fork server and the pool's interpreters import besides the replica's own
+        os.environ[PRELOAD_ENV] = ls.preload_modules
 
         def make_launcher(on_exit: ExitCallback) -> Launcher:
             if docker is None:

@@ -34,7 +34,8 @@ START_IMPORTS = ("psutil", "sqlite3", "pdb", "IPython.core.debugger", "IPython.c
                  "IPython.core.oinspect", "IPython.extensions.storemagic",
                  "tornado.platform.asyncio", "tornado.queues", "blake3", "faulthandler",
                  "unicodedata", "notebookos.kernel.checkpoint_log", "notebookos.kernel.iostream",
-                 "notebookos.store.file_store")
+                 "notebookos.store.file_store", "notebookos.kernel.module_warmup")
+PRELOAD_ENV = "NOTEBOOKOS_PRELOAD_MODULES"
 USAGE = "usage: python -m notebookos.local_scheduler.prewarm_main [--order-file PATH] MODULE"
 
 
@@ -48,6 +49,12 @@ def wait_for_order_file(path: str, poll_s: float = 0.01) -> dict:
             time.sleep(poll_s)
 
 
+def extra_preloads() -> list[str]:
+    """The host's ``local_scheduler.preload_modules`` (the Local Scheduler passes them on in
+    ``PRELOAD_ENV``)."""
+    return [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
+
+
 def preload(module: str) -> None:
     """Import what a replica of ``module`` needs (a missing optional import only costs time):
     the heavy imports, and ``module`` itself where it is a package (``python -m`` runs its
@@ -59,7 +66,7 @@ def preload(module: str) -> None:
         spec = None
     own = module if spec is not None and spec.submodule_search_locations is not None else (
         module.rpartition(".")[0])
-    for name in (*HEAVY_IMPORTS, *START_IMPORTS, *([own] if own else [])):
+    for name in (*HEAVY_IMPORTS, *START_IMPORTS, *([own] if own else []), *extra_preloads()):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a missing optional import only costs start time

@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sched_cluster import make_cluster_fixture, run_seen, stream_text  # noqa: F401 - the fixture
+
+from notebookos.proto import global_scheduler_pb2
 from notebookos.testing.processes import free_port
 
 # ipykernel.debugger would import debugpy (8.8 MB a replica); replicas hide it (kernel/app.py).
@@ -48,3 +51,24 @@ def test_a_preloaded_interpreter_makes_a_replica_without_new_imports(tmp_path: P
         f"a replica's start imported {sorted(imported)} after preload: add them to "
         "START_IMPORTS in local_scheduler/prewarm_main.py (or, if the replica should not load "
         "them, to LAZY_ON_PURPOSE here, saying why)")
+
+
+def test_a_hosts_preload_modules_are_imported_in_every_replica_it_starts(make_cluster) -> None:  # noqa: ANN001
+    """``local_scheduler.preload_modules`` (torch, for a wake without torch's import: issue 34)
+    reaches the fork server and the pool: the pool's replica and a forked one have it."""
+    cluster = make_cluster({"NOTEBOOKOS_LOCAL_SCHEDULER_PRELOAD_MODULES": "colorsys, wave"})
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}", prewarm=1)
+    cluster.wait_hosts(3)
+
+    def pools_full() -> bool:
+        status = cluster.stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(),
+                                               timeout=10)
+        return all(host.prewarm_pool_size >= 1 for host in status.hosts)
+
+    cluster.wait(pools_full, 120, "every host's prewarm pool filled")  # (a cold start: no preload)
+    for _ in range(2):  # the first from the pools, the second forked while they refill
+        _, kc = cluster.start_kernel(gpus=0)
+        seen = run_seen(kc, "import sys\nprint('colorsys' in sys.modules, 'wave' in sys.modules)")
+        assert stream_text(seen, "stdout") == "True True\n", seen["reply"]["content"]
