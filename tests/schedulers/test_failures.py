@@ -626,3 +626,28 @@ def test_a_local_scheduler_that_stops_answering_shows_in_the_status_within_a_sec
                  "the restarted daemon to clear it")
     assert all(h.unreachable_since_unix == 0 for h in cluster.status().hosts)
     assert result_text(run_cell(kc, "data['b'] = 2\nsorted(data)")) == "['a', 'b']"
+
+
+def test_a_replica_that_dies_while_its_local_scheduler_is_down_is_replaced(make_cluster):  # noqa: ANN001
+    """Issue 33: nobody watches a replica while its Local Scheduler is down; the restarted daemon
+    finds it gone among its records, and the Global Scheduler replaces it (no stale status, no
+    replica counted that does not run), with the kernel's variables kept."""
+    cluster = make_cluster({"NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "30"})
+    cluster.start_gs()
+    for i in range(4):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(4)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
+    before = _replicas(cluster, kernel_id)
+    victim_id = max(before)
+    victim_host, victim_pid = before[victim_id]
+    cluster.ls[victim_host].send_signal(signal.SIGKILL)
+    cluster.ls[victim_host].wait(timeout=10)
+    os.kill(victim_pid, signal.SIGKILL)
+    cluster.start_ls(victim_host)
+    cluster.wait(lambda: victim_id not in _replicas(cluster, kernel_id)
+                 and _recovered(cluster, kernel_id, before), 90,
+                 "the replica that died unwatched to be replaced")
+    assert all(pid_alive(pid) for _, pid in _replicas(cluster, kernel_id).values())
+    assert result_text(run_cell(kc, "data['b'] = 2\nsorted(data)")) == "['a', 'b']"
