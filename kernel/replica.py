@@ -29,7 +29,7 @@ from ipykernel.ipkernel import IPythonKernel
 from jupyter_client.session import utcnow
 from traitlets import Bool, Float, Int, Unicode
 
-from . import replies
+from . import replies, rng_state
 from .election import Applied, Election, Phase, choose_vote
 from .figures import PyplotSettle
 from .gpu_glue import GpuGlue
@@ -150,6 +150,13 @@ class ReplicaKernel(IPythonKernel):
         "remove_replica_request",
         "replica_status_request",
     ]
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        """ipykernel's, without drawing from the user's random generator (IPython's banner
+        picks a random tip: rng_state.users_generator_untouched)."""
+        with rng_state.users_generator_untouched():
+            return super().kernel_info
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -19,10 +19,12 @@ imported is not captured; capturing never imports one.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import random
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from notebookos.kernel.plain_pickle import PlainUnpickler
@@ -103,6 +105,20 @@ def restore(state: dict[str, Any]) -> None:
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(
                 [torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in state["cuda"]])
+
+
+@contextlib.contextmanager
+def users_generator_untouched() -> Iterator[None]:
+    """Put Python's global generator back as it was after the block: for the kernel's own code
+    that draws from it. IPython's banner picks a random tip with ``random.choice``
+    (IPython/core/tips.py), and every ``kernel_info_request`` builds the banner: the one the
+    scheduler sends to a woken kernel took one of the user's numbers, so the first
+    ``random.random()`` after a wake was plain IPython's next-but-one (issue 31)."""
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
 
 
 def _tuples(value: Any) -> Any:

@@ -22,3 +22,14 @@ def test_pysyncobj_resolves_peers_and_draws_timeouts_without_the_users_numbers()
                                                                raftMaxTimeout=0.2)})()
     assert 0.1 <= timeout(holder) <= 0.2
     assert random.getstate() == before
+
+
+def test_a_kernel_info_request_takes_none_of_the_users_numbers(group) -> None:  # noqa: ANN001
+    """IPython's banner picks a random tip from the global generator, and every
+    kernel_info_request builds the banner: a woken kernel's first random.random() was plain
+    IPython's next-but-one (the scheduler asks kernel_info of the replicas it starts)."""
+    group.execute("import random\nrandom.seed(7)", target=1)
+    for replica in group.replicas.values():
+        assert replica.client.kernel_info(reply=True, timeout=10)["content"]["status"] == "ok"
+    expected = random.Random(7).random()
+    assert group.execute("print(random.random())", target=1).stdout() == f"{expected}\n"

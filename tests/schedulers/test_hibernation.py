@@ -27,17 +27,23 @@ import numpy as np
 big = np.arange(2_000_000)           # 16 MB: a large object in the store
 rows = {'a': [1, 2]}
 alias = rows['a']                    # a shared reference
+import random
+random.seed(5)
+first = random.random()
 """
-# The global generators after a wake: one full-suite run (CI) printed a number from none of
-# random.seed(5)'s first 40 draws; not reproduced alone. Seeds across a failover are tested in
-# tests/kernel/test_replica_failures.py; across a wake it is an open defect (issue 31's note).
-CHECK = "print(int(big.sum()), rows, alias is rows['a'])"
+# The global generator after a wake continues where the last cell left it: the wake's
+# kernel_info_request used to take one number (IPython's banner picks a random tip).
+CHECK = "print(int(big.sum()), rows, alias is rows['a'], random.random())"
 
 
 def _expected() -> str:
+    import random
+
     import numpy as np
 
-    return f"{int(np.arange(2_000_000).sum())} {{'a': [1, 2]}} True\n"
+    draws = random.Random(5)
+    draws.random()
+    return f"{int(np.arange(2_000_000).sum())} {{'a': [1, 2]}} True {draws.random()}\n"
 
 
 def _kernel_with_state(make_cluster):  # noqa: ANN001, ANN202
