@@ -526,7 +526,7 @@ def main() -> int:
     parser.add_argument("--table-of", metavar="DIR",
                         help="only print the table of the run kept in DIR (its outcomes.jsonl, "
                              "also of a run cut short)")
-    args = smoke.parse_args(parser, faults=2, double=0, hosts=3, big_mib=1, torch=False)
+    args = smoke.parse_args(parser, faults=2, double=0, hosts=4, big_mib=1, torch=False)
     if args.table_of:
         lines = (Path(args.table_of) / "outcomes.jsonl").read_text().splitlines()
         print(Campaign([Outcome(**json.loads(line)) for line in lines if line]).markdown())
