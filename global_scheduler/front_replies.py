@@ -40,17 +40,12 @@ class ReplyMerger:
         self._pending: dict[str, _Pending] = {}
 
     def _from_replica(self, channel: str, rid: int, frames: list[bytes]) -> None:
+        """A replica's reply on shell or control (its stdin: ``KernelFront._input_request``)."""
         idents, msg_list = self.session.feed_identities(frames, copy=True)
         msg = self._verify(msg_list, content=False)
         if msg is None:
             return
         parent_id = msg["parent_header"].get("msg_id", "")
-        if channel == "stdin":
-            pending = self._pending.get(parent_id)
-            if pending is not None and rid == pending.source:
-                self._remember(self._input_source, msg["header"]["msg_id"], rid)
-                self._sockets["stdin"].send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
-            return
         pending = self._pending.get(parent_id)
         if pending is None:
             self._orphan_reply(channel, rid, msg, msg_list)
