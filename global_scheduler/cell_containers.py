@@ -198,7 +198,10 @@ class CellContainerMixin:
                     now = time.monotonic()
                     if now >= deadline:
                         raise PlacementFailed(self._why_still_waiting(waiter, request))
-                    self._cell_cv.wait(min(0.5, deadline - now))
+                    # woken by a release, a cell leaving, a kernel parked, a host, a stop
+                    with self._placement_cv:
+                        wait_s = self.cell_queue.wait_s(deadline, now)
+                    self._cell_cv.wait(wait_s)
             finally:
                 self._cell_waiters.remove(waiter)
                 if not placed:

@@ -9,8 +9,10 @@ the order which cells started and finished, so that it can learn (GPU-time per u
 per notebook).
 
 Not thread-safe on its own: every call is made holding the lock of the condition variable the
-scheduler waits on (``GlobalSchedulerService._placement_cv``), which ``tried`` and ``leave``
-notify.
+scheduler waits on (``GlobalSchedulerService._placement_cv``); the callers of ``tried`` and
+``leave`` notify it. Waiters are woken by events only (a try, a cell leaving, a GPU release, a
+host added, a withdrawal, the scheduler stopping) and by their own deadline: no periodic wake
+(``wait_s``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from notebookos.policies.cell_order import CellOrder, WaitingCell
 
 MAX_STARTED = 100_000  # cells whose release never came (their kernel vanished): bounded
 RECENT_CELLS = 100  # the wait estimate goes by the GPU-holding time of this many latest cells
+# An order whose keys drift with time (themis) can change whose turn it is with no event; its
+# waiters look again this often. Orders that change only on events (arrival, qssf) never do.
+ORDER_RECHECK_S = 1.0
 
 
 @dataclass(slots=True)
@@ -101,6 +106,13 @@ class CellQueue:
         for key in [k for k in self._started if k[0] == kernel_id]:
             cell, _ = self._started.pop(key)
             self.order.cell_finished(cell, float("nan"), now)
+
+    def wait_s(self, deadline: float, now: float) -> float:
+        """How long a waiter sleeps before it must look again on its own: until its deadline,
+        or ``ORDER_RECHECK_S`` when the order changes with time. Every event that can give
+        a cell its turn (a try, a cell leaving, a release, a host) wakes it before that."""
+        left = max(0.0, deadline - now)
+        return min(left, ORDER_RECHECK_S) if self.order.changes_with_time else left
 
     def waiting(self) -> int:
         return len(self._waiters)

@@ -86,6 +86,20 @@ class ExecutionMixin(SharingMixin):
             self._gpu_releases += 1
             self._placement_cv.notify_all()
 
+    def _capacity_added(self) -> None:
+        """A host joined: cells waiting for GPUs (or for a host, per-cell containers) try
+        again now, as after a release."""
+        self._gpus_released()
+        with self._cell_cv:
+            self._cell_cv.notify_all()
+
+    def _wake_waiting_placements(self) -> None:
+        """The scheduler stops: every waiting placement looks again (and fails)."""
+        with self._placement_cv:
+            self._placement_cv.notify_all()
+        with self._cell_cv:
+            self._cell_cv.notify_all()
+
     def _still_placing(self, kernel_id: str, msg_id: str) -> None:
         """Raises PlacementFailed when the cell was withdrawn or the scheduler stops.
         ``_placement_cv`` held."""
@@ -105,7 +119,7 @@ class ExecutionMixin(SharingMixin):
                 left = deadline - time.monotonic()
                 if left <= 0 or (releases is not None and self._gpu_releases != releases):
                     return
-                self._placement_cv.wait(min(left, 0.25))
+                self._placement_cv.wait(left)  # woken by a release, a withdrawal, a stop
 
     # -- placing a cell -----------------------------------------------------------------------
 
@@ -222,9 +236,11 @@ class ExecutionMixin(SharingMixin):
             while True:
                 self._still_placing(kernel_id, msg_id)
                 releases = self._gpu_releases
-                if self.cell_queue.may_try(cell, releases) or time.monotonic() >= deadline:
+                now = time.monotonic()
+                if self.cell_queue.may_try(cell, releases) or now >= deadline:
                     return releases
-                self._placement_cv.wait(0.25)
+                # woken by a try or a leave of a cell ahead, a release, a withdrawal, a stop
+                self._placement_cv.wait(self.cell_queue.wait_s(deadline, now))
 
     def _tell_waiting(self, kernel_id: str, msg_id: str, request: ResourceSpec,
                       why: str) -> None:

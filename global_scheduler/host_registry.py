@@ -38,6 +38,7 @@ class HostRegistryMixin:
                                        prewarm_pool_target=self._pool_target(prewarm),
                                        connect=self.connect)
         self.hosts[host_id].watch()  # its daemon's death shows at once (unreachable_since)
+        self._capacity_added()  # cells waiting for GPUs or a host try it now
 
     def _pool_target(self, offered: int) -> int:
         """A host's prewarm pool target: the pool it offers, or for lcp the policy's warm pool."""

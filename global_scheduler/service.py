@@ -255,6 +255,7 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
     def close(self) -> None:
         """Close the fronts (the replicas keep running: a restarted GS takes them back)."""
         self._stop.set()
+        self._wake_waiting_placements()  # they see the stop now, not at their deadline
         with self.lock:
             entries = list(self.kernels.values())
             links = list(self.hosts.values())

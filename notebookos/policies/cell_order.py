@@ -47,6 +47,9 @@ class CellOrder(ABC):
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    # Whether ``key`` changes as time passes with no event (fairness decays): then a cell
+    # waiting for its turn looks at the order again now and then, not only on an event.
+    changes_with_time: ClassVar[bool] = False
 
     @abstractmethod
     def key(self, cell: WaitingCell, now: float) -> tuple:
@@ -97,6 +100,7 @@ class UserFairness(CellOrder):
 
     name: ClassVar[str] = "themis"
     description: ClassVar[str] = "finish-time fairness between users (Themis)"
+    changes_with_time: ClassVar[bool] = True
 
     def __init__(self, *, half_life_s: float = 600.0, capacity_gpus: int = 1) -> None:
         if half_life_s <= 0:

@@ -1,0 +1,57 @@
+"""What the Global Scheduler gives a kernel's front: every hook the front calls, on one interface.
+
+The front (front.py) routes messages; deciding anything about the cluster is the service's. The
+front calls these hooks on its loop (never holding anything of its own), except
+``place_execute``, which runs on a thread of the placement pool because it may wait. The
+service (``GlobalSchedulerService``) implements all of them; a stand-in (tests, benchmarks) may
+leave out the optional ones, which the front then skips (``call_optional``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class PlacementFailed(Exception):
+    """No replica can run the request now; the message says why."""
+
+
+class FrontHooks(Protocol):
+    # -- required ---------------------------------------------------------------------------
+
+    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        """(executor replica id, committed GPU device ids); raises PlacementFailed. Called on
+        a thread of its own: it may wait (for GPUs, a migration)."""
+
+    def release_execute(self, kernel_id: str, msg_id: str) -> None:
+        """The cell's GPUs go back: it was answered, withdrawn after placement, or its
+        executor was lost before it was sent."""
+
+    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        """The executor ``replica_id`` answered the cell ``msg_id``."""
+
+    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        """The executor published ``execute_input``: the cell's code starts now."""
+
+    # -- optional (``call_optional``) -----------------------------------------------------
+
+    def cancel_execute(self, kernel_id: str, msg_id: str) -> None:
+        """The cell being placed was withdrawn (an interrupt): stop waiting for it."""
+
+    def message_dropped(self, kernel_id: str, reason: str) -> None:
+        """The front dropped a message (``bad_signature`` or ``malformed``): count it."""
+
+    def shutdown_requested(self, kernel_id: str) -> None:
+        """A client asked the kernel to shut down: its replicas are about to exit on
+        purpose, and their exits are not failures."""
+
+
+OPTIONAL_HOOKS = ("cancel_execute", "message_dropped", "shutdown_requested")
+
+
+def call_optional(hooks: Any, name: str, *args: Any) -> None:
+    """Call the optional hook ``name`` when ``hooks`` has it."""
+    assert name in OPTIONAL_HOOKS, name
+    hook = getattr(hooks, name, None)
+    if hook is not None:
+        hook(*args)

@@ -1,0 +1,129 @@
+"""A placement waiting for GPUs or for its turn in the cell queue sleeps until something that
+could let it go on happens (a try of a cell ahead, a release, a host, a withdrawal, a stop) or
+its deadline: an idle waiter costs no wake-up (issue 32; it used to look every 0.25 s).
+
+The waits are the service's own (``ExecutionMixin``), on a stand-in holding just the state they
+use, with a condition variable that counts how often a waiter wakes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from notebookos.global_scheduler.cell_queue import ORDER_RECHECK_S, CellQueue
+from notebookos.global_scheduler.execution import ExecutionMixin
+from notebookos.global_scheduler.front import PlacementFailed
+from notebookos.policies.cell_order import ArrivalOrder, CellOrder, UserFairness
+
+IDLE_S = 1.5
+
+
+class _CountingCondition(threading.Condition):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakeups = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            return super().wait(timeout)
+        finally:
+            self.wakeups += 1
+
+
+class _Waits(ExecutionMixin):
+    """The state the placement waits use, nothing else."""
+
+    def __init__(self, order: CellOrder) -> None:
+        self._placement_cv = _CountingCondition()
+        self._cell_cv = threading.Condition()
+        self._gpu_releases = 0
+        self._withdrawn_cells: set[tuple[str, str]] = set()
+        self._stop = threading.Event()
+        self.cell_queue = CellQueue(order)
+
+
+def _join(w: _Waits, kernel_id: str) -> object:
+    with w._placement_cv:
+        return w.cell_queue.join(kernel_id, "m", user=kernel_id, notebook="", gpus=1)
+
+
+def test_a_cell_waiting_for_its_turn_wakes_only_at_its_deadline() -> None:
+    w = _Waits(ArrivalOrder())
+    _join(w, "ahead")  # never tries: the cell behind it waits its whole deadline
+    behind = _join(w, "behind")
+    started = time.monotonic()
+    w._wait_turn("behind", "m", behind, started + IDLE_S)
+    took = time.monotonic() - started
+    assert IDLE_S - 0.05 <= took < IDLE_S + 1.5
+    # polling every 0.25 s woke it 6 times; now once, at its deadline
+    assert w._placement_cv.wakeups <= 2, w._placement_cv.wakeups
+
+
+def test_a_try_of_the_cell_ahead_gives_the_next_one_its_turn_at_once() -> None:
+    w = _Waits(ArrivalOrder())
+    ahead = _join(w, "ahead")
+    behind = _join(w, "behind")
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (w._wait_turn("behind", "m", behind,
+                                                          time.monotonic() + 30), done.set()))
+    thread.start()
+    time.sleep(0.3)
+    assert not done.is_set()
+    with w._placement_cv:
+        w.cell_queue.tried(ahead, 0, placed=False)
+        w._placement_cv.notify_all()
+    assert done.wait(1.0)
+    thread.join()
+    assert w._placement_cv.wakeups <= 2
+
+
+def test_a_cell_waiting_for_gpus_sleeps_until_a_release_or_a_host() -> None:
+    w = _Waits(ArrivalOrder())
+    started = time.monotonic()
+    w._placement_pause("k", "m", IDLE_S, releases=0)
+    assert time.monotonic() - started >= IDLE_S - 0.05
+    assert w._placement_cv.wakeups <= 2, w._placement_cv.wakeups
+
+    w._placement_cv.wakeups = 0
+    timer = threading.Timer(0.2, w._capacity_added)  # a host joined
+    timer.start()
+    started = time.monotonic()
+    w._placement_pause("k", "m", 30, releases=w._gpu_releases)
+    assert time.monotonic() - started < 2
+    timer.join()
+
+
+def test_a_waiting_cell_sees_a_withdrawal_and_a_stop_at_once() -> None:
+    w = _Waits(ArrivalOrder())
+    threading.Timer(0.2, w.cancel_execute, args=("k", "m")).start()
+    started = time.monotonic()
+    with pytest.raises(PlacementFailed):
+        w._placement_pause("k", "m", 30, releases=0)
+    assert time.monotonic() - started < 2
+
+    w2 = _Waits(ArrivalOrder())
+    _join(w2, "ahead")
+    behind = _join(w2, "behind")
+
+    def stop() -> None:
+        w2._stop.set()
+        w2._wake_waiting_placements()
+
+    threading.Timer(0.2, stop).start()
+    started = time.monotonic()
+    with pytest.raises(PlacementFailed):
+        w2._wait_turn("behind", "m", behind, time.monotonic() + 30)
+    assert time.monotonic() - started < 2
+
+
+def test_an_order_that_drifts_with_time_is_looked_at_again_now_and_then() -> None:
+    """Themis's keys change as time passes with no event, so its waiters look at the order
+    every ORDER_RECHECK_S (not 0.25 s); the event-driven orders never do."""
+    w = _Waits(UserFairness())
+    _join(w, "ahead")
+    behind = _join(w, "behind")
+    w._wait_turn("behind", "m", behind, time.monotonic() + IDLE_S)
+    assert w._placement_cv.wakeups <= IDLE_S / ORDER_RECHECK_S + 2
