@@ -25,7 +25,6 @@ import logging
 import os
 import sys
 import sysconfig
-import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -85,17 +84,12 @@ class LibraryImports:
         return real.startswith(self._roots)
 
 
-def _lower_this_threads_priority() -> None:
-    """Imports ahead of need yield the CPU to the replicas' own work (on Linux a thread has its
-    own nice value): a standby importing torch._dynamo must not slow the executor beside it."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # not Linux, or not allowed: import at normal priority
-        pass
-
-
 class ModuleWarmer:
-    """Imports module names on one background worker, skipping those already imported."""
+    """Imports module names on one background worker, skipping those already imported.
+
+    At normal priority, on purpose: a cell that needs a module this worker is importing waits
+    for the module's import lock, so a worker at a lower priority (nice 10, tried) made such a
+    cell wait longer on a loaded host (the fault campaign's kill-executor: 18 s p50)."""
 
     def __init__(self) -> None:
         self._worker: ThreadPoolExecutor | None = None
@@ -111,7 +105,6 @@ class ModuleWarmer:
         self._worker.submit(self._import_all, wanted)
 
     def _import_all(self, names: list[str]) -> None:
-        _lower_this_threads_priority()
         start = time.monotonic()
         count = 0
         for name in names:

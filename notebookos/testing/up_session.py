@@ -91,13 +91,19 @@ class UpCluster:
 
     # -- processes ----------------------------------------------------------------------------
 
-    def _child(self, *words: str) -> psutil.Process:
-        for child in psutil.Process(self.proc.pid).children():
-            with contextlib.suppress(psutil.Error):
-                argv = child.cmdline()
-                if all(w in argv for w in words):
-                    return child
-        raise LookupError(f"no child of notebookos up runs with {words}")
+    def _child(self, *words: str, wait_s: float = 30.0) -> psutil.Process:
+        """The child of ``notebookos up`` whose command line has ``words``; one that is being
+        restarted (up's backoff after a kill) is waited for up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for child in psutil.Process(self.proc.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    argv = child.cmdline()
+                    if all(w in argv for w in words):
+                        return child
+            if time.monotonic() >= deadline:
+                raise LookupError(f"no child of notebookos up runs with {words}")
+            time.sleep(0.1)
 
     def global_scheduler(self) -> psutil.Process:
         return self._child("global-scheduler")
