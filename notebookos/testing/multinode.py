@@ -3,7 +3,9 @@ benchmark: N Docker engines, each a privileged container of this machine's engin
 dockerd (scripts/node-image.sh) with its own data root (a volume of the outer engine, so its
 overlay2 works) and its own address on a bridge network made for the cluster; joined into a swarm
 over those addresses (the first node the manager, the others workers); an image carried into each
-with ``docker save`` / ``docker load`` (no registry). All traffic stays between those containers.
+with ``docker save`` / ``docker load`` (no registry): loaded once into a seed data root whose
+layers every node's data root then hard-links (seed_image). All traffic stays between those
+containers.
 
 The harness drives every engine through the docker CLI on a second socket of that engine, in a
 folder of this machine (``Node.docker``). ``close()`` removes every container, volume, network and
@@ -77,6 +79,7 @@ class DockerCluster:
         self._count = 0
         self._gateway = ""
         self._manager = ""
+        self._seed = ""
 
     # -- the bridge and the nodes --------------------------------------------------------------
 
@@ -101,10 +104,10 @@ class DockerCluster:
         name = f"{self.prefix}-node{self._count}"
         socket_dir = self.work_dir / name
         socket_dir.mkdir()
+        self._seed_volume(f"{name}-data")
         argv = ["docker", "run", "-d", *NODE_PRIVILEGES, "--name", name, "--hostname", name,
                 "--network", self.network, "--label", f"{LABEL}={self.prefix}",
-                "--mount", f"type=volume,source={name}-data,target=/var/lib/docker,"
-                           f"volume-label={LABEL}={self.prefix}",
+                "-v", f"{name}-data:/var/lib/docker",
                 "-v", f"{socket_dir}:/run/nbos-node"]
         for port in publish:
             argv += ["-p", f"127.0.0.1:{port}:{port}"]
@@ -157,8 +160,8 @@ class DockerCluster:
     # -- the image -----------------------------------------------------------------------------
 
     def load_image(self, image: str, nodes: Sequence[Node] | None = None) -> float:
-        """``docker save`` the image of this machine once, ``docker load`` it into each node
-        (two at a time); returns the seconds it took."""
+        """``docker save`` the image of this machine, ``docker load`` it into each node (two at
+        a time); returns the seconds it took. Prefer seed_image before the nodes start."""
         start = time.monotonic()
         archive = self.work_dir / "image.tar"
         if not archive.exists():
@@ -168,6 +171,64 @@ class DockerCluster:
             list(pool.map(lambda n: n.run("load", "-q", timeout=1800, input_path=archive),
                           targets))
         return time.monotonic() - start
+
+    def seed_image(self, image: str) -> float:
+        """Load the image once, into an engine of its own whose data root then seeds every node
+        started after this (add_node): the image's layers hard-linked into the node's data root,
+        not written again (a load of the 1.8 GB test image takes about a minute per node here,
+        the disk being the limit; a linked copy a few seconds). Image layers are never written
+        in place (overlayfs copies a file up into the container's own layer), so nodes can share
+        their files. Where this machine cannot see the engine's volumes (a remote or rootless
+        engine), nodes get no seed: call load_image after they start. Returns the seconds it
+        took."""
+        start = time.monotonic()
+        seed = f"{self.prefix}-seed"
+        run(["docker", "volume", "create", "--label", f"{LABEL}={self.prefix}", seed])
+        if not Path(self._volume_path(seed)).is_dir():
+            return time.monotonic() - start
+        socket_dir = self.work_dir / "seed"
+        socket_dir.mkdir()
+        name = f"{self.prefix}-seeder"
+        run(["docker", "run", "-d", *NODE_PRIVILEGES, "--name", name, "--network", "none",
+             "--label", f"{LABEL}={self.prefix}", "-v", f"{seed}:/var/lib/docker",
+             "-v", f"{socket_dir}:/run/nbos-node", self.image])
+        seeder = Node(name, "", socket_dir)
+        try:
+            deadline = time.monotonic() + 120
+            while seeder.run("info", check=False, timeout=30).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the seed engine did not start")
+                time.sleep(0.5)
+            save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+            load = subprocess.run([*seeder.docker, "load", "-q"], stdin=save.stdout,
+                                  capture_output=True, timeout=1800)
+            assert save.stdout is not None
+            save.stdout.close()
+            if save.wait(timeout=60) != 0 or load.returncode != 0:
+                raise RuntimeError(f"loading {image} into the seed: {load.stderr.decode()}")
+            run(["docker", "stop", "-t", "30", name])  # a clean shutdown: a consistent data root
+        finally:
+            run(["docker", "rm", "-f", name], check=False)
+        self._seed = seed
+        return time.monotonic() - start
+
+    @property
+    def seeded(self) -> bool:
+        """Whether nodes started now get the seed's image."""
+        return bool(self._seed)
+
+    def _volume_path(self, volume: str) -> str:
+        return run(["docker", "volume", "inspect", "--format", "{{.Mountpoint}}",
+                    volume]).stdout.strip()
+
+    def _seed_volume(self, volume: str) -> None:
+        """Create the node's data volume, its image store hard-linked from the seed's."""
+        run(["docker", "volume", "create", "--label", f"{LABEL}={self.prefix}", volume])
+        if not self._seed:
+            return
+        source, target = self._volume_path(self._seed), self._volume_path(volume)
+        run(["cp", "-a", "--link", f"{source}/image", f"{source}/overlay2", f"{target}/"],
+            timeout=600)
 
     # -- faults --------------------------------------------------------------------------------
 
