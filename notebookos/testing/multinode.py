@@ -14,7 +14,6 @@ folder it made, whatever state the cluster is in (a test's finalizer)."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import random
 import shutil
 import subprocess
@@ -274,6 +273,3 @@ class DockerCluster:
             found[kind] = run(argv, check=False).stdout.split()
         return {k: v for k, v in found.items() if v}
 
-
-def inspect(node: Node, *names: str) -> list[dict]:
-    return json.loads(node.run("inspect", *names).stdout)

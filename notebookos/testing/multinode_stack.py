@@ -6,7 +6,6 @@ is, with the settings docs/deployment.md gives for a fleet (overlay network, no 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -163,9 +162,20 @@ class MultiNodeStack(SwarmDeployment):
                                                         "node": node.name}
         return found
 
+    def diagnostics(self, lines: int = 40) -> str:
+        """The swarm's nodes and the last lines of each control service's log (for a failure's
+        report; never raises)."""
+        parts = []
+        try:
+            parts.append(self.manager.run("node", "ls", check=False, timeout=30).stdout)
+            for service in ("gs", "jupyterlab", "ls"):
+                proc = self.manager.run("service", "logs", "--timestamps", "--tail", str(lines),
+                                        f"{self.project}_{service}", check=False, timeout=60)
+                parts.append(f"== {service}\n{proc.stdout}{proc.stderr}")
+        except Exception as exc:  # noqa: BLE001 - a report, best effort
+            parts.append(f"(diagnostics stopped: {exc})")
+        return "\n".join(parts)
+
     def kernel(self, kernel_id: str) -> dict:
         return next(k for k in self.status()["kernels"] if k["id"] == kernel_id)
 
-
-def status_json(text: str) -> dict:
-    return json.loads(text)

@@ -32,7 +32,11 @@ def stack(notebookos_image: str):
     stack = MultiNodeStack(ROOT, f"nbos{uuid.uuid4().hex[:6]}", notebookos_image,
                            free_ports(1)[0], cluster)
     try:
-        figures.update(stack.bring_up(NODES))
+        try:
+            figures.update(stack.bring_up(NODES))
+        except Exception:
+            print(stack.diagnostics())
+            raise
         print("\nmulti-node cluster: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
         yield stack
     finally:
@@ -57,6 +61,14 @@ def wait_for_three_replicas(stack: MultiNodeStack, kernel_id: str, live: set[str
 
 
 def test_notebook_across_nodes_keeps_its_state_through_a_lost_node(stack: MultiNodeStack) -> None:
+    try:
+        check_notebook_through_node_loss(stack)
+    except Exception:
+        print(stack.diagnostics())  # what the services said, before the cluster goes
+        raise
+
+
+def check_notebook_through_node_loss(stack: MultiNodeStack) -> None:
     services = stack.services()
     assert services[f"{stack.project}_ls"] == ("global", f"{NODES}/{NODES}"), services
     assert services[f"{stack.project}_ls-extra"][1].startswith("0/0"), services
