@@ -62,11 +62,17 @@ class HostLink:
         with self._lock:
             if self._closed:
                 return
+            stub = self._stub_locked()
         request = local_scheduler_pb2.WatchHostRequest(answer_now=not held)
         # held: fails at once if the daemon is not there now; a probe waits for the channel
-        call = self.stub.WatchHost.future(request, wait_for_ready=not held)
+        call = stub.WatchHost.future(request, wait_for_ready=not held)
         with self._lock:
-            self._watch_call = call
+            closed = self._closed
+            if not closed:
+                self._watch_call = call
+        if closed:  # closed meanwhile (its channel closes or has closed): no watch now
+            call.cancel()
+            return
         call.add_done_callback(lambda done: self._watch_call_done(done, held))
 
     def _watch_call_done(self, call: grpc.Future, held: bool) -> None:
@@ -115,10 +121,13 @@ class HostLink:
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:
         with self._lock:
-            if self._stub is None:
-                self._channel = self.connect(self.address)
-                self._stub = ls_grpc.LocalSchedulerStub(self._channel)
-            return self._stub
+            return self._stub_locked()
+
+    def _stub_locked(self) -> ls_grpc.LocalSchedulerStub:
+        if self._stub is None:
+            self._channel = self.connect(self.address)
+            self._stub = ls_grpc.LocalSchedulerStub(self._channel)
+        return self._stub
 
     def release_gpus_async(self, request: local_scheduler_pb2.ReleaseGpusRequest) -> None:
         """Release a cell's GPUs off the cell's critical path. The release is held back for
@@ -275,12 +284,14 @@ class HostLink:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            channel, self._channel, self._stub = self._channel, None, None
         self._stop_watch()
-        with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-            self._stub = None
-            self._channel = None
+        # Not under the lock: closing a channel waits for gRPC's thread, which may be running a
+        # watch's callback that takes the lock (a Local Scheduler that answered its held watch
+        # as it deregistered, on a drained Swarm node: the Global Scheduler froze for good,
+        # its registry lock held by the DeregisterHost call that closed this link).
+        if channel is not None:
+            channel.close()
 
     def to_doc(self, capacity: dict[str, Any]) -> dict[str, Any]:
         return {"host_id": self.host_id, "address": self.address,
