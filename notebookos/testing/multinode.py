@@ -262,6 +262,15 @@ class DockerCluster:
                     rm.insert(3, "-v")
                 run(rm, check=False, timeout=600)
         run(["docker", "network", "rm", self.network], check=False)
+        for _ in range(5):  # a volume or the network still held by a container going away
+            left = self.leftovers()
+            if not left:
+                break
+            time.sleep(2)
+            if left.get("volume"):
+                run(["docker", "volume", "rm", "-f", *left["volume"]], check=False)
+            if left.get("network"):
+                run(["docker", "network", "rm", *left["network"]], check=False)
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def leftovers(self) -> dict[str, list[str]]:
