@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # torch is optional at run time; the tests install the CPU build that lies on these machines' disks.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: up test lint bench bench-smoke install install-test clean labextension compile
+.PHONY: up test test-multinode lint bench bench-smoke install install-test clean labextension compile
 
 # A wheel's modules are compiled when it is installed; an editable install's only on first import,
 # and never where PYTHONDONTWRITEBYTECODE is set: then every replica compiled NotebookOS again at
@@ -63,6 +63,11 @@ lint: install-test
 
 test: lint compile
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The multi-node swarm test alone (four Docker engines in containers of this machine's engine, the
+# stack across them, a notebook through a whole node's loss): part of `make test` as well.
+test-multinode: install-test compile
+	$(VENV)/bin/pytest -s tests/deploy/test_multinode.py $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test compile
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -404,7 +404,17 @@ class DockerLauncher(Launcher):
                 process = ContainerProcess(container.id, container.attrs["State"]["Pid"])
             else:
                 container, process = prewarmed.container, prewarmed.process
-                container.rename(name)
+                try:
+                    container.rename(name)
+                except docker.errors.APIError as exc:
+                    # Docker 20.10 cannot rename a container attached to a swarm's overlay
+                    # network ("Could not add service state for endpoint ... on rename": the
+                    # stack's `cluster` network on a multi-node swarm). Start this one cold
+                    # rather than fail the kernel's start attempt.
+                    log.warning("prewarmed container %s cannot become %s (%s): starting it "
+                                "cold", container.name, name, exc)
+                    prewarmed.discard()
+                    return self._launch(spec, None, resources)
                 limits = self._limits(resources)
                 if limits:
                     container.update(
