@@ -12,7 +12,7 @@
   SIGKILLed and the next cell sent to replica 2: kill -> that cell's ``execute_input`` (issue
   18 asks for at most 0.5 s). Tries under 10 ms are those where replica 1 did not lead Raft.
 
-docs/performance.md ("Found by trying", 2026-11-27) has the figures before and after.
+docs/performance-history.md ("Found by trying", 2026-11-27) has the figures before and after.
 """
 
 from __future__ import annotations
