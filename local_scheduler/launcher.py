@@ -257,7 +257,9 @@ class ProcessLauncher(Launcher):
                 doc = record["spec"]
                 spec = ReplicaSpec(**{**doc, "peers": tuple(tuple(p) for p in doc["peers"])})
                 pid = int(record["pid"])
-                if not same_process(pid, record.get("start_ticks")):
+                if not same_process(pid, record.get("start_ticks")) or not pid_alive(pid):
+                    # gone, or a zombie nobody reaped yet (it died while no Local Scheduler
+                    # ran): not taken back, so the Global Scheduler replaces it
                     continue
                 resources = ResourceSpec(*(record.get("resources") or ()))
                 log_path = Path(record["log_path"]) if record.get("log_path") else None

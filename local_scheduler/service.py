@@ -115,11 +115,16 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
     def _recover(self) -> None:
         """Take back the replicas a previous run of this Local Scheduler left running (replica
         containers and processes outlive a crashed Local Scheduler: launcher.recover)."""
-        for launched, resources in self.launcher.recover():
-            entry = ReplicaEntry(launched, resources, state=RS.REPLICA_STATE_IDLE)
-            self._replicas[(launched.spec.kernel_id, launched.spec.replica_id)] = entry
-            log.info("recovered replica %s (pid %d) from a previous run", launched.spec.owner,
-                     launched.pid)
+        # Under the lock: the launcher watches each replica as it takes it back, and one that
+        # dies at that moment is reported at once, on the watcher's thread; its exit must find
+        # its entry (the fault campaign found a replica killed while its Local Scheduler was
+        # down reported before its entry existed: dropped, and counted live for good).
+        with self._lock:
+            for launched, resources in self.launcher.recover():
+                entry = ReplicaEntry(launched, resources, state=RS.REPLICA_STATE_IDLE)
+                self._replicas[(launched.spec.kernel_id, launched.spec.replica_id)] = entry
+                log.info("recovered replica %s (pid %d) from a previous run",
+                         launched.spec.owner, launched.pid)
 
     # -- views ------------------------------------------------------------------------------
 

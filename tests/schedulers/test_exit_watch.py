@@ -64,3 +64,35 @@ def test_a_process_that_is_not_our_child_and_one_already_gone() -> None:
         assert sorted(got) == sorted([3, UNKNOWN_EXIT_CODE]), got
     finally:
         watcher.close()
+
+
+def test_a_recorded_replica_that_is_a_zombie_is_not_taken_back(tmp_path) -> None:  # noqa: ANN001
+    """A replica that died while no Local Scheduler ran may still be a zombie (nobody reaped it
+    yet) when the next one starts: same pid, same start time. It is gone, not taken back; the
+    chaos campaign found one taken back, its exit reported before its entry existed and dropped,
+    and the Global Scheduler counting it live for good (issue 33)."""
+    from notebookos.local_scheduler import replica_records
+    from notebookos.local_scheduler.launcher import LaunchedReplica, ProcessLauncher, ReplicaSpec
+    from notebookos.local_scheduler.pid_watch import pid_alive, start_ticks
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])  # a zombie until waited for
+    ticks = start_ticks(child.pid)
+    deadline = time.monotonic() + 10
+    while pid_alive(child.pid):
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.01)
+    try:
+        spec = ReplicaSpec("k", 1, "127.0.0.1:1", (), "", "key", "hmac-sha256")
+        replica = LaunchedReplica(spec, child.pid, "127.0.0.1", {"shell": 1}, "127.0.0.1:1",
+                                  False, None, child)
+        records = replica_records.ReplicaRecords(tmp_path)
+        records.put(spec.owner, replica_records.record_of(replica, None, ticks))
+        records.save()
+        exits: list[int] = []
+        launcher = ProcessLauncher(tmp_path, lambda _r, code: exits.append(code))
+        try:
+            assert launcher.recover() == []
+        finally:
+            launcher.close()
+    finally:
+        child.wait()
