@@ -237,6 +237,11 @@ EXAMPLES = int(os.environ.get("NOTEBOOKOS_DIFF_EXAMPLES", "60"))
              "try:\n    d = Box()\nexcept Exception:\n    pass",
              "try:\n    d = Box()\nexcept Exception:\n    pass"],
     failovers=[True, True, True, False, True, False])
+@example(  # found by this test: b's list changed through an alias the cell then rebound
+    program=["try:\n    b = []\nexcept Exception:\n    pass",
+             "try:\n    a = b\nexcept Exception:\n    pass\ntry:\n    a += [1]\n"
+             "except Exception:\n    pass\ntry:\n    a = []\nexcept Exception:\n    pass"],
+    failovers=[False] * 6)
 def test_random_programs_match_plain_python_across_failovers(
     tmp_path_factory: pytest.TempPathFactory, program: list[str], failovers: list[bool]
 ) -> None:
@@ -295,6 +300,16 @@ def test_a_shared_object_changed_then_left_by_the_name_is_still_synced(pair: Pai
     pair.run("c = [1]\nd = c")
     pair.run("d.append(2)\ndel d")
     assert pair.standby["c"] == [1, 2]
+
+
+def test_an_alias_changed_then_rebound_in_one_cell_syncs_the_object(pair: Pair) -> None:
+    """Found by the differential test: ``a`` held ``b``'s list only during the cell, was changed
+    in place through it and rebound; ``b`` is not named as changed, but its list changed."""
+    pair.run("b = []")
+    pair.run("a = b\na += [1]\na = []")
+    assert pair.standby["b"] == [1] and pair.standby["a"] == []
+    pair.run("c = [b]\nc[0].append(2)\nc = None")
+    assert pair.standby["b"] == [1, 2]
 
 
 def test_a_shared_object_that_cannot_be_serialised_warns_and_keeps_its_identity(
