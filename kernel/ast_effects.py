@@ -78,6 +78,7 @@ def analyze_cell(source: str) -> CellEffects:
     for statement in tree.body:
         collector.module_statement(statement)
     collector.add_what_defined_functions_use()
+    collector.add_what_aliases_changed()
     return CellEffects(
         bound=frozenset(collector.bound),
         deleted=frozenset(collector.deleted),
@@ -97,6 +98,22 @@ def root_name(node: ast.expr) -> str | None:
             node = node.value
         else:
             return None
+
+
+def _alias_roots(value: ast.expr) -> Iterable[str]:
+    """The names whose objects ``value`` may hand on as they are: its root (``b``, ``b['k']``,
+    ``b.items``) or those of a display's items (``[b]``, ``(b, [])``, ``{'k': b}``)."""
+    if isinstance(value, ast.Tuple | ast.List | ast.Set):
+        for element in value.elts:
+            yield from _alias_roots(element)
+    elif isinstance(value, ast.Dict):
+        for item in [*value.keys, *value.values]:
+            if item is not None:
+                yield from _alias_roots(item)
+    else:
+        root = root_name(value)
+        if root is not None:
+            yield root
 
 
 def target_names(target: ast.expr) -> Iterable[ast.expr]:
@@ -126,6 +143,10 @@ class _Collector:
         self.defined_uses: dict[str, set[str]] = {}
         # Names local to the comprehensions being walked (innermost last).
         self._comprehension_locals: list[set[str]] = []
+        # `a = b`, `a = b['k']`, `a = [b]`, `for a in b`: name -> the roots whose objects it may
+        # hold; and the names the cell augments (`a += [1]` changes a list in place)
+        self.aliases: dict[str, set[str]] = {}
+        self.augmented: set[str] = set()
 
     # ----------------------------------------------------------------- statements at module level
 
@@ -160,9 +181,12 @@ class _Collector:
             self.expression(node.value)
             for target in node.targets:
                 self.bind_target(target)
+                self._alias(target, node.value)
         elif isinstance(node, ast.AugAssign):
             self.expression(node.value)
             self.bind_target(node.target)
+            if isinstance(node.target, ast.Name):
+                self.augmented.add(node.target.id)
         elif isinstance(node, ast.AnnAssign):
             if node.value is not None:
                 self.expression(node.value)
@@ -176,6 +200,7 @@ class _Collector:
         elif isinstance(node, ast.For | ast.AsyncFor):
             self.expression(node.iter)
             self.bind_target(node.target)
+            self._alias(node.target, node.iter)
             self._block(node.body)
             self._block(node.orelse)
         elif isinstance(node, ast.With | ast.AsyncWith):
@@ -246,6 +271,26 @@ class _Collector:
         for name, uses in self.defined_uses.items():
             if name in self.called or name in self.loaded:
                 self.mutated |= uses
+
+    def _alias(self, target: ast.expr, value: ast.expr) -> None:
+        if self._comprehension_locals:
+            return
+        roots = set(_alias_roots(value))
+        if roots:
+            for leaf in target_names(target):
+                if isinstance(leaf, ast.Name):
+                    self.aliases.setdefault(leaf.id, set()).update(roots)
+
+    def add_what_aliases_changed(self) -> None:
+        """A name changed in place while it held another name's object changed that object too,
+        though the cell may rebind the name afterwards and never mention the other one again
+        (``a = b``, ``a += [1]``, ``a = []``: ``b`` changed; found by the property test of
+        tests/kernel/test_shared_identity.py). The roots it was given count as mutated."""
+        changed = (self.mutated | self.augmented) & self.aliases.keys()
+        while changed:
+            roots = set().union(*(self.aliases[name] for name in changed)) - self.mutated
+            self.mutated |= roots
+            changed = roots & self.aliases.keys()
 
     def _function_header(
         self, decorators: list[ast.expr], args: ast.arguments, returns: ast.expr | None

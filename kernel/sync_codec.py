@@ -1718,6 +1718,11 @@ class StateApplier:
         order: list[tuple[SyncEntry, Any, bool, bytes]] = []
         seen: set[str] = set()
         for first in sorted(by_token, key=lambda token: token not in units):
+            if first in seen:
+                # Filled already, as a dependency of an earlier one. Filling it twice extended a
+                # new list (not cleared first) with its items again: [box] became [box, box] on
+                # the standbys whenever the update listed a referrer before what it refers to.
+                continue
             stack = [(first, iter(deps[first]))]
             seen.add(first)
             while stack:

@@ -19,7 +19,7 @@ from programs import SETUP, canon, cells
 
 from notebookos.kernel.ast_effects import analyze_cell
 from notebookos.kernel.checkpoint_log import CheckpointLog
-from notebookos.kernel.shared_objects import is_object_root
+from notebookos.kernel.shared_objects import is_object_root, token_of_root
 from notebookos.kernel.sync_codec import (
     StateApplier,
     StateEncoder,
@@ -222,6 +222,26 @@ EXAMPLES = int(os.environ.get("NOTEBOOKOS_DIFF_EXAMPLES", "60"))
              "    pass\ntry:\n    def grow():\n        a.append(7)\n    grow()\n"
              "except Exception:\n    pass"],
     failovers=[False] * 6)
+@example(  # found by this test: a new shared list was filled twice on the standbys (its items
+    # doubled) when the function holding it came first in the update; the entries' order varied
+    # from run to run, see test_a_new_shared_object_is_filled_once_whatever_the_entry_order
+    program=["try:\n    d = Box()\nexcept Exception:\n    pass",
+             "try:\n    c = [d]\nexcept Exception:\n    pass\ntry:\n    def make(box=c):\n"
+             "        def get():\n            return box\n        return get\n    d = make()\n"
+             "except Exception:\n    pass\ntry:\n    def make(box=d):\n        def get():\n"
+             "            return box\n        return get\n    c = make()\n"
+             "except Exception:\n    pass",
+             "try:\n    c = d[0]\nexcept Exception:\n    pass\ntry:\n    a = d()\n"
+             "except Exception:\n    pass",
+             "try:\n    d = Box()\nexcept Exception:\n    pass",
+             "try:\n    d = Box()\nexcept Exception:\n    pass",
+             "try:\n    d = Box()\nexcept Exception:\n    pass"],
+    failovers=[True, True, True, False, True, False])
+@example(  # found by this test: b's list changed through an alias the cell then rebound
+    program=["try:\n    b = []\nexcept Exception:\n    pass",
+             "try:\n    a = b\nexcept Exception:\n    pass\ntry:\n    a += [1]\n"
+             "except Exception:\n    pass\ntry:\n    a = []\nexcept Exception:\n    pass"],
+    failovers=[False] * 6)
 def test_random_programs_match_plain_python_across_failovers(
     tmp_path_factory: pytest.TempPathFactory, program: list[str], failovers: list[bool]
 ) -> None:
@@ -243,6 +263,34 @@ def test_random_programs_match_plain_python_across_failovers(
         store.close()
 
 
+def test_a_new_shared_object_is_filled_once_whatever_the_entry_order(
+    pair: Pair, file_store: LargeObjectStore,
+) -> None:
+    """Found by the differential test: the standby filled shared objects each after those its
+    contents refer to, but an object already filled as another's dependency was filled again
+    when its own entry came later in the update, and a new list (extended, not cleared) held its
+    items twice. The encoder's entry order varies (set iteration), so it is fixed here: the
+    object that refers to the other first."""
+    code = "inner = [1]\nouter = [inner]\nalias = outer"
+    exec(code, pair.executor)
+    update = SyncUpdate.from_bytes(
+        pair.encoder.encode(pair.executor, analyze_cell(code)).to_bytes())
+    objects = [e for e in update.entries if is_object_root(e.name)]
+    assert len(objects) == 2  # outer's list and inner's list, one referring to the other
+    holder = pair.executor_state.identity.token_for(pair.executor["outer"])
+    assert holder is not None
+    objects.sort(key=lambda e: token_of_root(e.name) != holder)  # the referrer first
+    update.entries = [e for e in update.entries if not is_object_root(e.name)] + objects
+    fresh = new_namespace()
+    applier = StateApplier(file_store, state=SyncState())
+    try:
+        applier.apply(fresh, update)
+    finally:
+        applier.close()
+    assert fresh["inner"] == [1] and fresh["outer"] == [[1]]
+    assert fresh["outer"][0] is fresh["inner"] and fresh["alias"] is fresh["outer"]
+
+
 def test_a_shared_object_changed_then_left_by_the_name_is_still_synced(pair: Pair) -> None:
     """Found by the differential test: b mutates the list a holds too, then b is rebound in the
     same cell; a is not touched, but the list's new contents must reach the standby."""
@@ -252,6 +300,16 @@ def test_a_shared_object_changed_then_left_by_the_name_is_still_synced(pair: Pai
     pair.run("c = [1]\nd = c")
     pair.run("d.append(2)\ndel d")
     assert pair.standby["c"] == [1, 2]
+
+
+def test_an_alias_changed_then_rebound_in_one_cell_syncs_the_object(pair: Pair) -> None:
+    """Found by the differential test: ``a`` held ``b``'s list only during the cell, was changed
+    in place through it and rebound; ``b`` is not named as changed, but its list changed."""
+    pair.run("b = []")
+    pair.run("a = b\na += [1]\na = []")
+    assert pair.standby["b"] == [1] and pair.standby["a"] == []
+    pair.run("c = [b]\nc[0].append(2)\nc = None")
+    assert pair.standby["b"] == [1, 2]
 
 
 def test_a_shared_object_that_cannot_be_serialised_warns_and_keeps_its_identity(
