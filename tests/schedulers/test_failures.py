@@ -27,15 +27,20 @@ from notebookos.testing.processes import pid_alive
 pytestmark = pytest.mark.timeout(180)
 
 
-def _cluster_with_kernel(make_cluster, hosts: int = 4):  # noqa: ANN001, ANN202
-    cluster = make_cluster()
+def _cluster_with_kernel(make_cluster, hosts: int = 4, env: dict | None = None,  # noqa: ANN001, ANN202
+                         cell: str = "data = {'a': 1}\ndata['b'] = 2"):
+    cluster = make_cluster(env)
     cluster.start_gs()
     for i in range(hosts):
         cluster.start_ls(f"host-{i}")
     cluster.wait_hosts(hosts)
     kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, "data = {'a': 1}\ndata['b'] = 2")["reply"]["content"]["status"] == "ok"
+    assert run_cell(kc, cell)["reply"]["content"]["status"] == "ok"
     return cluster, kernel_id, kc
+
+
+# replicas whose Local Scheduler was killed wait this long for its restart
+TAKEN_BACK = {"NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "30"}
 
 
 def _wait_started(kc, msg_id: str, timeout: float = 30) -> None:  # noqa: ANN001
@@ -181,13 +186,7 @@ def test_a_restarted_local_scheduler_takes_its_replicas_back(make_cluster):  # n
     """Issue 33: a Local Scheduler SIGKILLed and started again (as `notebookos up` does) loses no
     replica: they outlive it, the new daemon finds them in its records, registers with them, and
     the Global Scheduler keeps them. It also watches them again: a later death is reported."""
-    cluster = make_cluster({"NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "30"})
-    cluster.start_gs()
-    for i in range(3):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(3)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, 3, TAKEN_BACK, "data = {'a': 1}")
     before = _replicas(cluster, kernel_id)
     count = 1
     for victim_host, victim_pid in before.values():
@@ -632,13 +631,7 @@ def test_a_replica_that_dies_while_its_local_scheduler_is_down_is_replaced(make_
     """Issue 33: nobody watches a replica while its Local Scheduler is down; the restarted daemon
     finds it gone among its records, and the Global Scheduler replaces it (no stale status, no
     replica counted that does not run), with the kernel's variables kept."""
-    cluster = make_cluster({"NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "30"})
-    cluster.start_gs()
-    for i in range(4):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(4)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
+    cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, 4, TAKEN_BACK, "data = {'a': 1}")
     before = _replicas(cluster, kernel_id)
     victim_id = max(before)
     victim_host, victim_pid = before[victim_id]
