@@ -172,7 +172,8 @@ class StateSync:
         replica lacks, in the background: a standby then takes over without importing them."""
         if not names:
             return
-        self._imports.known(names)
+        if warm:  # received: never reported back from here (our own new() already saw them)
+            self._imports.known(names)
         with self._state.lock:
             fresh = [name for name in names if name not in self._state.modules]
             self._state.modules.update(dict.fromkeys(fresh))
