@@ -25,6 +25,9 @@ from notebookos.resources import ResourceSpec
 log = logging.getLogger(__name__)
 
 
+# A cell waiting for its kernel's replicas wakes on every change of the kernel's record; this
+# is only the longest it sleeps without one (it was a 0.1 s poll).
+REPLICA_WAIT_RECHECK_S = 1.0
 WITHDRAWN = "the cell was withdrawn while it waited (the kernel was interrupted)"
 
 
@@ -32,12 +35,16 @@ class ExecutionMixin(SharingMixin):
     def _wait_for_replicas(self, kernel_id: str, msg_id: str) -> None:
         """A cell that arrives while the kernel has no replica because it is being rebuilt or
         its replacements are starting waits for them (up to the replica start timeout) instead
-        of failing at once."""
+        of failing at once. It wakes when the kernel's record changes (``_save_kernel``), when
+        the cell is withdrawn or the scheduler stops, and at 0.2 s to tell the user why it
+        waits; at least every ``REPLICA_WAIT_RECHECK_S`` it looks again in any case (a change
+        that bypassed ``_save_kernel`` then costs that much, not the whole timeout)."""
         started = time.monotonic()
         deadline = started + self.start_timeout_s
         told = False
         woke = False
         while time.monotonic() < deadline:
+            seen = self._kernel_changes  # before the state is read: a change after it wakes us
             with self.lock:
                 entry = self.kernels.get(kernel_id)
                 if entry is None or entry.state == "stopping":
@@ -64,14 +71,35 @@ class ExecutionMixin(SharingMixin):
                                            f"it from its checkpoint after cell [{checkpoint}]"
                                            "; the cell runs once its replicas are ready")
                 self.wake_kernel(kernel_id)
-                self._placement_pause(kernel_id, msg_id, 0.1)
-                continue
-            if not told and time.monotonic() - started >= 0.2 and front is not None:
+            elif not told and time.monotonic() - started >= 0.2 and front is not None:
                 told = True  # a rebuild takes seconds: say why the cell waits
                 front.cell_waiting(msg_id, "waiting for the kernel's replicas to be replaced"
                                    + (f" ({why})" if why else "")
                                    + "; the cell runs once they are ready")
-            self._placement_pause(kernel_id, msg_id, 0.1)
+            until = min(deadline, time.monotonic() + REPLICA_WAIT_RECHECK_S)
+            if not told and not asleep and front is not None:
+                until = min(until, started + 0.2)
+            self._await_kernel_change(kernel_id, msg_id, seen, until)
+
+    def _kernel_changed(self) -> None:
+        """A kernel's record changed (its replicas, its state): cells waiting for replicas
+        look again."""
+        with self._kernels_changed:
+            self._kernel_changes += 1
+            self._kernels_changed.notify_all()
+
+    def _await_kernel_change(self, kernel_id: str, msg_id: str, seen: int,
+                             until: float) -> None:
+        """Sleep until a kernel's record changes after ``seen`` changes were counted, or
+        ``until`` (monotonic); raises PlacementFailed when the cell was withdrawn or the
+        scheduler stops."""
+        with self._kernels_changed:
+            while True:
+                self._still_placing(kernel_id, msg_id)
+                left = until - time.monotonic()
+                if left <= 0 or self._kernel_changes != seen:
+                    return
+                self._kernels_changed.wait(left)
 
     # -- waiting for GPUs: a withdrawn cell (interrupt) and a GPU release wake the wait -------
 
@@ -80,6 +108,7 @@ class ExecutionMixin(SharingMixin):
         with self._placement_cv:
             self._withdrawn_cells.add((kernel_id, msg_id))
             self._placement_cv.notify_all()
+            self._kernels_changed.notify_all()
 
     def _gpus_released(self) -> None:
         with self._placement_cv:
@@ -97,6 +126,7 @@ class ExecutionMixin(SharingMixin):
         """The scheduler stops: every waiting placement looks again (and fails)."""
         with self._placement_cv:
             self._placement_cv.notify_all()
+            self._kernels_changed.notify_all()
         with self._cell_cv:
             self._cell_cv.notify_all()
 

@@ -224,6 +224,7 @@ class KernelLifecycleMixin:
             if kernel_id in self.cluster.kernels:
                 self.cluster.remove_kernel(kernel_id)
             self.store.delete_kernel(kernel_id)
+            self._kernel_changed()
         if entry is not None and entry.front is not None:
             entry.front.close()
 
@@ -249,6 +250,7 @@ class KernelLifecycleMixin:
             entry.state = "stopping"
             replicas = list(entry.replicas.values())
             self._cell_cv.notify_all()  # its cells waiting for a host stop waiting
+            self._kernel_changed()  # and those waiting for its replicas
         list(self._pool.map(lambda r: self._stop_replica_quietly(
             r.host_id, request.kernel_id, r.replica_id), replicas))
         self._discard_kernel(request.kernel_id)

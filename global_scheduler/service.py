@@ -130,8 +130,14 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3
         # Cells waiting for GPUs (execution.py) wake on a release or when withdrawn.
-        self._placement_cv = threading.Condition()
+        placement_lock = threading.Lock()
+        self._placement_cv = threading.Condition(placement_lock)
         self._gpu_releases = 0
+        # Cells waiting for a kernel's replicas (a rebuild, replacements, a wake) wake when a
+        # kernel's record changes (``_save_kernel``), or on a withdrawal or stop, as above: the
+        # same lock, a condition of its own, so that the changes wake no GPU waiter.
+        self._kernels_changed = threading.Condition(placement_lock)
+        self._kernel_changes = 0
         self._withdrawn_cells: set[tuple[str, str]] = set()
         # Whose turn it is among them (cell_queue.py), under _placement_cv's lock.
         self.cell_queue = CellQueue(cell_order or ArrivalOrder())
@@ -144,9 +150,12 @@ class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaSta
     # -- persistence ------------------------------------------------------------------------
 
     def _save_kernel(self, entry: KernelEntry) -> None:
+        """Write the kernel's record; every change of a kernel's replicas or state comes
+        through here, so cells waiting for its replicas look again (``_wait_for_replicas``)."""
         kernel = self.cluster.kernels.get(entry.kernel_id)
         if kernel is not None:
             self.store.put_kernel(entry.kernel_id, entry.to_doc(kernel.request.to_dict()))
+        self._kernel_changed()
 
     def restore(self) -> None:
         """Reload the registry after a restart and re-bind every kernel's front on its ports."""

@@ -22,8 +22,8 @@ IDLE_S = 1.5
 
 
 class _CountingCondition(threading.Condition):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, lock: threading.Lock | None = None) -> None:
+        super().__init__(lock)
         self.wakeups = 0
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -127,3 +127,73 @@ def test_an_order_that_drifts_with_time_is_looked_at_again_now_and_then() -> Non
     behind = _join(w, "behind")
     w._wait_turn("behind", "m", behind, time.monotonic() + IDLE_S)
     assert w._placement_cv.wakeups <= IDLE_S / ORDER_RECHECK_S + 2
+
+
+# -- a cell waiting for its kernel's replicas (a rebuild, replacements, a wake) ----------------
+
+
+class _Entry:
+    def __init__(self) -> None:
+        self.state = "degraded"
+        self.replicas: dict[int, object] = {}
+        self.front = None
+        self.message = "replacing a lost replica"
+        self.checkpoint_count = 0
+        self.wake_error = ""
+
+
+class _ReplicaWaits(_Waits):
+    def __init__(self) -> None:
+        super().__init__(ArrivalOrder())
+        self.lock = threading.RLock()
+        self.kernels = {"k": _Entry()}
+        self.start_timeout_s = 30.0
+        self._kernel_changes = 0
+        # on the placement condition's lock, as in the service
+        self._kernels_changed = _CountingCondition(self._placement_cv._lock)
+
+    def wake_kernel(self, kernel_id: str) -> bool:
+        return False
+
+
+def _wait_in_thread(w: _ReplicaWaits) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def wait() -> None:
+        try:
+            w._wait_for_replicas("k", "m")
+            outcome.append("ready")
+        except PlacementFailed as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_cell_waiting_for_replicas_sleeps_until_the_kernel_changes() -> None:
+    w = _ReplicaWaits()
+    thread, outcome = _wait_in_thread(w)
+    time.sleep(IDLE_S)
+    assert not outcome
+    # the 0.1 s poll woke it 15 times; now only the 1 s recheck
+    assert w._kernels_changed.wakeups <= 2, w._kernels_changed.wakeups
+    started = time.monotonic()
+    with w.lock:
+        w.kernels["k"].replicas[1] = object()
+        w.kernels["k"].state = "idle"
+        w._kernel_changed()  # what _save_kernel does after every change
+    thread.join(5)
+    assert outcome == ["ready"]
+    assert time.monotonic() - started < 0.2
+
+
+def test_a_withdrawn_cell_stops_waiting_for_replicas_at_once() -> None:
+    w = _ReplicaWaits()
+    thread, outcome = _wait_in_thread(w)
+    time.sleep(0.3)
+    started = time.monotonic()
+    w.cancel_execute("k", "m")
+    thread.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], PlacementFailed)
+    assert time.monotonic() - started < 0.2
