@@ -169,8 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             for t in threads:
                 t.join()
             results["mass_wake_s"] = time.perf_counter() - started
-            results["mass_wake_state_ok"] = all(
-                outputs.get(i) == f"{i} {[i] * 3}\n" for _, _, i in woken)
+            wrong = {i: outputs.get(i) for _, _, i in woken
+                     if outputs.get(i) != f"{i} {[i] * 3}\n"}
+            results["mass_wake_state_ok"] = not wrong
+            if wrong:  # what each woken notebook printed instead
+                results["mass_wake_wrong"] = {
+                    str(i): {"printed": out, "kernel": nid, "status": str(cluster.kernel(nid))}
+                    for nid, _, i in woken if i in wrong for out in [wrong[i]]}
         finally:
             cluster.close()
             remove_session_credentials(credentials)
