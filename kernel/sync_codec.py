@@ -520,9 +520,56 @@ def _tensor_ref(token: str) -> Any:
     raise pickle.UnpicklingError(f"tensor {token} referenced outside a NotebookOS state update")
 
 
-def _cached_function(func: Any, maxsize: int | None, typed: bool) -> Any:
-    """A notebook function under ``functools.lru_cache`` / ``functools.cache``, wrapped again."""
-    return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
+def _cached_function(func: Any, maxsize: int | None, typed: bool,
+                     entries: list[tuple[Any, Any]] | None = None) -> Any:
+    """A notebook function under ``functools.lru_cache`` / ``functools.cache``, wrapped again,
+    its cache filled with ``entries`` (an unbounded cache's, as the executor held them)."""
+    wrapper = functools.lru_cache(maxsize=maxsize, typed=typed)(func)
+    if entries:
+        cache = _unbounded_cache_of(wrapper)
+        if cache is not None:
+            cache.update(entries)
+    return wrapper
+
+
+# Cache contents travel with a cached function up to this many entries (beyond it the standby's
+# cache starts empty, as after a restart).
+CACHE_ENTRIES_CARRIED = 100_000
+
+
+def _unbounded_cache_of(wrapper: Any) -> dict | None:
+    """The dict an unbounded ``functools`` cache (``@cache``, ``lru_cache(maxsize=None)``) keeps
+    its results in: the C wrapper exposes it to the garbage collector (``gc.get_referents``),
+    not to Python. Writing into it fills the cache, as calls would. None for a bounded cache
+    (its entries are list links) or where the dict cannot be told apart."""
+    if wrapper.cache_parameters()["maxsize"] is not None:
+        return None
+    own = getattr(wrapper, "__dict__", None)
+    found = [r for r in gc.get_referents(wrapper) if type(r) is dict and r is not own]
+    if len(found) != 1 or len(found[0]) != wrapper.cache_info().currsize:
+        return None
+    return found[0]
+
+
+def _kwd_mark_of_this_process() -> Any:
+    """The separator ``functools``' C cache puts between positional and keyword arguments in a
+    key (``lru_cache_make_key``): an object of each process, found from a key it made."""
+    @functools.cache
+    def probe(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    probe(k=1)
+    cache = _unbounded_cache_of(probe)
+    key = next(iter(cache)) if cache else None
+    return key[0] if isinstance(key, tuple) and len(key) == 3 else None
+
+
+_KWD_MARK = _kwd_mark_of_this_process()
+
+
+def _kwd_mark() -> Any:
+    """Stands for the executor's keyword separator in a pickled cache key: this process's."""
+    return _KWD_MARK
 
 
 def _tensor_with_grad_ref(token: str, grad: Any) -> Any:
@@ -662,9 +709,17 @@ class _ValuePickler(cloudpickle.CloudPickler):
                     and wrapped.__globals__ is self._namespace):
                 # a notebook function under @cache / @lru_cache: pickling by reference looked it
                 # up in __main__, where a standby has no such name; the function travels by
-                # value and is wrapped again (the cache starts empty, as after a restart)
+                # value and is wrapped again, its cache with it when unbounded (a recursive
+                # function whose cache the executor's cells filled would otherwise recurse from
+                # scratch on a new executor: RecursionError, found by the notebook corpus)
                 parameters = obj.cache_parameters()
-                return (_cached_function, (wrapped, parameters["maxsize"], parameters["typed"]))
+                cache = _unbounded_cache_of(obj)
+                entries = (list(cache.items()) if cache is not None
+                           and len(cache) <= CACHE_ENTRIES_CARRIED else None)
+                return (_cached_function, (wrapped, parameters["maxsize"], parameters["typed"],
+                                           entries))
+        if obj is _KWD_MARK and obj is not None:
+            return (_kwd_mark, ())
         if (isinstance(obj, type) and "__slotnames__" not in obj.__dict__
                 and not cloudpickle_internals._should_pickle_by_reference(obj)):
             # Pickling an instance caches __slotnames__ on its class; do it now so that a

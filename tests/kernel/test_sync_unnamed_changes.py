@@ -200,3 +200,36 @@ def test_a_cached_notebook_function_is_replicated(pair: Pair) -> None:
     assert fib(30) == 832040 and fib.cache_info().maxsize is None
     assert square(3) == 9 and square.cache_parameters() == {"maxsize": 8, "typed": True}
     assert pair.standby["table"][19] == 4181
+
+
+def test_a_cached_functions_results_travel_with_it(pair: Pair) -> None:
+    """Found by the notebook corpus (pytudes Stubborn, with an executor kill after every cell):
+    cells filled a recursive @cache function's cache step by step, and after a failover the
+    next cell's call recursed from an empty cache: RecursionError on NotebookOS only."""
+    pair.run("""
+        import functools
+        @functools.cache
+        def depth(n, step=1):
+            return 0 if n <= 0 else 1 + depth(n - step, step=step)
+    """)
+    for upto in range(400, 4001, 400):  # each call recurses at most 400 deep
+        pair.run(f"depth({upto})")
+        pair.run(f"depth({upto}, step=2)")  # a key with keywords: its separator is per process
+    standby = pair.standby["depth"]
+    executor = pair.executor["depth"]
+    assert standby.cache_info().currsize == executor.cache_info().currsize > 4000
+    assert standby(4000) == 4000  # from the cache: no recursion at all
+    assert standby(4000, step=2) == 2000
+    assert standby.cache_info().misses == 0
+
+
+def test_a_bounded_cache_travels_empty(pair: Pair) -> None:
+    pair.run("""
+        import functools
+        @functools.lru_cache(maxsize=4)
+        def square(n):
+            return n * n
+        values = [square(n) for n in range(3)]
+    """)
+    square = pair.standby["square"]
+    assert square.cache_info().currsize == 0 and square(3) == 9
