@@ -187,13 +187,22 @@ class RecoveryMixin:
 
     def _rebuild_from_checkpoint(self, kernel_id: str) -> list[int]:
         """The group lost its majority: stop the survivors (they cannot commit anything) and
-        start a fresh group whose replicas load the store's last checkpoint; returns their ids."""
+        start a fresh group whose replicas load the store's checkpoint; returns their ids. The
+        freshest survivor writes that checkpoint first where one can (``_survivor_checkpoint``):
+        then nothing it applied is lost."""
         with self.lock:
             entry = self.kernels[kernel_id]
             survivors = list(entry.replicas.values())
             entry.state = "recovering"
             entry.message = ("Raft majority lost: rebuilding the kernel from its last "
                              "checkpoint; cells since then are lost")
+        survivor = self._survivor_checkpoint(entry, survivors)
+        with self.lock:
+            if survivor is not None:
+                rid, count = survivor
+                entry.checkpoint_count = max(entry.checkpoint_count, count)
+                entry.message = (f"Raft majority lost: rebuilding the kernel from a checkpoint "
+                                 f"of the state replica {rid} held after cell [{count}]")
             log.warning("kernel %s: %s", kernel_id, entry.message)
             for r in survivors:
                 entry.replicas.pop(r.replica_id, None)
@@ -206,13 +215,59 @@ class RecoveryMixin:
             self._save_kernel(entry)
         for r in survivors:
             self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
-        new_ids = self._add_replicas(kernel_id, self.replicas_per_kernel, join=False,
-                                     restore=True)
+        new_ids = self._add_replicas(
+            kernel_id, self.replicas_per_kernel, join=False, restore=True,
+            extra_env=None if survivor is None else
+            {"NOTEBOOKOS_RESTORED_FROM_SURVIVOR": f"replica {survivor[0]}"})
         with self.lock:
             entry.state = "idle"
-            entry.message = "rebuilt from the last checkpoint after losing the Raft majority"
+            entry.message = ("rebuilt from the last checkpoint after losing the Raft majority"
+                             if survivor is None else
+                             f"rebuilt after losing the Raft majority from a checkpoint of "
+                             f"the state replica {survivor[0]} held after cell "
+                             f"[{survivor[1]}]")
             self._save_kernel(entry)
         return new_ids
+
+    def _survivor_checkpoint(self, entry: KernelEntry,
+                             survivors: list) -> tuple[int, int] | None:
+        """Have the survivor that applied the most cells write a checkpoint of its state
+        (``write_checkpoint_request``) before the group is rebuilt from the store: the last
+        checkpoint an executor wrote may be older (a SIGKILL right after a cell). Returns
+        (replica id, cell number) of the checkpoint written, or None (none answered or could:
+        the store's checkpoint stands)."""
+        ranked = []
+        for r in survivors:
+            try:
+                status = control_request(r.endpoint, entry.key, entry.signature_scheme,
+                                         "replica_status_request", {}, timeout_s=5)
+            except ControlError:
+                continue
+            if status.get("diverged"):
+                continue
+            ranked.append((int(status.get("execution_count") or 0), r))
+        for count, r in sorted(ranked, key=lambda c: -c[0]):
+            if count < entry.checkpoint_count:
+                break  # the store's checkpoint is newer than what any survivor holds
+            try:
+                reply = control_request(r.endpoint, entry.key, entry.signature_scheme,
+                                        "write_checkpoint_request", {}, timeout_s=60)
+            except ControlError as exc:
+                log.warning("kernel %s: replica %d could not write its state as the "
+                            "checkpoint: %s", entry.kernel_id, r.replica_id, exc)
+                continue
+            if reply.get("status") == "ok":
+                written = int(reply.get("checkpoint_count") or 0)
+                if not written:  # the store's checkpoint is as recent as its state, or more
+                    log.info("kernel %s: the store's checkpoint is as recent as replica %d's "
+                             "state: rebuilding from it", entry.kernel_id, r.replica_id)
+                    return None
+                log.info("kernel %s: replica %d wrote its state after cell [%d] as the "
+                         "checkpoint to rebuild from", entry.kernel_id, r.replica_id, written)
+                return r.replica_id, written
+            log.warning("kernel %s: replica %d could not write its state as the checkpoint: "
+                        "%s", entry.kernel_id, r.replica_id, reply.get("reason"))
+        return None
 
     def _rebind_session_gpus(self, kernel_id: str, new_ids: list[int]) -> None:
         """Reservation (GPUs bound at placement): the replica holding the kernel's GPUs was

@@ -35,6 +35,7 @@ ENV_OPTIONS = {
     "NOTEBOOKOS_KERNEL_ID": "kernel-id",
     "NOTEBOOKOS_STORE_URL": "store-url",
     "NOTEBOOKOS_ELECTION_TIMEOUT": "election-timeout",
+    "NOTEBOOKOS_RESTORED_FROM_SURVIVOR": "restored-from-survivor",
 }
 ENV_FLAGS = {
     "NOTEBOOKOS_JOIN": "join",
@@ -92,6 +93,7 @@ class ReplicaKernelApp(IPKernelApp):
         "kernel-id": "ReplicaKernel.kernel_id",
         "store-url": "ReplicaKernel.store_url",
         "election-timeout": "ReplicaKernel.election_timeout",
+        "restored-from-survivor": "ReplicaKernel.restored_from_survivor",
         "executor-dead-after": "ReplicaKernel.executor_dead_after",
         "raft-compaction-entries": "ReplicaKernel.raft_compaction_entries",
         "iopub-backlog-messages": "ReplicaKernelApp.iopub_backlog_messages",

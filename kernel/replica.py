@@ -117,6 +117,12 @@ class ReplicaKernel(IPythonKernel):
     restore_from_checkpoint = Bool(
         False, help="Rebuild the namespace from the store's checkpoint (all replicas were lost)."
     ).tag(config=True)
+    restored_from_survivor = Unicode(
+        "", help="With --restore-from-checkpoint: the checkpoint was written on the Global "
+        "Scheduler's request by this surviving replica of a group that had lost its quorum (it "
+        "holds every cell that replica applied), not the last one an executor wrote; the first "
+        "cell says so instead of announcing lost work.",
+    ).tag(config=True)
     cell_container = Bool(
         False, help="This replica is the container of one cell under a per-cell container policy "
         "(batch, lcp): restoring from the checkpoint is the plan, not a loss, so the first cell "
@@ -149,6 +155,7 @@ class ReplicaKernel(IPythonKernel):
         "add_replica_request",
         "remove_replica_request",
         "replica_status_request",
+        "write_checkpoint_request",
     ]
 
     @property
@@ -927,10 +934,18 @@ class ReplicaKernel(IPythonKernel):
                     parent=parent, ident=self._topic("stream"),
                 )
             return
-        text = (
-            "NotebookOS: every replica of this kernel was lost; the kernel was rebuilt from the "
-            f"checkpoint taken after cell [{restored_from}]. Work after that cell is lost.\n"
-        )
+        if self.restored_from_survivor:
+            text = (
+                "NotebookOS: the kernel's Raft group lost its quorum; it was rebuilt from the "
+                f"state {self.restored_from_survivor} held after cell [{restored_from}], the "
+                "last cell it applied.\n"
+            )
+        else:
+            text = (
+                "NotebookOS: every replica of this kernel was lost; the kernel was rebuilt from "
+                f"the checkpoint taken after cell [{restored_from}]. Work after that cell is "
+                "lost.\n"
+            )
         text += "".join(f"NotebookOS: {note}\n" for note in notes)
         self.session.send(
             self.iopub_socket, "stream", {"name": "stderr", "text": text},
@@ -1087,6 +1102,35 @@ class ReplicaKernel(IPythonKernel):
                              address)
             return False, "the membership change was rolled back by a new Raft leader"
         return True, ""
+
+    async def write_checkpoint_request(self, stream, ident, parent) -> None:
+        """Write a checkpoint of the state this replica holds, now, and answer with its cell
+        number. The Global Scheduler asks the freshest survivor of a group that can no longer
+        commit (lost quorum) before rebuilding the group from the store: the rebuilt group then
+        starts from every cell the survivor applied, not from the last checkpoint an executor
+        managed to write (a SIGKILL right after a cell leaves it behind; found by the notebook
+        corpus with a kill after every cell: cells since then came back as NameErrors)."""
+        content: dict[str, Any] = {"status": "ok", "replica_id": self.replica_id}
+        deadline = time.monotonic() + 30.0
+        while (self._behind() or self._diverged) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # earlier cells still being applied (a rare path)
+        with self.raft.lock:
+            count = self.raft.book.execution_count
+        if self._diverged or self._behind():
+            content.update(status="error", reason="this replica does not hold the committed "
+                           "state (" + ("diverged" if self._diverged else "still applying")
+                           + ")")
+        else:
+            try:
+                written = await asyncio.to_thread(self.sync.checkpoint_now, count)
+            except Exception as exc:  # noqa: BLE001 - the scheduler falls back to the store's
+                content.update(status="error", reason=f"{type(exc).__name__}: {exc}")
+            else:
+                # 0: the store's checkpoint is as recent as this replica's state, or more
+                content["checkpoint_count"] = written
+                self.log.info("checkpoint of cell %d on request: %s", count,
+                              "written" if written else "the store's is as recent")
+        self.session.send(stream, "write_checkpoint_reply", content, parent, ident=ident)
 
     async def replica_status_request(self, stream, ident, parent) -> None:
         with self.raft.lock:

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -272,6 +273,41 @@ class StateSync:
             timer.daemon = True
             self._checkpoint_timer = timer
         timer.start()
+
+    def checkpoint_now(self, execution_count: int, timeout_s: float = 60.0) -> int:
+        """Write a full checkpoint of the synced namespace labelled ``execution_count`` and
+        return once it is written (blocking: call it off the kernel's loop). For a replica that
+        holds a group's latest state when the group cannot commit any more (lost quorum): the
+        Global Scheduler rebuilds the group from it instead of from an older checkpoint.
+        Nothing is written when the store's checkpoint is as recent or more (an executor wrote
+        it before it died): returns 0 then, else ``execution_count``. Raises RuntimeError when
+        there is no store, TimeoutError when a background write does not end within
+        ``timeout_s``, and the store's error when the write fails."""
+        if self._encoder is None or self.store is None:
+            raise RuntimeError(f"no store to write a checkpoint to ({self.disabled_reason})")
+        from .sync_codec import stored_checkpoint_count
+
+        if stored_checkpoint_count(self.store, self._encoder.kernel_id) >= execution_count:
+            return 0
+        deadline = time.monotonic() + timeout_s
+        while True:  # the log has one writer at a time: wait for a background write to end
+            with self._checkpoint_lock:
+                if not self._checkpoint_running:
+                    self._checkpoint_running = True
+                    generation = self._generation
+                    break
+            if time.monotonic() >= deadline:
+                raise TimeoutError("a checkpoint being written did not finish")
+            time.sleep(0.01)
+        try:
+            self._checkpoints.write(self._state, execution_count)
+            with self._checkpoint_lock:
+                self._checkpoint_written = max(self._checkpoint_written, execution_count)
+                self._generation_written = max(self._generation_written, generation)
+        finally:
+            with self._checkpoint_lock:
+                self._checkpoint_running = False
+        return execution_count
 
     def _checkpoint_timer_fired(self) -> None:
         with self._checkpoint_lock:

@@ -80,7 +80,7 @@ from notebookos.kernel.shared_objects import (
     unit_types,
     untracked_type,
 )
-from notebookos.store.base import LargeObjectStore
+from notebookos.store.base import KeyNotFound, LargeObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -2031,6 +2031,20 @@ def _checkpoint_part(data: bytes) -> tuple[list[SyncEntry], int, str, list[str]]
         raise ValueError("malformed checkpoint: entries must be a list, execution_count an int")
     return ([SyncEntry.from_plain(e) for e in entries], count, str(plain.get("kernel_id")),
             _module_names(plain, "checkpoint"))
+
+
+def stored_checkpoint_count(store: LargeObjectStore, kernel_id: str) -> int:
+    """The cell number of the kernel's checkpoint in the store (0 when it has none): its
+    manifest alone is read, or the one record of the older format."""
+    try:
+        data = store.get(checkpoint_key(kernel_id))
+    except KeyNotFound:
+        return 0
+    if not bytes(data[:len(CHECKPOINT_MANIFEST_MAGIC)]) == CHECKPOINT_MANIFEST_MAGIC:
+        return _checkpoint_part(data)[1]
+    count = _load_plain(data, CHECKPOINT_MANIFEST_MAGIC, "checkpoint manifest").get(
+        "execution_count")
+    return count if isinstance(count, int) else 0
 
 
 def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:

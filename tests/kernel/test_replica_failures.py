@@ -221,3 +221,39 @@ def test_training_state_and_seeds_survive_the_executors_death(group: ReplicaGrou
     expected = (f"[1.0, 1.0, 1.0] [2.0, 2.0, 2.0]\n"
                 f"{np.random.rand(2).tolist()} {plain_random.random()} {torch.rand(2).tolist()}\n")
     assert result.stdout() == expected
+
+
+def test_a_survivor_writes_its_state_as_the_checkpoint_to_rebuild_from(tmp_path: Path):
+    """The Global Scheduler rebuilds a group that lost its quorum from the store's checkpoint;
+    the executor's last one may lag (a SIGKILL right after a cell: the notebook corpus lost the
+    cells since then). First the freshest survivor writes what it applied
+    (``write_checkpoint_request``). Here the executor writes its checkpoints to a store of its
+    own, so the shared one holds only what the survivor writes."""
+    shared = f"file://{tmp_path}/shared"
+    first = ReplicaGroup(tmp_path / "a", store_url=shared,
+                         store_urls={1: f"file://{tmp_path}/executors-own"})
+    try:
+        first.start()
+        first.execute("note = 'kept'\nitems = [1, 2]", target=1)
+        last = first.execute("items.append(3)\nnote += '!'", target=1)
+        count = last.executor_reply()["content"]["execution_count"]
+        first.wait_status(lambda s: s[2]["execution_count"] == count and s[2]["caught_up"])
+        first.kill(1)
+        first.kill(3)
+        reply = first.control(2, "write_checkpoint_request", {}, timeout=60)["content"]
+        assert reply["status"] == "ok" and reply["checkpoint_count"] == count, reply
+        again = first.control(2, "write_checkpoint_request", {}, timeout=60)["content"]
+        assert again["checkpoint_count"] == 0, again  # the store's is as recent: not rewritten
+    finally:
+        first.stop()
+    second = ReplicaGroup(tmp_path / "b", store_url=shared, kernel_id=first.kernel_id,
+                          key=first.key)
+    try:
+        second.start("--restore-from-checkpoint", "--restored-from-survivor=replica 2")
+        result = second.execute("print(note, items)", target=3)
+        assert result.stdout() == "kept! [1, 2, 3]\n", result.summary()
+        assert f"the state replica 2 held after cell [{count}]" in result.stderr()
+        assert "lost." not in result.stderr()
+        assert result.executor_reply()["content"]["execution_count"] == count + 1
+    finally:
+        second.stop()
