@@ -22,7 +22,8 @@ carries (a figure's bytes are not compared). Before comparing:
   failover or rebuild notice is reported, not compared;
 - the rules the manifest names for a cell (by its index among the notebook's code cells):
   ``numbers`` (the cell shows unseeded randomness: every number becomes ``#``, runs of blanks
-  one blank, since column padding follows the numbers), ``set-order``
+  and line breaks one blank, none inside brackets, since column padding and line wrapping
+  follow the numbers), ``set-order``
   (an ``execute_result`` that is a set or dict of strings: its items sorted, since their order
   follows the process's string hash seed), ``timing`` (every duration ``<number> <unit>`` becomes
   ``<t>``, for a notebook that times itself).
@@ -287,8 +288,10 @@ def _clean(text: str, rules: tuple[str, ...]) -> str:
     text = TIMING_LINE.sub("<timing>", text)
     if "timing" in rules:
         text = DURATION.sub("<t>", text)
-    if "numbers" in rules:  # digit grouping and column padding follow the numbers too
-        text = re.sub(r"[ \t]+", " ", re.sub(r"#(?:,#)+", "#", NUMBER.sub("#", text)))
+    if "numbers" in rules:  # digit grouping, column padding and line wrapping (torch wraps
+        # a tensor's rows by the width of its numbers) follow the numbers too
+        text = re.sub(r"\s+", " ", re.sub(r"#(?:,#)+", "#", NUMBER.sub("#", text)))
+        text = re.sub(r"([\[(]) | ([\])])", r"\1\2", text)
     return text
 
 
