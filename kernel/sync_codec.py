@@ -689,6 +689,9 @@ class _ValuePickler(cloudpickle.CloudPickler):
         if isinstance(obj, type) and not cloudpickle_internals._should_pickle_by_reference(obj):
             self._skip_class_members(obj)
         if self._tensor_type is not None and isinstance(obj, self._tensor_type):
+            root = self._view_roots.get(id(obj)) if self._view_roots else None
+            if root is not None:  # a tensor over a numpy array's memory (torch.from_numpy)
+                return (_tensor_over_array, _view_arguments(obj.numpy(), root))
             token = self._on_tensor(obj)  # type: ignore[misc]
             if obj.is_leaf and obj.requires_grad:
                 # its gradient is part of its state (``W.grad`` after ``backward()``)
@@ -1532,28 +1535,63 @@ def _array_root(array: Any) -> Any:
 
 
 def _shared_array_memory(namespace: Mapping[str, Any]) -> tuple[dict[int, Any], dict[str, Any]]:
-    """Arrays whose memory several names' arrays share (``x2_sub = x2[:2, :2]``: a write through
-    one shows in the other), as (id -> that array, name -> the array its value views). A
-    standby keeps them views of one array (``_array_view``) instead of a copy per name, so a
-    write through one, on whichever replica runs the next cell, shows in the other. Only plain
-    C-contiguous arrays at the root (a view of one is rebuilt on its buffer)."""
+    """Arrays whose memory several names' arrays or tensors share (``x2_sub = x2[:2, :2]``,
+    ``t = torch.from_numpy(x2)``: a write through one shows in the other), as (id -> that
+    array, name -> the array its value views). A standby keeps them views of one array
+    (``_array_view``, ``_tensor_over_array``) instead of a copy per name, so a write through
+    one, on whichever replica runs the next cell, shows in the other. Only plain C-contiguous
+    arrays at the root (a view of one is rebuilt on its buffer). A tensor over such an array
+    is in the first map too, by its own id, with the array it lies in."""
     numpy = sys.modules.get("numpy")
     if numpy is None:
         return {}, {}
     groups: dict[int, list[str]] = {}
     roots: dict[int, Any] = {}
+    tensors: dict[str, Any] = {}
+    torch = _torch()
     for name, value in namespace.items():
-        if type(value) is not numpy.ndarray or is_internal_name(name) or value.dtype.hasobject:
+        if is_internal_name(name):
+            continue
+        if torch is not None and type(value) is torch.Tensor:
+            tensors[name] = value
+            continue
+        if type(value) is not numpy.ndarray or value.dtype.hasobject:
             continue
         root = _array_root(value)
         if not root.flags.c_contiguous:
             continue
         roots[id(root)] = root
         groups.setdefault(id(root), []).append(name)
+    over: dict[int, Any] = {}  # id(tensor) -> the root array whose memory it lies in
+    if tensors and roots:
+        spans = [(root.__array_interface__["data"][0], root.nbytes, key)
+                 for key, root in roots.items()]
+        for name, tensor in tensors.items():
+            key = _array_holding(tensor, spans)
+            if key is not None:
+                over[id(tensor)] = roots[key]
+                groups[key].append(name)
     shared = {key: roots[key] for key, names in groups.items() if len(names) > 1}
     members = {name: shared[key] for key, names in groups.items() if key in shared
                for name in names}
+    shared.update(over)
     return shared, members
+
+
+def _array_holding(tensor: Any, spans: list[tuple[int, int, int]]) -> int | None:
+    """The key of the span (start, size, key) a CPU tensor's elements lie in, if any (a tensor
+    made by ``torch.from_numpy`` or over an array's buffer); None for any other tensor."""
+    if (tensor.device.type != "cpu" or tensor.requires_grad or tensor.is_sparse
+            or tensor.is_quantized or tensor.dtype.is_complex or tensor.numel() == 0):
+        return None
+    try:
+        start = tensor.numpy().__array_interface__["data"][0]
+    except (RuntimeError, TypeError):  # a dtype numpy has not (bfloat16), a conjugate view
+        return None
+    for begin, size, key in spans:
+        if begin <= start < begin + size:
+            return key
+    return None
 
 
 def _view_arguments(view: Any, root: Any) -> tuple:
@@ -1570,6 +1608,14 @@ def _array_view(root: Any, offset: int, shape: tuple, strides: tuple, dtype: Any
     if not writeable:
         view.flags.writeable = False
     return view
+
+
+def _tensor_over_array(root: Any, offset: int, shape: tuple, strides: tuple, dtype: Any,
+                       writeable: bool = True) -> Any:
+    """A tensor over ``root``'s memory (``torch.from_numpy``), as the executor's namespace
+    holds one: a write through the array shows in the tensor, and the other way round."""
+    torch = _torch() or importlib.import_module("torch")
+    return torch.from_numpy(_array_view(root, offset, shape, strides, dtype, True))
 
 
 def _code_globals(code: types.CodeType) -> set[str]:

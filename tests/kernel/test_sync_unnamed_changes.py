@@ -233,3 +233,28 @@ def test_a_bounded_cache_travels_empty(pair: Pair) -> None:
     """)
     square = pair.standby["square"]
     assert square.cache_info().currsize == 0 and square(3) == 9
+
+
+@pytest.mark.usefixtures("torch_installed")
+def test_a_tensor_over_an_arrays_memory_stays_over_it_on_the_standby(pair: Pair) -> None:
+    """Found by the notebook corpus with a kill after every cell (LLMs-from-scratch appendix A,
+    "changes because of memory sharing"): ``t = torch.from_numpy(a)``, the executor killed,
+    ``a[0, 0, 0] = 999`` on the new executor, and ``t`` still printed 1 there: the standby had
+    made the tensor a copy. It is now a tensor over the standby's array, as on the executor."""
+    pair.run("""
+        import numpy as np, torch
+        ary3d = np.array([[[1, 2], [3, 4]], [[5, 6], [7, 8]]])
+        tensor3d_3 = torch.from_numpy(ary3d)
+        tail = torch.from_numpy(ary3d[1])
+        alone = torch.arange(4)
+    """)
+    ary, tensor, tail = (pair.standby[n] for n in ("ary3d", "tensor3d_3", "tail"))
+    assert np.shares_memory(ary, tensor.numpy()) and np.shares_memory(ary, tail.numpy())
+    ary[0, 0, 0] = 999  # as the next cell on this replica would, were it the executor now
+    ary[1, 1, 1] = 77
+    assert int(tensor[0, 0, 0]) == 999 and int(tail[1, 1]) == 77
+    pair.run("tensor3d_3[0, 1, 0] = -5")  # and a write through the tensor on the executor
+    assert int(pair.standby["ary3d"][0, 1, 0]) == -5
+    assert int(pair.standby["tensor3d_3"][0, 1, 0]) == -5
+    assert np.shares_memory(pair.standby["ary3d"], pair.standby["tensor3d_3"].numpy())
+    assert pair.standby["alone"].tolist() == [0, 1, 2, 3]
