@@ -312,7 +312,7 @@ class ExecutionMixin(SharingMixin):
                 "a replica of the kernel is moving" if self.migration_running(entry.kernel_id)
                 else "")
         sharing = (self._sharing_view(entry, kernel)
-                   if profile.shares and self._may_share(entry) and not share_refused else None)
+                   if profile.shares and not share_refused else None)
         snapshot = Snapshot(self.cluster, dict(refused), change, sharing, share_refused)
         result = run_cycle(snapshot, kernel, request, profile)
         log.debug("kernel %s: cycle %s %s replica %s on %s (%s)", kernel.kernel_id,
