@@ -391,3 +391,23 @@ def test_decision_equality_fails_when_a_side_stops_calling_the_cycle(monkeypatch
                         lambda self, ctx: CycleResult(Status.WAIT, ctx.why, order=ctx.order))
     sim_result, _ = _sim_decides(record, "notebookos")
     assert sim_result.decision() != record.result.decision()
+
+
+def test_the_configuration_builds_the_profile_and_configures_its_plugins(tmp_path):
+    from notebookos.config import ConfigError, load_config
+    from notebookos.policies.profile import profile_from_config, profile_spec
+
+    config = load_config(env={"NOTEBOOKOS_STATE_DIR": str(tmp_path)}, overrides={
+        "global_scheduler.cell_order": "qssf", "global_scheduler.gpu_sharing": "tensorshare",
+        "global_scheduler.gpu_sharing_predictor": "blind",
+        "global_scheduler.plugin_config": '{"policy": {"candidate_limit": 7}, '
+                                          '"queue_sort": {"default_s": 5.0}}'})
+    spec = profile_spec(config)
+    assert spec["post_filter"] == ["share", "migrate"] and spec["queue_sort"] == "qssf"
+    profile = profile_from_config(config)
+    assert profile.policy.candidate_limit == 7  # the section, on top of the settings' own
+    assert profile.policy.scale_factor == config.global_scheduler.scaling_factor
+    assert profile.queue_sort.default_s == 5.0 and profile.shares
+    with pytest.raises(ConfigError):
+        load_config(env={"NOTEBOOKOS_STATE_DIR": str(tmp_path)},
+                    overrides={"global_scheduler.plugin_config": '{"filter": {}}'})

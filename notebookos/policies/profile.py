@@ -28,6 +28,7 @@ group and is named in a profile like a built-in one.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -175,11 +176,12 @@ def profile_spec(config: Config, *, extra: Mapping[str, Any] | None = None) -> d
     if gs.scaling == "ces":
         sections["scale"] = {"check_interval_s": gs.ces_check_interval_s, "day_s": gs.ces_day_s,
                              "wake_buffer": gs.scaling_buffer_hosts, "min_hosts": gs.min_hosts}
-    for key, section in (extra or {}).items():
+    configured = json.loads(gs.plugin_config) if gs.plugin_config else {}
+    for key, section in [*configured.items(), *(extra or {}).items()]:
         if key == "post_filter":
             sections["post_filter"].update({k: dict(v) for k, v in section.items()})
         else:
-            sections[key] = dict(section)
+            sections[key] = {**sections.get(key, {}), **section}
     return {"policy": config.cluster.policy, "queue_sort": gs.cell_order, "post_filter": post,
             "scale": gs.scaling, "config": sections}
 
