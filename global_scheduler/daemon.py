@@ -26,10 +26,9 @@ from notebookos.global_scheduler.registry_store import (
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.metrics import MetricsServer
 from notebookos.policies import get_policy
-from notebookos.policies.cell_order import cell_order_for
 from notebookos.policies.forecast_scaling import ForecastScaling
-from notebookos.policies.gpu_sharing import GpuSharing
 from notebookos.policies.live import policy_params
+from notebookos.policies.profile import profile_from_config
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.security import (
     JoinTokenInterceptor,
@@ -64,7 +63,10 @@ class GlobalSchedulerDaemon:
         ensure_cluster_credentials(config)
         interceptor = JoinTokenInterceptor(config)
         connect = connector(config)
-        self.policy = make_policy(config)
+        # The scheduling profile: a plug-in per extension point, each with its configuration
+        # section (notebookos/policies/profile.py); the cycle runs it (policies/cycle.py).
+        self.profile = profile_from_config(config)
+        self.policy = self.profile.policy
         self.service = GlobalSchedulerService(
             self.policy, make_store(config), ip=gs.host, store_url=config.store_url,
             replicas_per_kernel=(config.cluster.replicas_per_kernel
@@ -75,14 +77,15 @@ class GlobalSchedulerDaemon:
             start_timeout_s=gs.replica_start_timeout_s,
             cell_queue_timeout_s=gs.cell_queue_timeout_s,
             cell_checkpoint_timeout_s=gs.cell_checkpoint_timeout_s,
-            cell_order=cell_order_for(gs.cell_order),
+            cell_order=self.profile.queue_sort,
             replicas_wait_for_client_s=gs.replicas_wait_for_client_s,
             hibernate_after_s=gs.hibernate_after_s,
             connect=connect,
         )
         self.service.migration_retries = gs.migration_retries
-        if gs.gpu_sharing == "tensorshare":
-            sharing = self.service.gpu_sharing = GpuSharing(gs.gpu_sharing_predictor)
+        self.service.profile = self.profile
+        if self.profile.shares:
+            sharing = self.service.gpu_sharing
             log.info("GPU sharing on (tensorshare): %s predictor, test SMAPE %.1f%%",
                      sharing.predictor_name, getattr(sharing.predictor, "test_smape", 0.0))
         # mutual TLS; the Local Schedulers' methods also need the cluster join token
@@ -116,10 +119,8 @@ class GlobalSchedulerDaemon:
                     env=child_environment(config))
             else:
                 provider = StaticPoolProvider(self.service)
-            forecast = (ForecastScaling(check_interval_s=gs.ces_check_interval_s,
-                                        day_s=gs.ces_day_s, wake_buffer=gs.scaling_buffer_hosts,
-                                        min_hosts=gs.min_hosts)
-                        if gs.scaling == "ces" else None)
+            forecast = (self.profile.scale if isinstance(self.profile.scale, ForecastScaling)
+                        else None)
             self.autoscaler = Autoscaler(
                 self.service, provider, interval_s=gs.autoscale_interval_s,
                 gpus_per_host=max(1, config.local_scheduler.virtual_gpus),

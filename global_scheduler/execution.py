@@ -4,9 +4,12 @@ host links and kernel entries); the kernel fronts call these hooks on their own 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
@@ -16,9 +19,10 @@ from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.hibernation import ASLEEP
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
-from notebookos.global_scheduler.recovery import ONE_REPLICA_STAYS
 from notebookos.global_scheduler.sharing import SharingMixin
 from notebookos.policies.cell_order import WaitingCell
+from notebookos.policies.cycle import Action, CycleResult, Snapshot, Status, run_cycle
+from notebookos.policies.profile import Profile
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
@@ -31,6 +35,16 @@ REPLICA_WAIT_RECHECK_S = 1.0
 # A cell that wakes a hibernated notebook tries this many wakes before it fails.
 WAKE_ATTEMPTS = 3
 WITHDRAWN = "the cell was withdrawn while it waited (the kernel was interrupted)"
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """One decision the live scheduler took, with the snapshot it was taken on (a copy)."""
+
+    snapshot: Snapshot
+    kernel_id: str
+    request: ResourceSpec
+    result: CycleResult
 
 
 class ExecutionMixin(SharingMixin):
@@ -302,68 +316,115 @@ class ExecutionMixin(SharingMixin):
         if front is not None:
             front.cell_migrating(msg_id, why)
 
+    # -- the scheduling cycle (notebookos.policies.cycle), applied through the Local Schedulers
+
+    cycle_recorder: Callable[[CycleRecord], None] | None = None  # tests: every decision taken
+
+    @property
+    def profile(self) -> Profile:
+        """The scheduling profile the cycle runs: the daemon's (from the configuration), else
+        the policy's own with the service's GPU sharing."""
+        explicit = self.__dict__.get("_profile")
+        if explicit is not None:
+            return explicit
+        key = (id(self.policy), id(self.gpu_sharing))
+        cached = self.__dict__.get("_derived_profile")
+        if cached is None or cached[0] != key:
+            cached = (key, Profile.for_policy(self.policy, sharing=self.gpu_sharing))
+            self.__dict__["_derived_profile"] = cached
+        return cached[1]
+
+    @profile.setter
+    def profile(self, profile: Profile) -> None:
+        self.__dict__["_profile"] = profile
+        self.policy = profile.policy
+        self.gpu_sharing = profile.sharing
+
+    def _cycle(self, entry: KernelEntry, kernel, request: ResourceSpec,  # noqa: ANN001
+               refused: dict[int, str], share_refused: str) -> CycleResult:
+        """One scheduling cycle on the cluster model and what this scheduler knows beyond it
+        (hosts that refused, a replica change under way, who shares which device). Lock
+        held."""
+        profile = self.profile
+        change = ""
+        if self.policy.supports_migration:
+            change = self._short_of_replicas(entry) or (
+                "a replica of the kernel is moving" if self.migration_running(entry.kernel_id)
+                else "")
+        sharing = (self._sharing_view(entry, kernel)
+                   if profile.shares and not share_refused else None)
+        snapshot = Snapshot(self.cluster, dict(refused), change, sharing, share_refused)
+        result = run_cycle(snapshot, kernel, request, profile)
+        log.debug("kernel %s: cycle %s %s replica %s on %s (%s)", kernel.kernel_id,
+                  result.status, result.action, result.replica_id, result.host_id,
+                  result.reason)
+        if self.cycle_recorder is not None:
+            self.cycle_recorder(CycleRecord(copy.deepcopy(snapshot), kernel.kernel_id,
+                                            request, result))
+        return result
+
     def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec
                    ) -> tuple[tuple[int, list[int]] | None, str, bool]:
-        """One try: commit on a replica's host (the policy's executor first), else migrate a
-        replica to a host that can bind the GPUs now (when the policy migrates and a host can
-        take it) and commit there. Returns ((replica, device ids) or None, why not, whether a
-        migration was tried and failed). With GPU sharing on, a cell no host can give GPUs
-        exclusively may share a device with another kernel's cell (``_try_share``) before any
-        migration."""
-        with self.lock:
-            entry = self.kernels.get(kernel_id)
-            kernel = self.cluster.kernels.get(kernel_id)
-            if entry is None or kernel is None or entry.state == "stopping":
-                raise PlacementFailed(f"kernel {kernel_id} was stopped")
-            order = self._executor_order(kernel, request)
-            links = {rid: (entry.replicas[rid].host_id, self.hosts.get(entry.replicas[rid].host_id))
-                     for rid in order if rid in entry.replicas}
-            shareable = self._may_share(entry)
-        reasons = []
-        for rid in order:
-            host_id, link = links.get(rid, ("?", None))
-            if link is None:
-                continue
-            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus,
-                                                  shareable=shareable)
-            if device_ids is None:
-                log.debug("kernel %s: replica %d cannot run %s now: %s", kernel_id, rid,
-                          msg_id[:8], reason)
-                reasons.append(reason)
-                continue
+        """One try: run the scheduling cycle (``notebookos.policies.cycle``) and apply its
+        decision: commit on the replica's host it chose, share a device there, or migrate a
+        replica to a host that can bind the GPUs now and commit there. A host that refuses
+        what the model said it could take is told to the next cycle (``Snapshot.refused``),
+        which passes over it. Returns ((replica, device ids) or None, why not, whether a
+        migration was tried and failed)."""
+        refused: dict[int, str] = {}
+        share_refused = ""
+        for _ in range(64):  # each pass refuses a replica or the share plans: bounded
             with self.lock:
-                self._record_commit(entry, kernel, msg_id, rid, host_id, request, device_ids)
-            return (rid, device_ids), "", False
-        if not reasons:
-            return (None, "the kernel has no replica to run the cell (replacements are "
-                    "starting)", False)
-        placed, not_shared = self._try_share(kernel_id, msg_id, request, order, links)
-        if placed is not None:
-            return placed, "", False
-        why = f"every replica's host is busy ({'; '.join(reasons)}){not_shared}"
-        if not self.policy.supports_migration:
-            return None, why, False
-        with self.lock:
-            if len(entry.replicas) < 2:  # it waits for its own host's GPUs
-                return None, f"{why}; {ONE_REPLICA_STAYS}", False
-            # Another change of the kernel's replicas runs (a scale-in moving one, a lost one's
-            # replacement): the cell waits for it and tries again, no migration failed
-            short = self._short_of_replicas(entry)
-            if short or self.migration_running(kernel_id):
-                return None, (f"{why}; {short or 'a replica of the kernel is moving'}"), False
-            decision = self.policy.choose_migration(self.cluster, kernel, request)
-        if decision is None or decision.target_host_id is None or decision.replica_id is None:
-            if self.on_capacity_wanted is not None:
-                self.on_capacity_wanted(request.gpus)
-            reason = decision.reason if decision is not None else "no migration target"
-            return (None, f"{why}, and no host can take a replica of the kernel now ({reason})",
-                    False)
-        self._tell_migrating(kernel_id, msg_id, f"replica {decision.replica_id} moved to "
-                             f"{decision.target_host_id} to run the cell: {why}")
+                entry = self.kernels.get(kernel_id)
+                kernel = self.cluster.kernels.get(kernel_id)
+                if entry is None or kernel is None or entry.state == "stopping":
+                    raise PlacementFailed(f"kernel {kernel_id} was stopped")
+                result = self._cycle(entry, kernel, request, refused, share_refused)
+                shareable = self._may_share(entry)
+            if result.status is Status.ERROR \
+                    or result.status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE:
+                raise PlacementFailed(result.reason)
+            if result.status is Status.UNSCHEDULABLE:
+                if self.on_capacity_wanted is not None:
+                    self.on_capacity_wanted(request.gpus)
+                return None, result.reason, False
+            if result.status is Status.WAIT:
+                return None, result.reason, False
+            if result.action is Action.EXECUTE:
+                rid, host_id = result.replica_id, result.host_id
+                link = self.hosts.get(host_id)
+                device_ids, reason = (link.commit_gpus(kernel_id, rid, msg_id, request.gpus,
+                                                       shareable=shareable)
+                                      if link is not None else (None, f"host {host_id} is gone"))
+                if device_ids is None:
+                    log.debug("kernel %s: replica %d cannot run %s now: %s", kernel_id, rid,
+                              msg_id[:8], reason)
+                    refused[rid] = reason
+                    continue
+                with self.lock:
+                    self._record_commit(entry, kernel, msg_id, rid, host_id, request,
+                                        device_ids)
+                return (rid, device_ids), "", False
+            if result.action is Action.SHARE:
+                placed, not_shared = self._apply_share(kernel_id, msg_id, request, result)
+                if placed is not None:
+                    return placed, "", False
+                share_refused = not_shared or "; not shared: the hosts refused"
+                continue
+            return self._apply_migration(kernel_id, msg_id, request, result, shareable)
+        raise PlacementFailed(f"kernel {kernel_id}: the scheduling cycle did not settle")
+
+    def _apply_migration(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                         result: CycleResult, shareable: bool
+                         ) -> tuple[tuple[int, list[int]] | None, str, bool]:
+        """The cycle's post-filter moves ``result.replica_id`` to ``result.host_id``: migrate
+        it, then commit the cell's GPUs there."""
+        why = result.reason
+        self._tell_migrating(kernel_id, msg_id, f"replica {result.replica_id} moved to "
+                             f"{result.host_id} to run the cell: {why}")
         try:
-            rid, host_id = self.migrate_replica(kernel_id, decision.replica_id,
-                                                decision.target_host_id, request,
-                                                reason="contention")
+            rid, host_id = self.migrate_replica(kernel_id, result.replica_id, result.host_id,
+                                                request, reason="contention")
         except StartError as exc:
             if self.on_capacity_wanted is not None:
                 self.on_capacity_wanted(request.gpus)
@@ -398,19 +459,6 @@ class ExecutionMixin(SharingMixin):
         entry.executions[msg_id] = (rid, host_id)
         entry.last_cell_gpus[rid] = device_ids
         entry.gpu_commits[msg_id] = (time.monotonic(), len(device_ids))
-
-    def _executor_order(self, kernel, request: ResourceSpec) -> list[int]:  # noqa: ANN001
-        decision = self.policy.choose_executor(self.cluster, kernel, request)
-        log.debug("kernel %s: executor %s first (%s; last executor %s)", kernel.kernel_id,
-                  decision.replica_id, decision.reason, kernel.executor)
-        live = [r.replica_id for r in kernel.live_replicas()]
-
-        def idle(rid: int) -> int:
-            host = self.cluster.hosts.get(kernel.replicas[rid].host_id)
-            return host.idle_gpus if host is not None else -1
-
-        rest = sorted((r for r in live if r != decision.replica_id), key=idle, reverse=True)
-        return ([decision.replica_id] if decision.replica_id is not None else []) + rest
 
     def release_execute(self, kernel_id: str, msg_id: str) -> None:
         with self.lock:

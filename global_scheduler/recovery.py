@@ -15,14 +15,13 @@ from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.policies.cycle import ONE_REPLICA_STAYS
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
 
 MIGRATION_WAIT_S = 120.0  # how long a migration waits for the kernel's other membership change
-ONE_REPLICA_STAYS = ("a kernel of one replica cannot migrate: a new replica joins the others "
-                     "and takes their state, and it has no other (cluster.replicas_per_kernel)")
 
 RECOVERY_ATTEMPTS = 6  # a kernel with no replica left is declared failed after these
 RECOVERY_BACKOFF_MAX_S = 8.0

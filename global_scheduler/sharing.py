@@ -1,9 +1,12 @@
 """GPU sharing in the Global Scheduler (``global_scheduler.gpu_sharing = "tensorshare"``): when a
 cell's GPUs cannot be committed exclusively on any of its replicas' hosts, it may join a device
 one other kernel's cell holds, if ``notebookos.policies.gpu_sharing`` accepts the pair (both
-gpu_sla, predicted slowdowns; never three). Tried before migrating a replica: sharing moves
-nothing and, by the decision, keeps both cells within their SLA, where a migration costs a
-replica start and catch-up on a cell the user waits for.
+gpu_sla, predicted slowdowns; never three). The decision is the scheduling cycle's share
+post-filter (``notebookos.policies.cycle.SharePostFilter``, tried before ``migrate`` when the
+profile names it): sharing moves nothing and, by the decision, keeps both cells within their
+SLA, where a migration costs a replica start and catch-up on a cell the user waits for. This
+mixin gives the cycle its device view (``_sharing_view``) and applies a share decision
+(``_apply_share``).
 
 Accounting: the cluster model holds one commitment per device (``Host.commit``), so the first
 holder of a shared device is committed there as usual and the cell that joins it is kept here
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 from notebookos.cluster import AccountingError, replica_owner
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.policies.cycle import CycleResult, ReplicaDevices, SharingView
 from notebookos.policies.gpu_sharing import GpuSharing, SharingParty
 from notebookos.resources import ResourceSpec
 
@@ -87,40 +91,36 @@ class SharingMixin:
         return {d: owners for d, owners in self._device_holders(host_id).items()
                 if len(owners) >= 2}
 
-    def _try_share(self, kernel_id: str, msg_id: str, request: ResourceSpec, order: list[int],
-                   links: dict) -> tuple[tuple[int, list[int]] | None, str]:
-        """Every replica's host refused the cell's GPUs exclusively: join devices other cells
-        hold where the sharing decision accepts the pair. ((replica, device ids) or None, why
-        not: empty when sharing is off for this cell)."""
-        sharing = self.gpu_sharing
-        if sharing is None or request.gpus < 1:
-            return None, ""
-        plans = []
+    def _sharing_view(self, entry: KernelEntry, kernel) -> SharingView:  # noqa: ANN001
+        """What the share post-filter of the scheduling cycle reads: this kernel as a sharing
+        party and, for each replica's host, who holds which device and its GPU memory. Lock
+        held."""
+        replicas = {}
+        for rid, link_info in entry.replicas.items():
+            host_id = link_info.host_id
+            link = self.hosts.get(host_id)
+            if link is None:
+                continue
+            devices = {device_id: tuple(self._party(owner.rpartition("/")[0])
+                                        for owner in owners)
+                       for device_id, owners in self._device_holders(host_id).items()}
+            vram = {g["device_id"]: float(g.get("vram_gb", 0.0)) for g in link.gpus}
+            replicas[rid] = ReplicaDevices(host_id, devices, vram)
+        return SharingView(self._party(entry.kernel_id), replicas)
+
+    def _apply_share(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                     result: CycleResult) -> tuple[tuple[int, list[int]] | None, str]:
+        """The cycle decided the cell shares devices (``result.share``, best first): ask the
+        hosts, in that order. ((replica, device ids) or None, why the hosts refused)."""
         refused: list[str] = []
-        with self.lock:
-            entry = self.kernels.get(kernel_id)
-            if entry is None:
-                return None, ""
-            me = self._party(kernel_id)
-            if not me.shares:
-                return None, (f"; not shared: the kernel's gpu_sla is {me.gpu_sla:g} (it "
-                              "never shares a GPU)")
-            for rid in order:
-                host_id, link = links.get(rid, ("?", None))
-                if link is None:
-                    continue
-                devices = {}
-                for device_id, owners in self._device_holders(host_id).items():
-                    devices[device_id] = [self._party(owner.rpartition("/")[0])
-                                          for owner in owners]
-                vram = {g["device_id"]: float(g.get("vram_gb", 0.0)) for g in link.gpus}
-                ids, decisions, why = sharing.choose(me, devices, request.gpus, vram)
-                refused += [f"host {host_id} {w}" for w in why]
-                if ids:
-                    plans.append((rid, host_id, link, ids, decisions))
-        for rid, host_id, link, ids, decisions in plans:
+        for plan in result.share:
+            link = self.hosts.get(plan.host_id)
+            if link is None:
+                refused.append(f"host {plan.host_id} is gone")
+                continue
             device_ids, shared, reason = link.commit_gpus_shared(
-                kernel_id, rid, msg_id, request.gpus, share=True, preferred=ids)
+                kernel_id, plan.replica_id, msg_id, request.gpus, share=True,
+                preferred=list(plan.device_ids))
             if device_ids is None:
                 refused.append(reason)
                 continue
@@ -130,17 +130,16 @@ class SharingMixin:
                 if entry is None or kernel is None:
                     return None, ""  # stopped meanwhile; its replicas release what they hold
                 if shared:
-                    self._record_shared_commit(entry, kernel, msg_id, rid, host_id, device_ids)
+                    self._record_shared_commit(entry, kernel, msg_id, plan.replica_id,
+                                               plan.host_id, device_ids)
                 else:  # the devices came free meanwhile: an ordinary commitment
-                    self._record_commit(entry, kernel, msg_id, rid, host_id, request,
-                                        device_ids)
+                    self._record_commit(entry, kernel, msg_id, plan.replica_id, plan.host_id,
+                                        request, device_ids)
             if shared:
                 log.info("kernel %s: cell %s shares GPU(s) %s on %s (%s)", kernel_id,
-                         msg_id[:8], shared, host_id, "; ".join(d.reason for d in decisions))
-            return (rid, device_ids), ""
-        if not refused:
-            return None, ""
-        return None, f"; not shared: {'; '.join(refused)}"
+                         msg_id[:8], shared, plan.host_id, "; ".join(plan.reasons))
+            return (plan.replica_id, device_ids), ""
+        return None, f"; not shared: {'; '.join(refused)}" if refused else ""
 
     def _record_shared_commit(self, entry: KernelEntry, kernel, msg_id: str,  # noqa: ANN001
                               rid: int, host_id: str, device_ids: list[int]) -> None:

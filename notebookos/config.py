@@ -13,6 +13,7 @@ setting, the value, where it came from, and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -77,6 +78,20 @@ def _policy_name(value: str) -> str | None:
         return None if value else "a policy name"
     names = available_policies()
     return None if value in names else f"one of {', '.join(sorted(names))}"
+
+
+def _plugin_config(value: str) -> str | None:
+    if value == "":
+        return None
+    try:
+        doc = json.loads(value)
+    except ValueError as exc:
+        return f"a JSON object ({exc})"
+    allowed = {"policy", "queue_sort", "post_filter", "scale"}
+    if not isinstance(doc, dict) or set(doc) - allowed or not all(
+            isinstance(v, dict) for v in doc.values()):
+        return f"a JSON object whose keys are among {sorted(allowed)}, each an object"
+    return None
 
 
 def setting(
@@ -178,6 +193,13 @@ class GlobalSchedulerSettings:
         "workload get the slowdown measured on an H100 (1.72, docs/evaluation.md).",
         lambda v: None if v in ("auto", "mlp", "ridge", "oracle", "blind") else
         "auto, mlp, ridge, oracle or blind")
+    plugin_config: str = setting(
+        "", "Configuration sections for the scheduling profile's plug-ins (issue 35, "
+        "notebookos/policies/profile.py), as a JSON object: `policy` (keyword arguments of "
+        "cluster.policy, on top of the settings' own: how a policy from an entry point gets "
+        "its configuration), `queue_sort` (of cell_order's order), `scale` (of scaling's) and "
+        "`post_filter` (one object per post-filter by name, e.g. {\"share\": {\"predictor\": "
+        "\"ridge\"}}). Empty: the settings' own.", _plugin_config)
     autoscale: bool = setting(True, "Scale hosts out and in automatically.")
     autoscale_interval_s: float = setting(15.0, "Seconds between autoscaler runs.", _at_least(0.1))
     scaling_factor: float = setting(

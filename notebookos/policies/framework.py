@@ -3,17 +3,33 @@
 Modelled on the Kubernetes scheduling framework: a scheduling decision goes through a fixed
 sequence of small, optional *extension points*, and a policy implements only the points it
 needs; the base class (``notebookos.policies.base.Policy``) has a working default for each.
-The simulator and the live Global Scheduler call the same points.
 
-| extension point | Policy method / attribute | called when |
-|---|---|---|
-| queue ordering | ``priority_key(job, now)`` | a request or job joins a wait queue |
-| filter | ``host_acceptable(cluster, host, request)`` | may this host take a new replica/container |
-| score | ``candidate_hosts(cluster, request)`` (ordered walk) and ``score(cluster, host, request)`` (optional re-rank of the bounded walk) | which acceptable host is best |
-| reserve / unreserve | ``binding``: a ``GpuBindingStrategy`` | binding and releasing GPUs (per cell, or for the session) |
-| post-filter | ``post_filter(cluster, kernel, request)`` | nothing can run the request now: migrate, preempt or wait |
-| scaling | ``scaling(view)``, ``target_hosts(view)``, ``observe(cluster)`` | every autoscaler interval |
-| container lifetime | ``lifetime``: a ``ContainerLifetimeStrategy`` | how long a container lives (the session, or one cell) |
+The simulator and the live Global Scheduler run the same *cycle*: ``notebookos.policies.cycle.
+run_cycle(snapshot, kernel, request, profile)`` is the one function both call for a cell on a
+long-running kernel (``global_scheduler/execution.py``'s ``_try_place``, the simulator's
+``session_modes.ReplicatedKernels.try_run``); it returns a ``CycleResult`` whose status is
+``SUCCESS`` (with the action: execute, migrate or share), ``UNSCHEDULABLE`` (more capacity would
+help), ``UNSCHEDULABLE_AND_UNRESOLVABLE`` (no host could ever run it), ``WAIT`` (it waits for
+GPUs on its own hosts or a replica change) or ``ERROR`` (a plug-in failed). Each caller applies
+the decision through its own mechanism (commit RPCs / simulated books).
+
+A *profile* (``notebookos.policies.profile.Profile``) names the plug-in of each point, each found
+through an entry-point group and built with its own configuration section:
+
+| extension point | plug-in (profile key; entry-point group) | Policy method / attribute | called when |
+|---|---|---|---|
+| queue sort | ``queue_sort``; ``notebookos.queue_sort`` (a ``CellOrder``) | job policies: ``priority_key(job, now)`` | a request joins a wait queue (outside the cycle: it says whose turn it is) |
+| filter | ``policy``; ``notebookos.policies`` | ``host_acceptable(cluster, host, request)``, ``choose_executor`` | may this host take a new replica/container; which replica's host can run the request now |
+| score | ``policy`` | ``candidate_hosts(cluster, request)`` (ordered walk) and ``score(cluster, host, request)`` (optional re-rank of the bounded walk); ``choose_executor`` (the executor first) | which acceptable host / replica is best |
+| reserve / unreserve | ``reserve``: ``policy`` (its ``binding``, a ``GpuBindingStrategy``) | ``binding`` | binding and releasing GPUs (per cell, or for the session) |
+| post-filter | ``post_filter`` (a list, in order); ``notebookos.post_filter``: ``share`` (TensorShare's sharing), ``migrate`` (``post_filter(cluster, kernel, request)``) | ``post_filter``, ``choose_migration`` | nothing can run the request now: share, migrate, or wait |
+| scaling | ``scale``; ``notebookos.scale``: ``policy``, ``ces`` | ``scaling(view)``, ``target_hosts(view)``, ``observe(cluster)`` | every autoscaler interval |
+| container lifetime | (the policy) | ``lifetime``: a ``ContainerLifetimeStrategy`` | how long a container lives (the session, or one cell) |
+
+A new plug-in: a class in a package's entry-point group (``notebookos.post_filter``: subclass
+``notebookos.policies.cycle.PostFilter``; ``notebookos.queue_sort``: a ``CellOrder``;
+``notebookos.policies``: a ``Policy``), named in a profile, its keyword arguments in the
+profile's ``config`` section for that point (see ``profile``).
 
 The two modes that used to be branched on in the engines (``per_cell`` containers and
 ``session`` GPU binding) are the strategy objects below: the engines ask the policy's

@@ -4,9 +4,10 @@ The policy's ``lifetime`` (``ContainerLifetimeStrategy``) and ``binding`` (``Gpu
 pick one of three mechanisms; the engine (``sessionsim.SessionSimulator``) calls the mode and never
 tests the policy's name or flags:
 
-- ``ReplicatedKernels``: long-running replicas placed at session start, GPUs bound per cell on the
-  executor the policy picks, the post-filter (migration) when no replica's host can bind
-  (``notebookos``);
+- ``ReplicatedKernels``: long-running replicas placed at session start, GPUs bound per cell as the
+  scheduling cycle decides (``notebookos.policies.cycle.run_cycle``, the one the live Global
+  Scheduler runs: the executor the policy picks, the post-filter (migration) when no replica's
+  host can bind) (``notebookos``);
 - ``ReservedKernels``: long-running containers whose GPUs are bound at placement for the session
   (``reservation``);
 - ``CellContainers``: a container per cell, placed when the cell is sent (``batch``: cold start and
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from notebookos.policies.framework import PostFilterAction
+from notebookos.policies.cycle import Action, CycleResult, Snapshot, Status, run_cycle
+from notebookos.policies.profile import Profile
 
 if TYPE_CHECKING:
     from notebookos.simulator.sessionsim import SessionSimulator, _Run, _Sess
@@ -32,6 +34,7 @@ class KernelMode:
         self.binding = sim.policy.binding
         self.lifetime = sim.policy.lifetime
         self.config = sim.config
+        self.profile = getattr(sim, "profile", None) or Profile.for_policy(sim.policy)
 
     def pool_size(self) -> int:
         return self.lifetime.pool_size(self.config.prewarm_per_host)
@@ -107,13 +110,19 @@ class SessionKernels(KernelMode):
 class ReplicatedKernels(SessionKernels):
     """GPUs bound per cell on the executor replica; migration when no replica's host can bind."""
 
+    def decide(self, sess: _Sess, run: _Run) -> CycleResult:
+        """The scheduling cycle on the simulated cluster (no device view: nothing to share)."""
+        return run_cycle(Snapshot(self.sim.cluster), sess.kernel, run.task.request, self.profile)
+
     def try_run(self, sess: _Sess, run: _Run, now: float) -> bool:
         sim = self.sim
         kernel = sess.kernel
         request = run.task.request
-        decision = self.policy.choose_executor(sim.cluster, kernel, request)
-        if not decision.migrate:
-            replica = kernel.replicas[decision.replica_id]
+        result = self.decide(sess, run)
+        if result.status is Status.ERROR:
+            raise RuntimeError(f"kernel {kernel.kernel_id}: {result.reason}")
+        if result.status is Status.SUCCESS and result.action is Action.EXECUTE:
+            replica = kernel.replicas[result.replica_id]
             host = sim.cluster.hosts[replica.host_id]
             sess.queue.popleft()
             sim._books(now)
@@ -127,11 +136,12 @@ class ReplicatedKernels(SessionKernels):
                 run.rec.reused_executor = sess.last_exec == (replica.replica_id, host.host_id)
             sim._start(sess, run, now)
             return True
-        post = self.policy.post_filter(sim.cluster, kernel, request)
-        if post.action is not PostFilterAction.MIGRATE:
+        if result.status is not Status.SUCCESS or result.action is not Action.MIGRATE:
+            # unschedulable (for now or for good), waiting; a share decision needs a device
+            # view the simulated cluster does not give, so it never comes here
             sim._enter_wait(sess, run.task.gpus, 0, now)
             return False
-        migration = post.migration
+        migration = result.migration
         sess.queue.popleft()
         sim._books(now)
         rid = migration.replica_id

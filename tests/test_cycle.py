@@ -1,0 +1,413 @@
+"""One scheduling cycle (notebookos/policies/cycle.py) and its profile (policies/profile.py),
+issue 35: the status codes, the profile's plug-ins from entry points with their configuration
+sections, and the decision-equality test: one recorded sequence of requests, with the cluster
+snapshots the live Global Scheduler saw, gives the same decisions through the simulator's path.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import textwrap
+import threading
+import tomllib
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from notebookos.cluster import Cluster, Host
+from notebookos.global_scheduler import execution
+from notebookos.global_scheduler.execution import CycleRecord, ExecutionMixin
+from notebookos.global_scheduler.front import PlacementFailed, ReplicaEndpoint
+from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+from notebookos.policies import cycle as cycle_module
+from notebookos.policies import get_policy
+from notebookos.policies import profile as profile_module
+from notebookos.policies.cell_order import UserFairness
+from notebookos.policies.cycle import (
+    ONE_REPLICA_STAYS,
+    Action,
+    CycleResult,
+    PostFilter,
+    Snapshot,
+    Status,
+    run_cycle,
+)
+from notebookos.policies.profile import Profile, load_plugin
+from notebookos.resources import ResourceSpec
+from notebookos.simulator import session_modes
+from notebookos.simulator.session_modes import ReplicatedKernels
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = ResourceSpec(64000, 512000, 2, 160.0)  # two GPUs a host
+
+
+def _cluster(hosts: int, kernels: dict[str, tuple[int, list[str]]]) -> Cluster:
+    """``hosts`` hosts of two GPUs; each kernel: (its GPUs, its replicas' hosts)."""
+    cluster = Cluster()
+    for i in range(hosts):
+        cluster.add_host(Host(f"h{i}", HOST, oversubscription=8.0))
+    for kernel_id, (gpus, where) in kernels.items():
+        cluster.add_kernel(kernel_id, ResourceSpec(1000, 1000, gpus, 0.0))
+        for rid, host_id in enumerate(where, start=1):
+            cluster.place_replica(kernel_id, rid, host_id)
+    return cluster
+
+
+def _hog(cluster: Cluster, host_id: str, gpus: int) -> None:
+    cluster.hosts[host_id].commit(f"hog-{host_id}", ResourceSpec(gpus=gpus))
+
+
+def _gpus(n: int) -> ResourceSpec:
+    return ResourceSpec(100, 100, n, 0.0)
+
+
+# -- the status codes ---------------------------------------------------------------------------
+
+
+def test_success_runs_on_the_policys_executor_then_the_most_idle_host():
+    cluster = _cluster(3, {"k": (1, ["h0", "h1", "h2"])})
+    _hog(cluster, "h0", 2)
+    _hog(cluster, "h2", 1)
+    result = run_cycle(Snapshot(cluster), cluster.kernels["k"], _gpus(1),
+                       Profile.for_policy(get_policy("notebookos")))
+    assert (result.status, result.action, result.replica_id, result.host_id) == (
+        Status.SUCCESS, Action.EXECUTE, 2, "h1")
+    assert result.order[0] == 2
+    # a host that refused (the live scheduler's commit RPC) is passed over: the next fits
+    result = run_cycle(Snapshot(cluster, refused={2: "held"}), cluster.kernels["k"], _gpus(1),
+                       Profile.for_policy(get_policy("notebookos")))
+    assert (result.status, result.replica_id, result.host_id) == (Status.SUCCESS, 3, "h2")
+
+
+def test_post_filter_migrates_or_is_unschedulable_or_waits():
+    notebookos = Profile.for_policy(get_policy("notebookos"))
+    cluster = _cluster(4, {"k": (2, ["h0", "h1", "h2"])})
+    for h in ("h0", "h1", "h2"):
+        _hog(cluster, h, 1)
+    kernel = cluster.kernels["k"]
+    result = run_cycle(Snapshot(cluster), kernel, _gpus(2), notebookos)
+    assert (result.status, result.action, result.host_id) == (Status.SUCCESS, Action.MIGRATE, "h3")
+    assert result.migration.target_host_id == "h3" and "busy" in result.reason
+    # a replica change under way: wait for it, no migration
+    result = run_cycle(Snapshot(cluster, replica_change="a replica is moving"), kernel, _gpus(2),
+                       notebookos)
+    assert result.status is Status.WAIT and "a replica is moving" in result.reason
+    # no host can take a replica: unschedulable (more capacity would help)
+    _hog(cluster, "h3", 1)
+    result = run_cycle(Snapshot(cluster), kernel, _gpus(2), notebookos)
+    assert result.status is Status.UNSCHEDULABLE and "no host can take" in result.reason
+    assert result.migration is not None and result.migration.target_host_id is None
+    # a policy that does not migrate waits for its own hosts
+    result = run_cycle(Snapshot(cluster), kernel, _gpus(2),
+                       Profile.for_policy(get_policy("reservation")))
+    assert result.status is Status.WAIT and result.migration is None
+    # more GPUs than any host has: unresolvable
+    result = run_cycle(Snapshot(cluster), kernel, _gpus(3), notebookos)
+    assert result.status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert "no host of the cluster has more than 2" in result.reason
+
+
+def test_one_replica_waits_and_no_replica_waits_and_a_failing_plugin_is_an_error():
+    notebookos = Profile.for_policy(get_policy("notebookos"))
+    cluster = _cluster(2, {"one": (2, ["h0"]), "none": (1, [])})
+    _hog(cluster, "h0", 1)
+    result = run_cycle(Snapshot(cluster), cluster.kernels["one"], _gpus(2), notebookos)
+    assert result.status is Status.WAIT and ONE_REPLICA_STAYS in result.reason
+    result = run_cycle(Snapshot(cluster), cluster.kernels["none"], _gpus(1), notebookos)
+    assert result.status is Status.WAIT and "no replica" in result.reason
+    assert run_cycle(Snapshot(cluster), None, _gpus(1), notebookos).status is Status.ERROR
+
+    class Broken(PostFilter):
+        name = "broken"
+
+        def post_filter(self, ctx):  # noqa: ANN001, ANN201
+            raise RuntimeError("boom")
+
+    broken = Profile(notebookos.policy, post_filters=(Broken(),))
+    result = run_cycle(Snapshot(cluster), cluster.kernels["one"], _gpus(2), broken)
+    assert result.status is Status.ERROR and "boom" in result.reason
+
+
+# -- the profile ------------------------------------------------------------------------------
+
+
+def test_builtin_plugin_tables_mirror_the_entry_points_in_pyproject():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    for group, table in profile_module.BUILTIN.items():
+        assert declared[group] == table, group
+
+
+def test_a_profile_gives_each_plugin_its_own_configuration_section():
+    profile = Profile.load({
+        "policy": "notebookos", "queue_sort": "themis", "post_filter": ["migrate"],
+        "scale": "ces",
+        "config": {"policy": {"scale_factor": 1.5}, "queue_sort": {"half_life_s": 42.0},
+                   "scale": {"check_interval_s": 60.0}}})
+    assert profile.policy.scale_factor == 1.5
+    assert isinstance(profile.queue_sort, UserFairness) and profile.queue_sort.half_life_s == 42.0
+    assert profile.scale.check_interval_s == 60.0
+    assert [p.name for p in profile.post_filters] == ["migrate"] and not profile.shares
+    with pytest.raises(ValueError, match="bad configuration"):
+        Profile.load({"queue_sort": "arrival", "config": {"queue_sort": {"nope": 1}}})
+    with pytest.raises(ValueError, match="unknown notebookos.post_filter plug-in"):
+        Profile.load({"post_filter": ["preempt"]})
+
+
+@pytest.fixture
+def post_filter_plugin(tmp_path, monkeypatch):
+    """A distribution that is not NotebookOS adds a post-filter through the entry-point group."""
+    package = tmp_path / "nbos_cycle_demo"
+    package.mkdir()
+    (package / "__init__.py").write_text(textwrap.dedent('''
+        from notebookos.policies.cycle import CycleResult, PostFilter, Status
+
+        class Patience(PostFilter):
+            name = "patience"
+
+            def __init__(self, note: str = "") -> None:
+                self.note = note
+
+            def post_filter(self, ctx):
+                return CycleResult(Status.WAIT, f"{ctx.why}; {self.note}", order=ctx.order)
+    '''))
+    dist = tmp_path / "nbos_cycle_demo-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nbos-cycle-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[notebookos.post_filter]\npatience = nbos_cycle_demo:Patience\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("nbos_cycle_demo", None)
+
+
+def test_an_entry_point_plugin_is_found_and_configured(post_filter_plugin):
+    assert "patience" in profile_module.plugin_names(profile_module.POST_FILTER)
+    profile = Profile.load({"post_filter": ["patience", "migrate"],
+                            "config": {"post_filter": {"patience": {"note": "told to wait"}}}})
+    cluster = _cluster(4, {"k": (2, ["h0", "h1", "h2"])})
+    for h in ("h0", "h1", "h2"):
+        _hog(cluster, h, 1)
+    result = run_cycle(Snapshot(cluster), cluster.kernels["k"], _gpus(2), profile)
+    assert result.status is Status.WAIT and result.reason.endswith("told to wait")
+    assert load_plugin(profile_module.POST_FILTER, "patience").note == ""
+
+
+# -- decision equality: the live Global Scheduler and the simulator --------------------------
+
+
+class _FakeLink:
+    """A Local Scheduler that agrees with the cluster model: it commits what the model can."""
+
+    def __init__(self, cluster: Cluster, host_id: str) -> None:
+        self.cluster, self.host_id, self.gpus = cluster, host_id, []
+
+    def commit_gpus(self, kernel_id, replica_id, request_id, gpus, *, shareable=False):  # noqa: ANN001, ANN201
+        host = self.cluster.hosts[self.host_id]
+        owner = self.cluster.kernels[kernel_id].replicas[replica_id].owner
+        if not host.can_commit(ResourceSpec(gpus=gpus), owner):
+            return None, f"host {self.host_id} is busy"
+        return sorted(host._free_device_ids)[:gpus], ""
+
+
+class _Live(ExecutionMixin):
+    """The live scheduler's cycle and apply code (``_try_place``) on a stand-in holding just the
+    state they use; migrations move the replica in the model."""
+
+    def __init__(self, cluster: Cluster, policy: str) -> None:
+        self.lock = threading.RLock()
+        self.cluster = cluster
+        self.policy = get_policy(policy)
+        self.hosts = {h: _FakeLink(cluster, h) for h in cluster.hosts}
+        self.kernels = {}
+        for kernel_id, kernel in cluster.kernels.items():
+            entry = KernelEntry(kernel_id, "key", "hmac-sha256", "python3", {}, state="idle")
+            for rid, replica in kernel.replicas.items():
+                endpoint = ReplicaEndpoint(rid, "127.0.0.1", 1, 2, 3, 4, replica.host_id)
+                entry.replicas[rid] = ReplicaLink(rid, replica.host_id, endpoint, "", 0, True)
+            self.kernels[kernel_id] = entry
+        self.records: list[CycleRecord] = []
+        self.cycle_recorder = self.records.append
+        self.capacity_wanted: list[int] = []
+        self.on_capacity_wanted = self.capacity_wanted.append
+        self.migrations: list[tuple[int, str]] = []
+
+    def _short_of_replicas(self, entry):  # noqa: ANN001, ANN202
+        return ""
+
+    def migration_running(self, kernel_id):  # noqa: ANN001, ANN202
+        return False
+
+    def migrate_replica(self, kernel_id, replica_id, target, request, reason=""):  # noqa: ANN001, ANN202
+        self.migrations.append((replica_id, target))
+        self.cluster.remove_replica(kernel_id, replica_id)
+        self.cluster.place_replica(kernel_id, replica_id, target)
+        self.kernels[kernel_id].replicas[replica_id].host_id = target
+        return replica_id, target
+
+    def release(self, kernel_id: str, msg_id: str) -> None:
+        rid, host_id = self.kernels[kernel_id].executions.pop(msg_id)
+        self.cluster.hosts[host_id].release(self.cluster.kernels[kernel_id].replicas[rid].owner)
+
+
+class _SimStandIn:
+    """The simulator's session engine as ``ReplicatedKernels.try_run`` uses it, on a cluster."""
+
+    def __init__(self, cluster: Cluster, policy: str) -> None:
+        self.cluster = cluster
+        self.policy = get_policy(policy)
+        self.config = SimpleNamespace(migration_state_s=1.0, prewarm_promotion_s=0.0,
+                                      prewarm_per_host=0)
+        self.record = SimpleNamespace(migrations=0)
+        self.maybe_empty = False
+        self.outcome: tuple | None = None
+
+    def _books(self, now): pass  # noqa: ANN001, E704
+    def _refresh_books(self): pass  # noqa: E704
+    def _add_standby(self, sign, gpus): pass  # noqa: ANN001, E704
+    def _take_warm(self, host_id, now, promotion): return 0.0  # noqa: ANN001, ANN202, E704
+
+    def _start(self, sess, run, now):  # noqa: ANN001, ANN202
+        self.outcome = ("execute", sess.kernel.executor, run.host_id)
+
+    def _push_start(self, when, sess, run):  # noqa: ANN001, ANN202
+        self.outcome = ("migrate", sess.kernel.executor, run.host_id)
+
+    def _enter_wait(self, sess, gpus, subs, now):  # noqa: ANN001, ANN202
+        self.outcome = ("wait", None, None)
+
+
+def _sim_decides(record: CycleRecord, policy: str) -> tuple[CycleResult, tuple]:
+    """The simulator's path (``ReplicatedKernels.try_run``) on the snapshot the live scheduler
+    saw: the cycle's result it took and what it did."""
+    cluster = copy.deepcopy(record.snapshot.cluster)
+    sim = _SimStandIn(cluster, policy)
+    mode = ReplicatedKernels(sim)
+    kernel = cluster.kernels[record.kernel_id]
+    run = SimpleNamespace(task=SimpleNamespace(request=record.request, gpus=record.request.gpus),
+                          rec=SimpleNamespace(bound=None, reused_executor=None, migrated=False),
+                          host_id=None, owner=None)
+    sess = SimpleNamespace(kernel=kernel, queue=deque([run]), last_exec=None, current=None)
+    seen: list[CycleResult] = []
+    original = session_modes.run_cycle
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    session_modes.run_cycle = spy
+    try:
+        mode.try_run(sess, run, 0.0)
+    finally:
+        session_modes.run_cycle = original
+    assert len(seen) == 1, "the simulator's path did not run the shared scheduling cycle"
+    return seen[0], sim.outcome
+
+
+# The recorded sequence: (kernel, msg, GPUs) to place, or ("release", kernel, msg).
+SEQUENCE = [
+    ("a", "a1", 1), ("b", "b1", 2), ("c", "c1", 1), ("release", "a", "a1"),
+    ("a", "a2", 1),  # fills h0..h2 (with b1, c1)
+    ("d", "d1", 2),  # every replica's host busy: migrate to h3
+    ("e", "e1", 2),  # nothing left, nowhere to migrate: unschedulable
+    ("release", "b", "b1"),
+    ("e", "e2", 2),  # runs where b ran
+    ("f", "f1", 2),  # one replica, its host busy: waits
+    ("a", "a3", 3),  # more than any host: unresolvable
+]
+KERNELS = {"a": (1, ["h0", "h1", "h2"]), "b": (2, ["h1", "h2", "h0"]),
+           "c": (1, ["h2", "h0", "h1"]), "d": (2, ["h0", "h1", "h2"]),
+           "e": (2, ["h0", "h1", "h2"]), "f": (1, ["h2"])}
+
+
+def test_the_live_scheduler_and_the_simulator_take_the_same_decisions(monkeypatch):
+    live = _Live(_cluster(4, KERNELS), "notebookos")
+    live_calls: list[CycleResult] = []
+    original = execution.run_cycle
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        live_calls.append(original(*args, **kwargs))
+        return live_calls[-1]
+
+    monkeypatch.setattr(execution, "run_cycle", spy)
+    live_outcomes = []
+    for step in SEQUENCE:
+        if step[0] == "release":
+            live.release(step[1], step[2])
+            continue
+        kernel_id, msg_id, gpus = step
+        before = len(live.migrations)
+        try:
+            placed = live._try_place(kernel_id, msg_id, _gpus(gpus))[0]
+        except PlacementFailed:
+            placed = None
+        if placed is None:
+            live_outcomes.append(("wait", None, None))
+        else:
+            host_id = live.kernels[kernel_id].executions[msg_id][1]
+            kind = "migrate" if len(live.migrations) > before else "execute"
+            live_outcomes.append((kind, placed[0], host_id))
+    records = live.records
+    assert len(records) == len(live_outcomes) == len(live_calls) == 9
+    assert [r.result for r in records] == live_calls  # the hook saw what the cycle decided
+    assert all(not r.snapshot.refused for r in records)  # the model agreed with the hosts
+    statuses = [r.result.status for r in records]
+    assert statuses == [Status.SUCCESS] * 5 + [Status.UNSCHEDULABLE, Status.SUCCESS, Status.WAIT,
+                                               Status.UNSCHEDULABLE_AND_UNRESOLVABLE]
+    assert records[4].result.action is Action.MIGRATE
+    assert [target for _, target in live.migrations] == ["h3"]
+    assert live.capacity_wanted == [2]
+
+    for record, live_outcome in zip(records, live_outcomes, strict=True):
+        sim_result, sim_outcome = _sim_decides(record, "notebookos")
+        assert sim_result.decision() == record.result.decision(), record
+        assert sim_result.reason == record.result.reason
+        assert sim_outcome == live_outcome, (record, sim_outcome, live_outcome)
+
+
+def test_decision_equality_fails_when_a_side_stops_calling_the_cycle(monkeypatch):
+    """The simulator's path must run the shared cycle: one that takes its own decisions is
+    caught (here: one that never migrates)."""
+    live = _Live(_cluster(4, KERNELS), "notebookos")
+    for step in SEQUENCE[:6]:
+        if step[0] == "release":
+            live.release(step[1], step[2])
+        else:
+            live._try_place(step[0], step[1], _gpus(step[2]))
+    record = live.records[4]
+    assert record.result.action is Action.MIGRATE
+
+    def own_sequence(self, sess, run, now):  # noqa: ANN001, ANN202
+        self.sim._enter_wait(sess, run.task.gpus, 0, now)
+        return False
+
+    monkeypatch.setattr(ReplicatedKernels, "try_run", own_sequence)
+    with pytest.raises(AssertionError, match="did not run the shared scheduling cycle"):
+        _sim_decides(record, "notebookos")
+    monkeypatch.undo()
+    monkeypatch.setattr(cycle_module.MigratePostFilter, "post_filter",
+                        lambda self, ctx: CycleResult(Status.WAIT, ctx.why, order=ctx.order))
+    sim_result, _ = _sim_decides(record, "notebookos")
+    assert sim_result.decision() != record.result.decision()
+
+
+def test_the_configuration_builds_the_profile_and_configures_its_plugins(tmp_path):
+    from notebookos.config import ConfigError, load_config
+    from notebookos.policies.profile import profile_from_config, profile_spec
+
+    config = load_config(env={"NOTEBOOKOS_STATE_DIR": str(tmp_path)}, overrides={
+        "global_scheduler.cell_order": "qssf", "global_scheduler.gpu_sharing": "tensorshare",
+        "global_scheduler.gpu_sharing_predictor": "blind",
+        "global_scheduler.plugin_config": '{"policy": {"candidate_limit": 7}, '
+                                          '"queue_sort": {"default_s": 5.0}}'})
+    spec = profile_spec(config)
+    assert spec["post_filter"] == ["share", "migrate"] and spec["queue_sort"] == "qssf"
+    profile = profile_from_config(config)
+    assert profile.policy.candidate_limit == 7  # the section, on top of the settings' own
+    assert profile.policy.scale_factor == config.global_scheduler.scaling_factor
+    assert profile.queue_sort.default_s == 5.0 and profile.shares
+    with pytest.raises(ConfigError):
+        load_config(env={"NOTEBOOKOS_STATE_DIR": str(tmp_path)},
+                    overrides={"global_scheduler.plugin_config": '{"filter": {}}'})
