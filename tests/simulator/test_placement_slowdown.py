@@ -132,3 +132,24 @@ def test_the_switch_off_reproduces_the_engine_before_it(policy, total):
 def test_the_config_rejects_an_unknown_mode():
     with pytest.raises(ValueError, match="placement_slowdown"):
         SimConfig(placement_slowdown="always")
+
+
+def test_the_simulate_command_takes_the_switch(tmp_path):
+    import json
+
+    from notebookos.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time,duration,num_gpu,model_name\n" + "".join(
+        f"j{i},{i * 30},{600 + i * 10},{(3, 3, 2)[i % 3]},{('dqn', 'dqn', 'vgg16')[i % 3]}\n"
+        for i in range(30)))
+    runs = {}
+    for mode in ("off", "model"):
+        out = tmp_path / mode
+        assert main(["simulate", "--trace", str(trace), "--format", "tiresias", "--cluster", "2x4",
+                     "--compare", "fifo,themis", "--placement-slowdown", mode, "--quiet",
+                     "--no-plots", "--out", str(out)]) == 0
+        runs[mode] = {s["policy"]: s for s in json.loads((out / "compare.json").read_text())}
+    assert "placement_slowdown" not in runs["off"]["fifo"]
+    assert runs["model"]["themis"]["placement_slowdown"] == "model"
+    assert runs["model"]["fifo"]["avg_jct_s"] > runs["off"]["fifo"]["avg_jct_s"]
