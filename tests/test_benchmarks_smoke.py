@@ -22,6 +22,7 @@ CHEAP = {
     "store": ([], 40),  # --smoke: the file backend only, 1 MiB
     "simulator": ([], 60),
     "tensorshare_paper": ([], 40),  # a 60-job stand-in trace, no torch
+    "themis_paper": ([], 40),  # a 60-job stand-in trace
     "gpu_binding": ([], 40),  # skips without CUDA; a tiny run with it
     "cell_order": (["--no-live"], 40),  # the simulated orders; the live one needs a cluster
     "routing": ([], 90),  # a GS, three LSs, one kernel: the benchmark that had crashed

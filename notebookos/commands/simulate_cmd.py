@@ -54,8 +54,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="job traces: keep the trace's model names (default), or give each "
                              "job one of the 29 types of TensorShare's Table 1 by a hash of its "
                              "id and --seed, as that paper's simulation did")
-    parser.add_argument("--placement", choices=("pooled", "consolidated"), default="pooled",
-                        help="job policies: may a job's GPUs span hosts (default pooled)")
+    parser.add_argument("--placement", choices=("pooled", "consolidated", "sensitive"),
+                        default="pooled",
+                        help="job policies: may a job's GPUs span hosts (default pooled; "
+                             "sensitive: only models slowed by a spread wait for one host, as "
+                             "Tiresias consolidates)")
+    parser.add_argument("--placement-slowdown", choices=("off", "model"), default=None,
+                        help="job policies: model: a job spread over hosts runs slower by its "
+                             "model's factor, and placement prefers one host (Themis's S(G); "
+                             "default off, the same as --set placement_slowdown=...)")
     parser.add_argument("--seed", type=int, default=0, help="seed (the run is deterministic)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write summary.json, tasks.csv, timeline.csv and plots here")
@@ -98,6 +105,8 @@ def build_config(args: argparse.Namespace):  # noqa: ANN201
         settings[key] = _value(raw)
     if args.hibernate_after_s is not None:
         settings["hibernate_after_s"] = args.hibernate_after_s
+    if getattr(args, "placement_slowdown", None) is not None:
+        settings["placement_slowdown"] = args.placement_slowdown
     params: dict[str, dict[str, object]] = {}
     for item in args.policy_param:
         key, sep, raw = item.partition("=")

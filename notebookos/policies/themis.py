@@ -3,9 +3,14 @@
 Every job is an app (the shared traces have no app structure). Its finish-time fairness is
 rho = T_shared / T_independent (eq. 1), with, for a rigid job of g GPUs,
 
-- T_shared(G) = (now - submit) + remaining x S / min(G, g) x g ... that is ``(now - submit) +
-  remaining`` when it holds its gang (G = g; S = 1: the engine does not slow spread jobs) and
-  ``(now - submit) + lease_s + remaining`` when it holds nothing (it waits at least a lease);
+- T_shared(G) = (now - submit) + remaining x S(G) / min(G, g) x g ... that is ``(now - submit) +
+  remaining x S`` when it holds its gang (G = g) and ``(now - submit) + lease_s + remaining x S``
+  when it holds nothing (it waits at least a lease). S(G) >= 1 is the slowdown of the placement
+  the offer gives it: 1 when its gang fits on one host of the offer's GPUs, else its model's
+  cross-host factor (``notebookos.simulator.job_placement``), when the engine models placement
+  (``placement_slowdown = "model"``); without that S = 1 and rho is a JCT ratio. A job that the
+  offer would spread thus gains less from winning (a smaller rho(0) / rho(G)) and bids less, so
+  the auction prefers consolidated offers, as Themis's placement-aware valuations do;
 - T_independent = N_avg x duration, N_avg the time-weighted mean number of active jobs since the
   job arrived (the paper's N_avg x serial time / min(R_C, demand) for a job of demand g <= R_C).
 
@@ -94,9 +99,12 @@ class ThemisPolicy(Policy):
         rows = (table.seq == job.seq).nonzero()[0]
         return float(table.n_avg[rows[0]]) if rows.size else 1.0
 
-    def rho(self, job: QueuedJob, holds_gang: bool, now: float) -> float:
+    def rho(self, job: QueuedJob, holds_gang: bool, now: float, slowdown: float = 1.0) -> float:
+        """rho of ``job`` with (``holds_gang``) or without its gang for the next lease, its work
+        left running at 1 / ``slowdown`` (S of the offered placement)."""
         t_id = self.n_avg(job, now) * max(job.duration, 1e-9)
-        t_sh = (now - job.submit_time) + job.remaining + (0.0 if holds_gang else self.lease_s)
+        t_sh = ((now - job.submit_time) + job.remaining * max(1.0, slowdown)
+                + (0.0 if holds_gang else self.lease_s))
         if self.apps == "user":  # notebooks: the user's finished work counts in its app's rho
             user = job.user or job.job_id
             t_sh += self._user_wall.get(user, 0.0)
@@ -116,10 +124,12 @@ class ThemisPolicy(Policy):
     # -- the auction ---------------------------------------------------------------------------
 
     def allocate(self, candidates: list[QueuedJob], offer: int, total_gpus: int, now: float,
-                 n_avg: dict[int, float] | None = None) -> list[QueuedJob]:
+                 n_avg: dict[int, float] | None = None,
+                 slowdown: dict[int, float] | None = None) -> list[QueuedJob]:
         """The jobs that hold GPUs for the next lease (their gangs fit in ``offer``); ``n_avg``:
-        each candidate's mean number of active jobs since it arrived (job seq -> N_avg)."""
-        table = LeaseCandidates.from_jobs(candidates, n_avg)
+        each candidate's mean number of active jobs since it arrived (job seq -> N_avg);
+        ``slowdown``: S of the placement the offer gives it (job seq -> S >= 1; default 1)."""
+        table = LeaseCandidates.from_jobs(candidates, n_avg, slowdown)
         return [table.jobs[s] for s in self.allocate_seqs(table, offer, total_gpus, now)]
 
     def allocate_seqs(self, table: LeaseCandidates, offer: int, total_gpus: int,
@@ -136,7 +146,10 @@ class ThemisPolicy(Policy):
             if not len(fit):
                 return []
         # rho with and without the gang, as ``rho`` computes it, for every candidate at once
-        held = (now - fit.submit) + fit.remaining
+        if fit.slowdown is None:
+            held = (now - fit.submit) + fit.remaining
+        else:
+            held = (now - fit.submit) + fit.remaining * fit.slowdown
         t_id = fit.n_avg * np.maximum(fit.duration, 1e-9)
         free = held + self.lease_s
         if self.apps == "user":

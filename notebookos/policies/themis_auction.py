@@ -79,26 +79,34 @@ class LeaseCandidates:
     gpus: np.ndarray  # int64
     n_avg: np.ndarray  # N_avg since arrival, >= 1
     jobs: Mapping[int, QueuedJob] | Sequence[QueuedJob]
+    # S(G) of the placement the offer gives each candidate (>= 1; 1 on one host), Themis's
+    # placement slowdown (eq. 1); None: placement costs nothing (every S = 1)
+    slowdown: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.seq.size)
 
     @classmethod
-    def from_jobs(cls, jobs: list[QueuedJob],
-                  n_avg: Mapping[int, float] | None = None) -> LeaseCandidates:
-        """From queued jobs; ``n_avg`` (job seq -> N_avg) defaults to 1 for every job."""
+    def from_jobs(cls, jobs: list[QueuedJob], n_avg: Mapping[int, float] | None = None,
+                  slowdown: Mapping[int, float] | None = None) -> LeaseCandidates:
+        """From queued jobs; ``n_avg`` (job seq -> N_avg) defaults to 1 for every job, and
+        ``slowdown`` (job seq -> S of its offered placement) to none."""
         n_avg = n_avg or {}
+        slow = None
+        if slowdown is not None:
+            slow = np.asarray([max(1.0, slowdown.get(q.seq, 1.0)) for q in jobs], dtype=float)
         return cls(np.asarray([q.seq for q in jobs], dtype=np.int64),
                    np.asarray([q.submit_time for q in jobs], dtype=float),
                    np.asarray([q.remaining for q in jobs], dtype=float),
                    np.asarray([q.duration for q in jobs], dtype=float),
                    np.asarray([q.num_gpus for q in jobs], dtype=np.int64),
                    np.asarray([max(1.0, n_avg.get(q.seq, 1.0)) for q in jobs], dtype=float),
-                   {q.seq: q for q in jobs})
+                   {q.seq: q for q in jobs}, slow)
 
     def take(self, rows: np.ndarray) -> LeaseCandidates:
         return LeaseCandidates(self.seq[rows], self.submit[rows], self.remaining[rows],
-                               self.duration[rows], self.gpus[rows], self.n_avg[rows], self.jobs)
+                               self.duration[rows], self.gpus[rows], self.n_avg[rows], self.jobs,
+                               None if self.slowdown is None else self.slowdown[rows])
 
 
 def worst_off(rho: np.ndarray, seq: np.ndarray, count: int) -> np.ndarray:

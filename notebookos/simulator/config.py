@@ -8,7 +8,8 @@ from typing import Any
 
 from notebookos.policies.cell_order import CELL_ORDERS
 
-PLACEMENTS = ("pooled", "consolidated")
+PLACEMENTS = ("pooled", "consolidated", "sensitive")
+SLOWDOWN_MODES = ("off", "model")  # notebookos.simulator.job_placement
 
 
 def parse_cluster(text: str) -> tuple[int, int]:
@@ -24,6 +25,9 @@ class SimConfig:
     hosts: int = 4  # hosts at t=0 (job policies: the fixed cluster)
     gpus_per_host: int = 8
     placement: str = "pooled"  # job policies: may a job's GPUs span hosts
+    # job policies: "model": a job spread over hosts runs slower by its model's factor
+    # (job_placement.py); "off": placement costs nothing (the figures before issue 35)
+    placement_slowdown: str = "off"
     autoscale: bool = True  # session policies only
     max_hosts: int = 100_000
     # Latencies (s), from the live system's own benchmarks (docs/simulator.md lists the source of
@@ -74,6 +78,9 @@ class SimConfig:
                              "reserved")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r} must be one of {', '.join(PLACEMENTS)}")
+        if self.placement_slowdown not in SLOWDOWN_MODES:
+            raise ValueError(f"placement_slowdown {self.placement_slowdown!r} must be one of "
+                             f"{', '.join(SLOWDOWN_MODES)}")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.endswith(("_s", "_usd_per_hour")) and not value >= 0:

@@ -13,6 +13,12 @@ keeps the candidates' columns (arrival, remaining work, GPUs, the active-jobs in
 in arrays and hands a policy with ``allocate_seqs`` a ``LeaseCandidates`` table, with N_avg
 computed for all of them at once; the waiting jobs are found through a mask in queue order when the
 policy's queue order is fixed (it is for themis: arrival order), else from the queue itself.
+
+With ``placement_slowdown = "model"`` the table also says, per candidate, the slowdown S of the
+placement the offer gives it (``job_placement``): 1 when its gang fits in the largest block of
+offered GPUs on one host (a host's idle GPUs plus those of its expired leases), else its model's
+cross-host factor; and the chosen waiting jobs are placed largest first, each on one host by best
+fit where one has room, so that the consolidated placements the bids counted on are the ones made.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class LeaseJobSimulator(JobSimulator):
         self._waits = np.zeros(len(jobs), dtype=bool)  # by rank
         self._fixed_order = True
         self._queued = jobs
+        self._factor = (None if self.spread_factor is None
+                        else np.asarray(self.spread_factor, dtype=float))
 
     def n_avg(self, seq: int, submit: float, now: float) -> float:
         """The mean number of active jobs since ``seq`` arrived (exact, from the engine's books)."""
@@ -101,8 +109,22 @@ class LeaseJobSimulator(JobSimulator):
             with np.errstate(divide="ignore", invalid="ignore"):
                 n_avg = np.maximum(1.0, (integral - self._at_submit[seqs]) / elapsed)
             n_avg[elapsed <= 0] = max(1.0, float(self._active))
+        gpus = self._gpus[seqs]
         return LeaseCandidates(seqs, submit, self._remaining[seqs], self._duration[seqs],
-                               self._gpus[seqs], n_avg, self._queued)
+                               gpus, n_avg, self._queued, self._offered_slowdown(seqs, gpus,
+                                                                                 expired))
+
+    def _offered_slowdown(self, seqs: np.ndarray, gpus: np.ndarray,
+                          expired: list[_Job]) -> np.ndarray | None:
+        """S of the placement the offer gives each candidate (None when placement is free)."""
+        if self._factor is None:
+            return None
+        block = {host.host_id: host.idle_gpus for host in self.cluster.hosts.values()}
+        for job in expired:
+            for host, k in zip(job.hosts, job.counts, strict=True):
+                block[host.host_id] += k
+        largest = max(block.values(), default=0)
+        return np.where(gpus <= largest, 1.0, self._factor[seqs])
 
     def _grant(self, job: _Job, now: float) -> None:
         self.lease_end[job.q.seq] = now + self.lease_s
@@ -148,6 +170,7 @@ class LeaseJobSimulator(JobSimulator):
             chosen = {q.seq for q in self.policy.allocate(
                 candidates, offer, self.cluster.total_gpus, now,
                 n_avg={q.seq: self.n_avg(q.seq, q.submit_time, now) for q in candidates})}
+            # (a plug-in's allocate is not given the offered placements' slowdowns)
         for job in expired:
             if job.q.seq in chosen:
                 self._grant(job, now)
@@ -158,7 +181,12 @@ class LeaseJobSimulator(JobSimulator):
                 self.preemptions += 1
                 job.q.remaining += self.config.preemption_overhead_s
                 self._enqueue(job, now)
-        for job in sorted((self.jobs[s] for s in chosen), key=lambda j: (j.key, j.q.seq)):
+        if self._factor is None:
+            order = sorted((self.jobs[s] for s in chosen), key=lambda j: (j.key, j.q.seq))
+        else:  # largest first, so that the big gangs find whole hosts
+            order = sorted((self.jobs[s] for s in chosen),
+                           key=lambda j: (-j.q.num_gpus, j.key, j.q.seq))
+        for job in order:
             picks = self._place(job)
             if picks is None:
                 continue  # placement (consolidated) failed: it waits for the next offer

@@ -11,7 +11,12 @@ Semantics (docs/simulator.md has the full list):
   policy's order, each taken when its GPUs still fit in the cluster's total; running jobs left out
   are preempted (progress kept, plus ``preemption_overhead_s``) and chosen waiting jobs start.
 - ``pooled``: a job's GPUs come from the hosts with the most idle GPUs; ``consolidated``: a job
-  that fits on one host starts only on one host (best fit), bigger jobs are pooled.
+  that fits on one host starts only on one host (best fit), bigger jobs are pooled;
+  ``sensitive``: only a job whose model a spread slows (``job_placement.is_sensitive``) waits
+  for one host, as Tiresias consolidates; the others are pooled.
+- ``placement_slowdown = "model"`` (``job_placement``): a job whose GPUs span hosts progresses at
+  1 / its model's cross-host factor for as long as it runs there, and pooled placement takes one
+  host (best fit) when one has room before it spreads a job.
 - Hooks a policy may implement: ``job_finished`` (learn from a completed job),
   ``waiting_priority_change`` (a waiting job's key changes at a known time: aging), and a power
   manager (``ces``: hosts put to sleep and woken; ``job_power``).
@@ -33,6 +38,7 @@ from notebookos.policies.base import Policy, QueuedJob
 from notebookos.resources import ResourceSpec
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.hosts import HostFactory
+from notebookos.simulator.job_placement import cross_host_factor, is_sensitive
 from notebookos.simulator.records import RunRecord, TaskRecord
 from notebookos.workload.model import Workload
 
@@ -50,6 +56,7 @@ class _Job:
     speed: float = 1.0  # progress per second (< 1 while sharing a GPU)
     wait_version: int = 0  # bumped when a waiting job's queue entry is re-keyed (aging)
     key: tuple = ()  # its key in the wait queue while it waits
+    counts: list[int] = field(default_factory=list)  # GPUs on each of ``hosts``
 
 
 class JobSimulator:
@@ -96,6 +103,11 @@ class JobSimulator:
         self.rho: list[float] = []
         self._user_rho: dict[str, tuple[float, float]] = {}  # user -> (sum JCT, sum N_avg x d)
         self._aging = getattr(policy, "waiting_priority_change", None)
+        # Placement sensitivity (job_placement): each job's cross-host factor, or None when off.
+        self.spread_factor: list[float] | None = None
+        if config.placement_slowdown == "model":
+            self.spread_factor = [cross_host_factor(j.q.name) for j in self.jobs]
+        self.spread_starts = 0  # jobs started (or restarted) over more than one host
 
     keeps_timers = False  # an extension whose timers outlive the jobs sets this
 
@@ -153,10 +165,14 @@ class JobSimulator:
         need = job.q.num_gpus
         if need > self.cluster.total_gpus - self.cluster.committed_gpus:
             return None
-        if self.config.placement == "consolidated" and need <= self.config.gpus_per_host:
+        mode = self.config.placement
+        if need <= self.config.gpus_per_host and (
+                mode == "consolidated" or self.spread_factor is not None
+                or (mode == "sensitive" and is_sensitive(job.q.name))):
             for host in placement.fewest_idle_first(self.cluster, min_idle=need, limit=1):
                 return [(host, need)]
-            return None
+            if mode == "consolidated" or (mode == "sensitive" and is_sensitive(job.q.name)):
+                return None
         picks = []
         for host in placement.most_idle_first(self.cluster, min_idle=1):
             take = min(need, host.idle_gpus)
@@ -172,6 +188,11 @@ class JobSimulator:
         for host, k in picks:
             host.commit(owner, ResourceSpec(gpus=k))
         job.hosts = [h for h, _ in picks]
+        job.counts = [k for _, k in picks]
+        if self.spread_factor is not None:
+            spread = len(picks) > 1
+            job.speed = 1.0 / self.spread_factor[job.q.seq] if spread else 1.0
+            self.spread_starts += spread
         job.running = True
         job.since = now
         job.version += 1
@@ -192,6 +213,7 @@ class JobSimulator:
         for host in job.hosts:
             host.release(job.q.job_id)
         job.hosts = []
+        job.counts = []
         job.running = False
         job.version += 1
         del self.running[job.q.seq]
@@ -371,6 +393,8 @@ class JobSimulator:
                     float(np.percentile(values, q)), 4)
             self.record.extra["finish_time_fairness_over_1"] = round(
                 float((values > 1.0).mean()), 6)
+        if self.spread_factor is not None:
+            self.record.extra["spread_starts"] = self.spread_starts
         if self._user_rho:
             per_user = [wall / ideal for wall, ideal in self._user_rho.values() if ideal > 0]
             if per_user:

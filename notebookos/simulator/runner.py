@@ -61,4 +61,6 @@ def simulate(
         "autoscale": bool(config.autoscale and policy.kind is PolicyKind.SESSION),
         "seed": config.seed,
     })
+    if config.placement_slowdown != "off":  # (absent when off: summaries as before issue 35)
+        summary["placement_slowdown"] = config.placement_slowdown
     return summary, record
