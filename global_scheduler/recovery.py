@@ -233,8 +233,9 @@ class RecoveryMixin:
         """Have the survivor that applied the most cells write a checkpoint of its state
         (``write_checkpoint_request``) before the group is rebuilt from the store: the last
         checkpoint an executor wrote may be older (a SIGKILL right after a cell). Returns
-        (replica id, cell number) of the checkpoint written, or None (none answered or could:
-        the store's checkpoint stands)."""
+        (replica id, the last cell it applied) when the store's checkpoint now holds its state
+        (written now, or as recent already), or None (none answered or could: the store's
+        checkpoint stands, and the rebuilt group says that later work may be lost)."""
         ranked = []
         for r in survivors:
             try:
@@ -259,8 +260,9 @@ class RecoveryMixin:
                 written = int(reply.get("checkpoint_count") or 0)
                 if not written:  # the store's checkpoint is as recent as its state, or more
                     log.info("kernel %s: the store's checkpoint is as recent as replica %d's "
-                             "state: rebuilding from it", entry.kernel_id, r.replica_id)
-                    return None
+                             "state (cell [%d]): rebuilding from it", entry.kernel_id,
+                             r.replica_id, count)
+                    return r.replica_id, count
                 log.info("kernel %s: replica %d wrote its state after cell [%d] as the "
                          "checkpoint to rebuild from", entry.kernel_id, r.replica_id, written)
                 return r.replica_id, written

@@ -118,10 +118,10 @@ class ReplicaKernel(IPythonKernel):
         False, help="Rebuild the namespace from the store's checkpoint (all replicas were lost)."
     ).tag(config=True)
     restored_from_survivor = Unicode(
-        "", help="With --restore-from-checkpoint: the checkpoint was written on the Global "
-        "Scheduler's request by this surviving replica of a group that had lost its quorum (it "
-        "holds every cell that replica applied), not the last one an executor wrote; the first "
-        "cell says so instead of announcing lost work.",
+        "", help="With --restore-from-checkpoint: the checkpoint holds every cell this surviving "
+        "replica of a group that had lost its quorum had applied (it was written on the Global "
+        "Scheduler's request, or the store's was as recent); the first cell says so instead of "
+        "announcing lost work.",
     ).tag(config=True)
     cell_container = Bool(
         False, help="This replica is the container of one cell under a per-cell container policy "
@@ -937,8 +937,8 @@ class ReplicaKernel(IPythonKernel):
         if self.restored_from_survivor:
             text = (
                 "NotebookOS: the kernel's Raft group lost its quorum; it was rebuilt from the "
-                f"state {self.restored_from_survivor} held after cell [{restored_from}], the "
-                "last cell it applied.\n"
+                f"checkpoint of cell [{restored_from}], which holds every cell "
+                f"{self.restored_from_survivor}, its most up-to-date survivor, had applied.\n"
             )
         else:
             text = (

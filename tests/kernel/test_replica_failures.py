@@ -252,7 +252,8 @@ def test_a_survivor_writes_its_state_as_the_checkpoint_to_rebuild_from(tmp_path:
         second.start("--restore-from-checkpoint", "--restored-from-survivor=replica 2")
         result = second.execute("print(note, items)", target=3)
         assert result.stdout() == "kept! [1, 2, 3]\n", result.summary()
-        assert f"the state replica 2 held after cell [{count}]" in result.stderr()
+        assert (f"checkpoint of cell [{count}], which holds every cell replica 2, its most "
+                "up-to-date survivor, had applied") in result.stderr()
         assert "lost." not in result.stderr()
         assert result.executor_reply()["content"]["execution_count"] == count + 1
     finally:
