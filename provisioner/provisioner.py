@@ -72,12 +72,6 @@ def default_global_scheduler_address(config: Config | None = None) -> str:
     return f"{config.global_scheduler.host}:{config.global_scheduler.grpc_port}"
 
 
-# A shared channel outlives Global Scheduler restarts: it must try again soon after one (gRPC's
-# default backoff grows to 120 s, and calls fail fast meanwhile), where a channel per kernel
-# start used to begin afresh.
-RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250),
-                     ("grpc.min_reconnect_backoff_ms", 250),
-                     ("grpc.max_reconnect_backoff_ms", 2000))
 _shared: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, grpc.aio.Channel]] = (
     weakref.WeakKeyDictionary())
 
@@ -99,7 +93,8 @@ def shared_global_scheduler_channel(address: str,
         channels = _shared.setdefault(asyncio.get_running_loop(), {})
         channel = channels.get(key)
         if channel is None:
-            channel = channels[key] = secure_aio_channel(config, address, RECONNECT_OPTIONS)
+            # it outlives Global Scheduler restarts: channels.RECONNECT_OPTIONS
+            channel = channels[key] = secure_aio_channel(config, address)
     except SecurityError as exc:
         raise RuntimeError(f"NotebookOS: no credentials for the Global Scheduler at {address}: "
                            f"{exc}") from None

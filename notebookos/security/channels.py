@@ -81,8 +81,20 @@ def channel_credentials(config: Config) -> grpc.ChannelCredentials:
                                         certificate_chain=material.cert)
 
 
+# A channel between daemons outlives its peer's restarts: it must try again soon after one.
+# gRPC's default reconnect backoff grows by 1.6x from 1 s up to 120 s, and calls fail fast
+# meanwhile: after a burst of Global Scheduler restarts a Local Scheduler's channel waited
+# longer than the heartbeat timeout to connect again, and the restarted scheduler removed the
+# healthy host with its replicas (benchmarks/chaos.py).
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250),
+                     ("grpc.min_reconnect_backoff_ms", 250),
+                     ("grpc.max_reconnect_backoff_ms", 2000))
+
+
 def channel_options(config: Config, options: ChannelOptions = ()) -> list[tuple[str, Any]]:
-    out = list(options)
+    """``options`` over the project's defaults (``RECONNECT_OPTIONS``)."""
+    given = {name for name, _ in options}
+    out = [o for o in RECONNECT_OPTIONS if o[0] not in given] + list(options)
     if config.security.server_name:
         out.append(("grpc.ssl_target_name_override", config.security.server_name))
     return out
