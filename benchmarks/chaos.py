@@ -76,7 +76,10 @@ BURST_KILLS = 5
 LAB_PROBE_S = 0.5
 HANG_S = 10.0
 WHOLE_TIMEOUT_S = 300.0
-ROLLBACK = re.compile(r"rebuilt from the checkpoint taken after cell \[(\d+)\]")
+# a rebuild from the store: "... rebuilt from the checkpoint taken after cell [N]. Work after
+# that cell is lost." or, from the freshest survivor's state, "... rebuilt from the checkpoint
+# of cell [N], which holds every cell replica R ... had applied."
+ROLLBACK = re.compile(r"rebuilt from the checkpoint (?:taken after|of) cell \[(\d+)\]")
 CHAOS_LINE = re.compile(r"^CHAOS (\S+) (\S+)$", re.M)
 
 
@@ -338,7 +341,9 @@ class Verifier:
         if rollback:
             count = int(rollback.group(1))
             wanted = self.after.get(count)
-            if before == wanted:
+            if before == self.last:  # rebuilt with every cell: nothing was lost
+                note = f"rebuilt from the checkpoint of cell [{count}], nothing lost"
+            elif before == wanted:
                 verdict, note = "rollback", f"rebuilt from the checkpoint of cell [{count}]"
             else:
                 verdict = "silent-loss"
