@@ -178,6 +178,7 @@ class RaftRest:
         self._last_activity = raft_clock()
         self._woke_at = 0.0
         self._announced: dict[Any, tuple[int, int]] = {}  # leader: follower -> (term, index)
+        self._wake_requested = False  # set by any thread (request_wake), read on the tick thread
         self.poller: RestingPoller | None = None
         if hasattr(sync, "_poller"):
             self.poller = sync._poller = RestingPoller(sync._poller, self)
@@ -229,6 +230,9 @@ class RaftRest:
     def on_tick(self) -> None:
         if not self.enabled:
             return
+        if self._wake_requested:
+            self._wake_requested = False
+            self.wake("a local proposal")
         state = self._state()
         if state != self._snapshot:
             self._snapshot = state
@@ -269,6 +273,14 @@ class RaftRest:
             if not quiet:
                 self.wake(f"message {kind}")
         return False
+
+    def request_wake(self) -> None:
+        """From any thread, before a proposal: wake on the tick thread's next tick (pysyncobj
+        wakes its poller for the proposal). A follower forwards a proposal to its leader, which
+        changes nothing in its own log: without this, a resting follower whose leader hung would
+        wait out the rest election timeout before the cell could run."""
+        if self.enabled and self.resting:
+            self._wake_requested = True
 
     def wake(self, why: str) -> None:
         if not self.enabled:
