@@ -279,7 +279,7 @@ class RaftRest:
         wakes its poller for the proposal). A follower forwards a proposal to its leader, which
         changes nothing in its own log: without this, a resting follower whose leader hung would
         wait out the rest election timeout before the cell could run."""
-        if self.enabled and self.resting:
+        if self.enabled:  # whether it rests is read on the tick thread (it may rest meanwhile)
             self._wake_requested = True
 
     def wake(self, why: str) -> None:
