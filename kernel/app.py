@@ -25,7 +25,7 @@ from traitlets import Bool, Dict, DottedObjectName, Int, Type
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
 
-from .iopub import BufferedIOPubThread
+from .iopub import BufferedIOPubThread, set_dead_peer_timeouts
 from .replica import ReplicaKernel
 
 ENV_OPTIONS = {
@@ -131,9 +131,13 @@ class ReplicaKernelApp(IPKernelApp):
         self.iopub_socket.linger = 1000
         # A held backlog is sent in one burst on subscription: the send queue must take it all.
         self.iopub_socket.sndhwm = max(1000, self.iopub_backlog_messages)
-        # A subscriber on a host that vanished (no FIN/RST) is dropped, so holding starts.
-        self.iopub_socket.heartbeat_ivl = 2000
-        self.iopub_socket.heartbeat_timeout = 6000
+        # A subscriber on a host that vanished (no FIN/RST) is dropped, so holding starts: by the
+        # operating system's TCP keepalive while the link is idle (a probe after 2 s of silence,
+        # dropped after 2 more unanswered at 2 s) and TCP_USER_TIMEOUT (ZMQ_TCP_MAXRT) while data
+        # waits for an acknowledgement, about 6 s either way. These timers run in the kernel: ZMTP
+        # heartbeats (2 s, as before) woke libzmq's IO thread about once a second in every idle
+        # replica (issue 36).
+        set_dead_peer_timeouts(self.iopub_socket)
         self._apply_curve_server_options(self.iopub_socket)
         self.iopub_port = self._bind_socket(self.iopub_socket, self.iopub_port)
         self.log.debug("iopub XPUB Channel on port: %i", self.iopub_port)

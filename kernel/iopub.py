@@ -32,6 +32,26 @@ log = logging.getLogger(__name__)
 SUBSCRIBE = 1
 UNSUBSCRIBE = 0
 
+# How a subscriber whose host vanished (no FIN/RST) is found: TCP keepalive on an idle link,
+# TCP_USER_TIMEOUT (libzmq's ZMQ_TCP_MAXRT on Linux) while sent data is unacknowledged.
+DEAD_PEER_KEEPALIVE_IDLE_S = 2
+DEAD_PEER_KEEPALIVE_INTVL_S = 2
+DEAD_PEER_KEEPALIVE_CNT = 2
+DEAD_PEER_USER_TIMEOUT_MS = 6000
+
+
+def set_dead_peer_timeouts(socket: zmq.Socket) -> None:
+    """Drop a connection whose peer's host is gone within about 6 s, with timers that run in
+    the operating system's TCP stack: unlike ZMTP heartbeats they never wake the process while
+    the kernel is idle (issue 36). Set before ``bind``: libzmq applies them to each new
+    connection. A peer process that is alive but stopped (SIGSTOP) is not dropped: its host's
+    TCP stack still acknowledges, and what it is sent waits in its receive buffer."""
+    socket.tcp_keepalive = 1
+    socket.tcp_keepalive_idle = DEAD_PEER_KEEPALIVE_IDLE_S
+    socket.tcp_keepalive_intvl = DEAD_PEER_KEEPALIVE_INTVL_S
+    socket.tcp_keepalive_cnt = DEAD_PEER_KEEPALIVE_CNT
+    socket.setsockopt(zmq.TCP_MAXRT, DEAD_PEER_USER_TIMEOUT_MS)
+
 
 class BufferedIOPubThread(IOPubThread):
     """An ``IOPubThread`` that holds messages while its XPUB socket has no subscriber."""

@@ -363,6 +363,8 @@ class RaftLog:
 
         def attempt():
             if not self._closed:
+                if self.rest is not None:
+                    self.rest.request_wake()
                 self._consumer.commit(record, callback=callback)
 
         attempt()

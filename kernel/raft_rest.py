@@ -7,13 +7,14 @@ TiKV hibernates idle regions); this module does the same for one kernel's group:
 
 1. A follower that has seen no log activity (index, commit, term, leader, role) for
    ``follower_quiet`` seconds, is caught up and connected to its leader, *rests*: its election
-   timeout becomes ``rest_election`` (longer than the rest heartbeat period), its tick slows to
-   ``rest_tick``, and it tells the leader with an ``nbos_rest`` message (term and log index).
+   timeout becomes ``rest_election`` (longer than the rest heartbeat period), its tick thread
+   sleeps until a message or its election deadline (``RestingPoller``), and it tells the leader
+   with an ``nbos_rest`` message (term and log index).
 2. A leader that has heard ``nbos_rest`` for its current term and log index from every other
    member, all connected and caught up, and has itself been quiet ``leader_quiet`` seconds, rests:
-   one heartbeat every ``rest_heartbeat`` seconds instead of every 50 ms (often enough to keep the
-   TCP connections under pysyncobj's connection timeout, and a hung leader is still found by the
-   followers' election timeout), slower ticks, a longer ``leaderFallbackTimeout``.
+   one heartbeat every ``rest_heartbeat`` seconds instead of every 50 ms (a hung leader is still
+   found by the followers' election timeout), no tick in between, a longer
+   ``leaderFallbackTimeout`` and connection timeout.
 3. Anything but a rest heartbeat and its answer wakes a resting replica at once: a proposal (it
    enters the log), any other Raft message, a member connecting or disconnecting, a role or term
    change. A replica that wakes restores its timings and sends ``nbos_wake`` to the others it
@@ -65,18 +66,31 @@ def _address(node: Any) -> str:
 
 @dataclass(frozen=True)
 class RestTimings:
-    """How a group rests; the defaults keep every rest period under pysyncobj's 10 s
-    connection timeout with room for a loaded machine: a heartbeat goes out on the first tick
-    after it is due, 4-7 s after the last one (3 s and 2 s cost 1.77-1.80 ms of CPU a second
-    per idle kernel against 1.31-1.59 now, benchmarks/idle.py, docs/performance.md)."""
+    """How a group rests. A resting replica's tick thread sleeps in ``poll`` until the next thing
+    it has to do (``RestingPoller``): the leader until its next rest heartbeat, a follower until
+    its election deadline, every one of them until a message or a connection event. Each wake-up
+    of the tick thread costs about 0.4 ms of CPU on the 2-core VM (a Fernet-encrypted message
+    decoded, pysyncobj's tick), so a group of three wakes about five times a ``rest_heartbeat``
+    (the leader's heartbeat, two answers, two followers). While resting, every connection's
+    timeout is ``rest_connection_timeout`` (pysyncobj drops a link that read nothing for its
+    timeout, checked on its next send); a waking replica restores the normal one
+    (docs/performance.md: with a 3 s tick and a 4 s heartbeat an idle notebook's three replicas
+    spent 0.8-0.9 ms/s, issue 36).
+
+    A resting group still notices failures: a SIGKILLed replica's sockets close at once (every
+    peer wakes on the disconnect); a hung-but-alive leader is found by the followers' rest
+    election timeout (``rest_election_min``-``max``), or as soon as a cell wakes the group (the
+    woken followers use the normal 0.25-0.6 s timeout again). The Global Scheduler learns of a
+    replica's death from its Local Scheduler, not from Raft."""
 
     follower_quiet: float = 1.0
     leader_quiet: float = 1.0
-    rest_heartbeat: float = 4.0
-    rest_tick: float = 3.0
-    rest_election_min: float = 12.0
-    rest_election_max: float = 16.0
-    rest_fallback: float = 40.0
+    rest_heartbeat: float = 30.0
+    rest_tick: float = 90.0  # the longest a resting tick thread sleeps with nothing due
+    rest_election_min: float = 75.0
+    rest_election_max: float = 90.0
+    rest_fallback: float = 150.0
+    rest_connection_timeout: float = 150.0
     fallback_grace: float = 1.0  # a woken leader keeps the long fallback this long
     leader_lost_election: float = 0.02
     leader_lost_stagger: float = 0.1
@@ -118,6 +132,28 @@ class RestingTransport(TCPTransport):
                 conn._TcpConnection__lastReadTime = now
 
 
+class RestingPoller:
+    """pysyncobj's poller, whose ``poll`` (the tick thread's only wait) sleeps until the next
+    thing due while the group rests, instead of ``autoTickPeriod``: pysyncobj reads that period
+    before a tick, while the rest heartbeat and the election deadline are only known after it."""
+
+    def __init__(self, inner: Any, rest: RaftRest) -> None:
+        self._inner = inner
+        self._rest = rest
+
+    def subscribe(self, descr, callback, eventMask) -> None:  # noqa: ANN001, N803
+        self._inner.subscribe(descr, callback, eventMask)
+
+    def unsubscribe(self, descr) -> None:  # noqa: ANN001
+        self._inner.unsubscribe(descr)
+
+    def poll(self, timeout: float) -> None:
+        self._inner.poll(self._rest.poll_timeout(timeout))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class RaftRest:
     """The resting state machine of one replica (see the module docstring)."""
 
@@ -142,6 +178,10 @@ class RaftRest:
         self._last_activity = raft_clock()
         self._woke_at = 0.0
         self._announced: dict[Any, tuple[int, int]] = {}  # leader: follower -> (term, index)
+        self._wake_requested = False  # set by any thread (request_wake), read on the tick thread
+        self.poller: RestingPoller | None = None
+        if hasattr(sync, "_poller"):
+            self.poller = sync._poller = RestingPoller(sync._poller, self)
         sync.addOnTickCallback(self.on_tick)
 
     # ---- pysyncobj's state ---------------------------------------------------------------
@@ -165,10 +205,34 @@ class RaftRest:
     def is_connected(self, node: Any) -> bool:
         return self.enabled and node in self._get("connectedNodes")
 
+    def poll_timeout(self, timeout: float) -> float:
+        """How long the tick thread may wait for a message now: ``timeout`` (pysyncobj's tick
+        period) while awake; resting, until this replica's next duty (the leader's heartbeat, a
+        follower's election deadline), at least the normal tick and at most ``rest_tick``."""
+        if not self.enabled or not self.resting:
+            return timeout
+        now = raft_clock()
+        if self._get("raftState") == _LEADER:
+            due = self._get("newAppendEntriesTime")
+        else:
+            due = self._get("raftElectionDeadline")
+        return min(max(due - now, self._normal["autoTickPeriod"]), self.timings.rest_tick)
+
+    def _connection_timeouts(self, timeout: float) -> None:
+        """Every connection's timeout (pysyncobj checks it on a send: a link that read nothing
+        for that long is dropped)."""
+        transport = self._get("transport")
+        for conn in list(getattr(transport, "_connections", {}).values()):
+            if hasattr(conn, "_TcpConnection__timeout"):
+                conn._TcpConnection__timeout = timeout
+
     # ---- events (tick thread) ---------------------------------------------------------------
     def on_tick(self) -> None:
         if not self.enabled:
             return
+        if self._wake_requested:
+            self._wake_requested = False
+            self.wake("a local proposal")
         state = self._state()
         if state != self._snapshot:
             self._snapshot = state
@@ -210,6 +274,14 @@ class RaftRest:
                 self.wake(f"message {kind}")
         return False
 
+    def request_wake(self) -> None:
+        """From any thread, before a proposal: wake on the tick thread's next tick (pysyncobj
+        wakes its poller for the proposal). A follower forwards a proposal to its leader, which
+        changes nothing in its own log: without this, a resting follower whose leader hung would
+        wait out the rest election timeout before the cell could run."""
+        if self.enabled:  # whether it rests is read on the tick thread (it may rest meanwhile)
+            self._wake_requested = True
+
     def wake(self, why: str) -> None:
         if not self.enabled:
             return
@@ -231,6 +303,7 @@ class RaftRest:
         transport = self._get("transport")
         if isinstance(transport, RestingTransport):
             transport.touch_connections()
+        self._connection_timeouts(conf.connectionTimeout)
         if self._get("raftState") == _LEADER:
             self._set("newAppendEntriesTime", 0.0)  # a heartbeat on this very tick
             peers = self._get("otherNodes")
@@ -263,9 +336,9 @@ class RaftRest:
         conf = self._get("conf")
         t = self.timings
         conf.raftMinTimeout, conf.raftMaxTimeout = t.rest_election_min, t.rest_election_max
-        conf.autoTickPeriod = t.rest_tick
         self._set("raftElectionDeadline",
                   raft_clock() + RAFT_RANDOM.uniform(t.rest_election_min, t.rest_election_max))
+        self._connection_timeouts(t.rest_connection_timeout)
         self.resting = True
         self.rests += 1
         self._get("transport").send(leader, {"type": REST, "term": self._get("raftCurrentTerm"),
@@ -285,8 +358,8 @@ class RaftRest:
         conf = self._get("conf")
         t = self.timings
         conf.appendEntriesPeriod = t.rest_heartbeat
-        conf.autoTickPeriod = t.rest_tick
         conf.leaderFallbackTimeout = t.rest_fallback
         self._set("newAppendEntriesTime", raft_clock() + t.rest_heartbeat)
+        self._connection_timeouts(t.rest_connection_timeout)
         self.resting = True
         self.rests += 1

@@ -53,7 +53,11 @@ from .state_sync import StateSync
 
 # Exit status of a replica that could not load the committed state: the scheduler replaces it.
 DIVERGED_EXIT_CODE = 75
-APPLY_SAFETY_WAKE_S = 5.0  # the apply loop looks for work at least this often
+# The apply loop looks for work at least this often. Every commit, snapshot, restore and
+# divergence wakes it (``_wake``/``_notify``); this is only a safety net, and every wake-up of an
+# idle replica's main thread costs CPU: at 5 s it was a fifth of an idle replica's main-thread
+# wake-ups and 0.1 ms/s of its CPU (issue 36).
+APPLY_SAFETY_WAKE_S = 60.0
 ANSWERS_KEPT = 512  # recent execute_replies kept to answer a request that comes again
 
 

@@ -164,3 +164,52 @@ def test_backlog_bounds_by_bytes_and_keeps_a_lone_big_message() -> None:
     assert backlog.popleft()[0] == [b"y" * 50] and backlog.bytes == 0
     with pytest.raises(ValueError):
         Backlog(max_messages=0)
+
+
+_VANISH = textwrap.dedent("""
+    import subprocess, sys, time, zmq
+    from notebookos.kernel.iopub import set_dead_peer_timeouts
+    context = zmq.Context()
+    xpub = context.socket(zmq.XPUB)
+    xpub.linger = 0
+    set_dead_peer_timeouts(xpub)
+    port = xpub.bind_to_random_port("tcp://127.0.0.1")
+    sub = context.socket(zmq.SUB)
+    sub.linger = 0
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    sub.subscribe(b"")
+    assert xpub.recv() == b"\\x01"
+    for way in ("--dport", "--sport"):  # the subscriber's host vanishes: nothing comes back
+        subprocess.run(["iptables", "-A", "INPUT", "-p", "tcp", way, str(port), "-j", "DROP"],
+                       check=True)
+    t0 = time.monotonic()
+    if sys.argv[1] == "in-flight":
+        xpub.send(b"output nobody acknowledges")
+    xpub.rcvtimeo = 20_000
+    assert xpub.recv() == b"\\x00"
+    print(round(time.monotonic() - t0, 1))
+""")
+
+
+@pytest.mark.parametrize("case", ["idle", "in-flight"])
+def test_a_subscriber_whose_host_vanished_is_dropped_without_zmtp_heartbeats(case: str) -> None:
+    """Issue 36: the replica's IOPub finds a subscriber whose host vanished (no FIN/RST) by
+    TCP keepalive and TCP_USER_TIMEOUT, timers of the operating system, instead of ZMTP
+    heartbeats that woke every idle replica's IO thread. Run in a network namespace of its own
+    (root, iptables), where the subscriber's packets are dropped: its unsubscribe comes in
+    about 6 s (ZMTP heartbeats at 2 s / 6 s took 8 s)."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("iptables"):
+        pytest.skip("needs root, unshare and iptables (a private network namespace)")
+    probe = subprocess.run(["unshare", "-n", "iptables", "-L", "INPUT"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no iptables in a new network namespace here: {probe.stderr[-200:]!r}")
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" -c "$1" "$2"',
+         sys.executable, _VANISH, case],
+        capture_output=True, text=True, timeout=40,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 12.0, done.stdout

@@ -91,3 +91,28 @@ def test_times_written_into_pysyncobj_are_on_its_clock():
         assert 4.9 < left <= 5.01, left
     finally:
         log.close()
+
+
+def test_a_cell_after_the_leader_of_a_resting_group_hung(group: ReplicaGroup):
+    """A hung-but-alive leader (SIGSTOP: its sockets stay open) of a resting group: the
+    followers rest with a long election timeout (75-90 s, kernel/raft_rest.py), so the next
+    cell's own proposals must wake them (a follower forwards them to the leader, which changes
+    nothing in its own log): woken, they elect within the normal timeout."""
+    import os
+    import signal
+
+    group.execute("v = 3", target=1)
+    status = group.wait_status(all_resting, timeout=30)
+    leader = status[2]["raft_leader"]
+    hung = next(rid for rid, r in group.replicas.items() if r.raft_address == leader)
+    survivors = [rid for rid in group.replicas if rid != hung]
+    pid = group.replicas[hung].proc.pid
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        result = group.execute("print(v * 2)", target=survivors[0], to=survivors, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    assert result.executor() == survivors[0] and result.stdout() == "6\n", result.summary()
+    assert took < 10.0, f"the cell took {took:.1f} s"
