@@ -52,6 +52,21 @@ def settings_from_live(config: Config, sim_settings: dict[str, Any]) -> dict[str
     return {**live, **sim_settings}
 
 
+# The simulator settings a run records under summary.json's "simulated" that are not latencies
+# or settings of its own but the cluster's shape and policy (simulate_played passes them apart).
+_SHAPE = ("hosts", "gpus_per_host", "autoscale", "policy_params")
+
+
+def resimulate_settings(summary: dict[str, Any], sim_settings: dict[str, Any]) -> dict[str, Any]:
+    """The simulator settings to simulate a stored run again with: those the run was simulated
+    with (the live cluster's cell_order and hibernate_after_s among them, settings_from_live),
+    with ``--sim-set`` taking precedence. Without them a run of a cluster that serves waiting cells
+    in ``qssf`` or ``themis`` order was re-simulated in arrival order, and with no hibernation."""
+    stored = ((summary.get("simulated") or {}).get("settings") or {})
+    kept = {k: v for k, v in stored.items() if k not in _SHAPE}
+    return {**kept, **sim_settings}
+
+
 def simulate_played(workload: Workload, policy: str, hosts: int, gpus_per_host: int,
                     params: dict[str, Any], autoscale: bool, max_hosts: int, seed: int,
                     settings: dict[str, Any] | None = None) -> tuple[dict[str, Any], RunRecord]:
