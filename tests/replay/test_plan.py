@@ -165,13 +165,16 @@ def test_the_simulation_beside_a_replay_takes_the_live_clusters_hibernation_and_
 
     live = load_config(env={}, overrides={"global_scheduler.hibernate_after_s": 900.0,
                                           "global_scheduler.cell_order": "qssf"})
+    from notebookos.replay.compare import LOCAL_LATENCIES
+
     settings = settings_from_live(live, {})
-    assert settings == {"cell_order": "qssf", "hibernate_after_s": 900.0}
+    assert settings == {"cell_order": "qssf", "hibernate_after_s": 900.0, **LOCAL_LATENCIES}
     SimConfig(**settings)  # the simulator takes them as they are
     # the default live cluster hibernates after an hour, and so does its simulation
     assert settings_from_live(load_config(env={}), {})["hibernate_after_s"] == 3600.0
     # --sim-set wins
     assert settings_from_live(live, {"hibernate_after_s": 0.0})["hibernate_after_s"] == 0.0
+    assert settings_from_live(live, {"container_start_s": 5.0})["container_start_s"] == 5.0
 
 
 def test_resimulating_a_run_keeps_the_settings_it_was_simulated_with():
