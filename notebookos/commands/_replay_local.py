@@ -25,7 +25,6 @@ from notebookos.ports import free_ports
 from notebookos.simulator.hosts import MEMORY_MB_PER_GPU, MILLICPUS_PER_GPU, VRAM_GB_PER_GPU
 from notebookos.supervisor import Supervisor
 
-
 EXTENSION = "notebookos.provisioner"  # the NotebookOS Jupyter Server extension
 
 
