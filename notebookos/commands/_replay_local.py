@@ -25,6 +25,23 @@ from notebookos.ports import free_ports
 from notebookos.simulator.hosts import MEMORY_MB_PER_GPU, MILLICPUS_PER_GPU, VRAM_GB_PER_GPU
 from notebookos.supervisor import Supervisor
 
+EXTENSION = "notebookos.provisioner"  # the NotebookOS Jupyter Server extension
+
+
+def server_argv(port: int, token: str, root: Path) -> list[str]:
+    """The embedded Jupyter Server's command line. It enables the NotebookOS server extension
+    itself: the data file that enables it for every server of an environment
+    (jupyter_server_config.d/notebookos.json) is not installed by an editable install
+    (pyproject.toml), and without the extension every sample of /api/notebookos/cluster is a
+    404 (no kernel-ready time, no cluster samples) and the kernel websockets are not
+    TCP_NODELAY, which adds Nagle's delays to every cell."""
+    return [sys.executable, "-m", "jupyter_server", "--ip=127.0.0.1",
+            f"--port={port}", "--port-retries=0",
+            f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
+            "--MappingKernelManager.default_kernel_name=notebookos",
+            f"--ServerApp.jpserver_extensions={EXTENSION}=True",
+            f"--ServerApp.root_dir={root}"]
+
 
 def setting_env(values: dict[str, Any]) -> dict[str, str]:
     """``{"cluster.policy": "batch"}`` -> ``{"NOTEBOOKOS_CLUSTER_POLICY": "batch"}``."""
@@ -83,11 +100,7 @@ class LocalCluster:
             raise RuntimeError("stopped while the cluster was starting")
         root = self.state_dir / "notebooks"
         root.mkdir()
-        argv = [sys.executable, "-m", "jupyter_server", "--ip=127.0.0.1",
-                f"--port={self.jupyter_port}", "--port-retries=0",
-                f"--IdentityProvider.token={self.token}", "--ServerApp.open_browser=False",
-                "--MappingKernelManager.default_kernel_name=notebookos",
-                f"--ServerApp.root_dir={root}"]
+        argv = server_argv(self.jupyter_port, self.token, root)
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             argv.append("--allow-root")
         server = self.supervisor.start("jupyter-server", argv, env=env,

@@ -415,6 +415,9 @@ def _resimulate(args: argparse.Namespace, sim_settings: dict[str, Any]) -> int:
     out = args.out or run_dir / "resimulated"
     out.mkdir(parents=True, exist_ok=True)
     params = (summary.get("simulated") or {}).get("settings", {}).get("policy_params", {})
+    from notebookos.replay.compare import resimulate_settings
+
+    sim_settings = resimulate_settings(summary, sim_settings)
     summary.pop("simulated", None)
     summary["resimulated_from"] = str(run_dir)
     delays = [float(r["interactivity_s"]) for r in rows if r["interactivity_s"]]

@@ -43,13 +43,44 @@ def live_policy_params(config: Config) -> dict[str, Any]:
     return policy_params(config)
 
 
+# The latencies of a ``--local`` cluster, which the simulator's defaults do not describe: those
+# are the paper's deployment (a Docker container per replica, 2.24 s cold, 1.0 s from the
+# prewarm pool; 3.6 ms client -> code and back), while --local starts replica processes on this
+# machine and its cells cross Jupyter Server's websocket on a loaded VM. Measured by
+# ``notebookos replay --local`` of the 8-session template under notebookos (docs/evaluation.md,
+# "Live vs simulated", 2026-11-28): a kernel is ready (past ``starting``) 0.57 s p50 after POST
+# /api/sessions, 8 kernels within 2 s included (0.41-0.71 s); a cell's send -> code plus code end
+# -> execute_reply is 0.083 s p50 (0.050 + 0.033). Calibrated with --resimulate.
+LOCAL_LATENCIES: dict[str, float] = {
+    "container_start_s": 0.57,
+    "prewarm_promotion_s": 0.57,  # no pool is faster than a start here
+    "request_overhead_s": 0.083,
+}
+
+
 def settings_from_live(config: Config, sim_settings: dict[str, Any]) -> dict[str, Any]:
-    """The simulator settings that mirror the live cluster's own (the order of waiting cells,
-    hibernation after ``global_scheduler.hibernate_after_s`` of no cell, 3600 s by default),
-    with ``--sim-set`` taking precedence: a replay compares like with like (issue 34)."""
+    """The simulator settings that mirror the live ``--local`` cluster's own (the order of waiting
+    cells, hibernation after ``global_scheduler.hibernate_after_s`` of no cell, 3600 s by
+    default; its latencies, ``LOCAL_LATENCIES``), with ``--sim-set`` taking precedence: a replay
+    compares like with like (issues 34, 35)."""
     live = {"cell_order": config.global_scheduler.cell_order,
-            "hibernate_after_s": config.global_scheduler.hibernate_after_s}
+            "hibernate_after_s": config.global_scheduler.hibernate_after_s, **LOCAL_LATENCIES}
     return {**live, **sim_settings}
+
+
+# The simulator settings a run records under summary.json's "simulated" that are not latencies
+# or settings of its own but the cluster's shape and policy (simulate_played passes them apart).
+_SHAPE = ("hosts", "gpus_per_host", "autoscale", "policy_params")
+
+
+def resimulate_settings(summary: dict[str, Any], sim_settings: dict[str, Any]) -> dict[str, Any]:
+    """The simulator settings to simulate a stored run again with: those the run was simulated
+    with (the live cluster's cell_order and hibernate_after_s among them, settings_from_live),
+    with ``--sim-set`` taking precedence. Without them a run of a cluster that serves waiting cells
+    in ``qssf`` or ``themis`` order was re-simulated in arrival order, and with no hibernation."""
+    stored = ((summary.get("simulated") or {}).get("settings") or {})
+    kept = {k: v for k, v in stored.items() if k not in _SHAPE}
+    return {**kept, **sim_settings}
 
 
 def simulate_played(workload: Workload, policy: str, hosts: int, gpus_per_host: int,

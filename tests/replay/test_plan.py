@@ -165,10 +165,45 @@ def test_the_simulation_beside_a_replay_takes_the_live_clusters_hibernation_and_
 
     live = load_config(env={}, overrides={"global_scheduler.hibernate_after_s": 900.0,
                                           "global_scheduler.cell_order": "qssf"})
+    from notebookos.replay.compare import LOCAL_LATENCIES
+
     settings = settings_from_live(live, {})
-    assert settings == {"cell_order": "qssf", "hibernate_after_s": 900.0}
+    assert settings == {"cell_order": "qssf", "hibernate_after_s": 900.0, **LOCAL_LATENCIES}
     SimConfig(**settings)  # the simulator takes them as they are
     # the default live cluster hibernates after an hour, and so does its simulation
     assert settings_from_live(load_config(env={}), {})["hibernate_after_s"] == 3600.0
     # --sim-set wins
     assert settings_from_live(live, {"hibernate_after_s": 0.0})["hibernate_after_s"] == 0.0
+    assert settings_from_live(live, {"container_start_s": 5.0})["container_start_s"] == 5.0
+
+
+def test_resimulating_a_run_keeps_the_settings_it_was_simulated_with():
+    # --resimulate used only the --sim-set values: a run of a cluster serving waiting cells in
+    # qssf order (a seed scheduler's queue sort) was re-simulated in arrival order, without the
+    # live cluster's hibernation, so a calibration compared unlike with like.
+    from notebookos.replay.compare import resimulate_settings
+    from notebookos.simulator.config import SimConfig
+
+    summary = {"simulated": {"settings": {
+        "hosts": 4, "gpus_per_host": 4, "autoscale": False, "policy_params": {"min_hosts": 4},
+        "cell_order": "qssf", "hibernate_after_s": 3600.0, "container_start_s": 5.0}}}
+    settings = resimulate_settings(summary, {"container_start_s": 7.5})
+    assert settings == {"cell_order": "qssf", "hibernate_after_s": 3600.0,
+                        "container_start_s": 7.5}
+    SimConfig(**settings)
+    assert resimulate_settings({}, {"state_write_s": 0.1}) == {"state_write_s": 0.1}
+
+
+def test_the_local_clusters_jupyter_server_enables_the_notebookos_extension(tmp_path):
+    # The extension is enabled for an environment by a data file that editable installs do not
+    # get; without it replay --local measured no kernel-ready time (every sample a 404) and its
+    # kernel websockets were not TCP_NODELAY. The server's own command line now enables it.
+    from jupyter_server.serverapp import ServerApp
+
+    from notebookos.commands._replay_local import EXTENSION, server_argv
+
+    argv = server_argv(8888, "token", tmp_path)
+    app = ServerApp()
+    app.parse_command_line(argv[3:])
+    assert app.jpserver_extensions == {EXTENSION: True}
+    assert app.port == 8888
