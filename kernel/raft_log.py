@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cryptography.fernet import Fernet
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -80,10 +81,69 @@ class _KeyedSyncObj(SyncObj):
         replica diverged exactly when an entry written back at an applied index differs from
         the one applied there (``AppliedEntryGuard``); the same entry sent again (a stale or
         repeated AppendEntries) is harmless and said so."""
+        message = self._without_entries_held(message)
         guard = self.applied_guard
         guard.before(self, message)
         super()._SyncObj__onMessageReceived(node, message)
         guard.after(self, message)
+
+    def _without_entries_held(self, message: Any) -> Any:
+        """An AppendEntries cut down to what this follower's log lacks, so that pysyncobj
+        deletes entries only from the first one that conflicts with the leader's (Raft's rule),
+        never entries that match.
+
+        pysyncobj deletes every entry after ``prevLogIdx`` whenever it holds more, and first
+        reverses the membership changes among them, without knowing whether each changed its
+        view when appended: a joiner whose --peers named a live member reverses the log's
+        "add <that member>" into removing it (and drops its connection), and a "remove <a
+        replica long gone>" into adding the gone replica. A late or repeated AppendEntries
+        (the leader moves its next index back on a stale "reset" answer, then resends what the
+        follower holds, often in a shorter batch) left a joiner with such a view until the
+        leader sent the rest again; it could not when the reversal had dropped the leader, nor
+        once the leader (the executor) was SIGKILLed: two live replicas, neither with a
+        quorum (issue 32, the notebook corpus with a kill after every cell).
+
+        Entries are compared by index and term (Raft's Log Matching: the same index and term
+        hold the same command, with the same log before them). An AppendEntries all of whose
+        entries this log holds and that ends before this log does is a stale one: when the
+        last entry here is of the leader's current term, it came from this leader, so this
+        whole log is a prefix of the leader's and the message is answered from its end
+        (nothing deleted); otherwise the entries after the message's are left to pysyncobj's
+        own rule. Anything else (a snapshot, a large entry in parts, a previous entry that does
+        not match) is pysyncobj's, unchanged."""
+        try:
+            if (not isinstance(message, dict) or message.get("type") != "append_entries"
+                    or "prevLogIdx" not in message or "transmission" in message
+                    or message.get("serialized") is not None):
+                return message
+            prev, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+            last = self._SyncObj__getCurrentLogIndex()
+            if prev >= last or message["term"] < self._SyncObj__raftCurrentTerm:
+                return message  # nothing to delete, or a message pysyncobj ignores
+            held = self._SyncObj__getEntries(prev, last - prev + 1)
+            if not held or held[0][1] != prev or held[0][2] != prev_term:
+                return message  # compacted, or no match at prevLogIdx: pysyncobj's reset
+            entries = list(message.get("entries") or [])
+            matched = 0
+            for entry, mine in zip(entries, held[1:]):
+                if entry[1] != mine[1] or entry[2] != mine[2]:
+                    break
+                matched += 1
+            if matched == 0 and entries and len(held) > 1:
+                return message  # a conflict at the first entry: delete from there (Raft)
+            rest = entries[matched:]
+            if matched:
+                prev, prev_term = entries[matched - 1][1], entries[matched - 1][2]
+            if not rest and prev < last and held[-1][2] == message["term"]:
+                prev, prev_term = last, held[-1][2]  # a stale message: this log holds it all
+            if prev == message["prevLogIdx"]:
+                return message
+            trimmed = dict(message)
+            trimmed.update(prevLogIdx=prev, prevLogTerm=prev_term, entries=rest)
+            return trimmed
+        except Exception:  # noqa: BLE001 - another pysyncobj: its own behaviour
+            log.debug("could not compare an AppendEntries with the log", exc_info=True)
+            return message
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's (mangled) name
         """pysyncobj's apply step. Without batching it answers True after every apply, and the

@@ -78,13 +78,29 @@ def follower_fixture():  # noqa: ANN201
         log.close()
 
 
-def test_applied_entries_written_back_unchanged_are_no_divergence(follower) -> None:  # noqa: ANN001
+def test_the_same_append_again_deletes_nothing(follower) -> None:  # noqa: ANN001
     log, node, diverged = follower
-    # The same AppendEntries again (a late copy): pysyncobj deletes entries 2-3, applied here,
-    # and appends the same ones.
+    # The same AppendEntries again (a late copy): pysyncobj alone deleted entries 2-3, applied
+    # here, and appended the same ones; they match, so nothing is deleted (issue 32,
+    # test_raft_stale_append.py).
     _append(log, node, 1, (1, 0), [(NO_OP, 2, 1), (NO_OP, 3, 1)], commit=3)
     guard = log._sync.applied_guard
-    assert guard.rewritten == 2
+    assert guard.rewritten == 0
+    assert not guard.at_risk
+    assert log._sync._SyncObj__getCurrentLogIndex() == 3
+    assert diverged == []
+
+
+def test_applied_entries_written_back_unchanged_are_no_divergence(follower) -> None:  # noqa: ANN001
+    log, node, diverged = follower
+    # A leader of a later term sends entry 2 again, not 3: this log's last entry is of an
+    # older term, so whether 3 is the leader's is not known from here and pysyncobj deletes
+    # it (applied); the leader then sends the same entry 3 back.
+    _append(log, node, 2, (1, 0), [(NO_OP, 2, 1)], commit=3)
+    guard = log._sync.applied_guard
+    assert set(guard.at_risk) == {3}
+    _append(log, node, 2, (2, 1), [(NO_OP, 3, 1)], commit=3)
+    assert guard.rewritten == 1
     assert not guard.at_risk
     assert diverged == []
     assert guard.diverged is None
@@ -104,12 +120,22 @@ def test_an_applied_entry_replaced_by_another_is_divergence(follower) -> None:  
 def test_applied_entries_deleted_and_not_yet_sent_again_wait_for_the_next_append(
         follower) -> None:  # noqa: ANN001
     log, node, diverged = follower
-    _append(log, node, 1, (1, 0), [(NO_OP, 2, 1)], commit=3)  # index 3 deleted, not resent
+    _append(log, node, 2, (1, 0), [(NO_OP, 2, 1)], commit=3)  # index 3 deleted, not resent
     guard = log._sync.applied_guard
     assert set(guard.at_risk) == {3}
     assert diverged == []
-    _append(log, node, 1, (2, 1), [(NO_OP, 3, 1)], commit=3)  # the same entry comes back
+    _append(log, node, 2, (2, 1), [(NO_OP, 3, 2)], commit=3)  # another entry at 3
     assert not guard.at_risk
+    assert len(diverged) == 1 and "index 3" in diverged[0], diverged
+
+
+def test_a_late_append_of_this_leaders_entries_deletes_nothing(follower) -> None:  # noqa: ANN001
+    log, node, diverged = follower
+    # entry 2 again from the leader of term 1, whose entry 3 (term 1) this log holds: stale
+    _append(log, node, 1, (1, 0), [(NO_OP, 2, 1)], commit=3)
+    guard = log._sync.applied_guard
+    assert not guard.at_risk and guard.rewritten == 0
+    assert log._sync._SyncObj__getCurrentLogIndex() == 3
     assert diverged == []
 
 
