@@ -29,6 +29,7 @@ from typing import Any
 
 from cryptography.fernet import Fernet
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import pickle as pysyncobj_pickle
 
 from .election import Applied, ElectionBook
 from .raft_random import keep_raft_off_the_users_generator
@@ -109,17 +110,26 @@ class _KeyedSyncObj(SyncObj):
         last entry here is of the leader's current term, it came from this leader, so this
         whole log is a prefix of the leader's and the message is answered from its end
         (nothing deleted); otherwise the entries after the message's are left to pysyncobj's
-        own rule. Anything else (a snapshot, a large entry in parts, a previous entry that does
-        not match) is pysyncobj's, unchanged."""
+        own rule. A large entry sent in parts is compared once whole (its last part). Anything
+        else (a snapshot, a previous entry that does not match) is pysyncobj's, unchanged."""
         try:
             if (not isinstance(message, dict) or message.get("type") != "append_entries"
-                    or "prevLogIdx" not in message or "transmission" in message
-                    or message.get("serialized") is not None):
-                return message
+                    or "prevLogIdx" not in message or message.get("serialized") is not None
+                    or message["term"] < self._SyncObj__raftCurrentTerm):
+                return message  # not entries, or a message pysyncobj ignores
+            if message.get("transmission") == "finish":
+                # the last part of a large entry: pysyncobj would append it as one entry after
+                # deleting all after prevLogIdx, the same way; whole, it is compared like others
+                entry = pysyncobj_pickle.loads(self._SyncObj__recvTransmission + message["data"])
+                self._SyncObj__recvTransmission = ""
+                message = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+                message["entries"] = [entry]
+            elif "transmission" in message:
+                return message  # a part of a large entry: nothing is written yet
             prev, prev_term = message["prevLogIdx"], message["prevLogTerm"]
             last = self._SyncObj__getCurrentLogIndex()
-            if prev >= last or message["term"] < self._SyncObj__raftCurrentTerm:
-                return message  # nothing to delete, or a message pysyncobj ignores
+            if prev >= last:
+                return message  # nothing to delete
             held = self._SyncObj__getEntries(prev, last - prev + 1)
             if not held or held[0][1] != prev or held[0][2] != prev_term:
                 return message  # compacted, or no match at prevLogIdx: pysyncobj's reset

@@ -22,7 +22,7 @@ import time
 import pytest
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _COMMAND_TYPE
-from test_raft_applied_guard import _append, _applied
+from test_raft_applied_guard import _append, _applied, _on_tick
 
 from notebookos.kernel.raft_log import RaftLog
 from notebookos.ports import free_ports
@@ -45,7 +45,7 @@ def joiner_fixture():  # noqa: ANN201
                   on_commit=lambda _record, _applied: None, on_diverged=lambda _why: None,
                   rest=None, raft_min_timeout=8, raft_max_timeout=9.5)  # no candidate in a test
     node = TCPNode(leader)
-    entries = [(NO_OP, 2, 1), (_membership("rem", gone), 3, 1),
+    entries = [(NO_OP + b"x" * 100_000, 2, 1), (_membership("rem", gone), 3, 1),
                (_membership("add", leader), 4, 1), (_membership("add", peer), 5, 1),
                (_membership("add", me), 6, 1), (NO_OP, 7, 1)]
     try:
@@ -71,6 +71,21 @@ def test_a_late_append_of_entries_held_keeps_the_view_of_the_group(joiner) -> No
     assert log.raft_members() == {me, leader, peer}
     assert log._sync._SyncObj__getCurrentLogIndex() == 7
     assert log._sync.applied_guard.diverged is None
+
+
+def test_a_late_append_of_a_large_entry_held_keeps_the_view_of_the_group(
+        joiner) -> None:  # noqa: ANN001
+    log, node, entries, (me, leader, peer, _gone) = joiner
+    # the same, the entry sent in parts (pysyncobj's "transmission" of an entry over its batch
+    # size, as a cell's large state update is)
+    data = pickle.dumps(entries[0])
+    for part, chunk in (("start", data[:60_000]), ("finish", data[60_000:])):
+        message = {"type": "append_entries", "transmission": part, "data": chunk, "term": 1,
+                   "commit_index": 7, "prevLogIdx": 1, "prevLogTerm": 0}
+        _on_tick(log, lambda sync, m=message: sync._SyncObj__onMessageReceived(node, m))
+    assert log.raft_members() == {me, leader, peer}
+    assert log._sync._SyncObj__getCurrentLogIndex() == 7
+    assert log._sync.applied_guard.rewritten == 0
 
 
 def test_a_repeated_append_deletes_nothing(joiner) -> None:  # noqa: ANN001
