@@ -139,7 +139,7 @@ class _KeyedSyncObj(SyncObj):
                 return message, None  # compacted, or no match at prevLogIdx: pysyncobj's
             entries = list(message.get("entries") or [])
             matched = 0
-            for entry, mine in zip(entries, held[1:]):
+            for entry, mine in zip(entries, held[1:], strict=False):
                 if entry[1] != mine[1] or entry[2] != mine[2]:
                     break
                 matched += 1
