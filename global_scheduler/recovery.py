@@ -170,6 +170,7 @@ class RecoveryMixin:
                 members = [r.endpoint for r in entry.replicas.values() if r.ready]
                 key, scheme = entry.key, entry.signature_scheme
             answers = []
+            views = []
             for member in members:
                 try:
                     status = control_request(member, key, scheme, "replica_status_request", {},
@@ -177,11 +178,13 @@ class RecoveryMixin:
                 except ControlError:
                     continue
                 answers.append(bool(status.get("has_quorum", True)))
+                views.append(f"replica {status.get('replica_id')}: Raft view "
+                             f"{status.get('raft_members')}, leader {status.get('raft_leader')}")
             if not answers or any(answers):
                 return False
         log.warning("kernel %s: no live replica of its Raft group has a quorum (the group "
-                    "counts members that are gone): rebuilding it from its last checkpoint",
-                    kernel_id)
+                    "counts members that are gone): rebuilding it from its last checkpoint (%s)",
+                    kernel_id, "; ".join(views))
         return True
 
     def _rebuild_from_checkpoint(self, kernel_id: str) -> list[int]:

@@ -25,9 +25,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cryptography.fernet import Fernet
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import pickle as pysyncobj_pickle
 
 from .election import Applied, ElectionBook
 from .raft_random import keep_raft_off_the_users_generator
@@ -80,10 +82,85 @@ class _KeyedSyncObj(SyncObj):
         replica diverged exactly when an entry written back at an applied index differs from
         the one applied there (``AppliedEntryGuard``); the same entry sent again (a stale or
         repeated AppendEntries) is harmless and said so."""
+        message, held_to = self._without_entries_held(message)
         guard = self.applied_guard
         guard.before(self, message)
         super()._SyncObj__onMessageReceived(node, message)
         guard.after(self, message)
+        if held_to is not None:  # Raft's answer to an AppendEntries whose entries all match
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=held_to + 1, success=True)
+
+    def _without_entries_held(self, message: Any) -> tuple[Any, int | None]:
+        """An AppendEntries cut down to what this follower's log lacks, so that pysyncobj
+        deletes entries only from the first one that conflicts with the leader's (Raft's rule),
+        never entries that match.
+
+        pysyncobj deletes every entry after ``prevLogIdx`` whenever it holds more, and first
+        reverses the membership changes among them, without knowing whether each changed its
+        view when appended: a joiner whose --peers named a live member reverses the log's
+        "add <that member>" into removing it (and drops its connection), and a "remove <a
+        replica long gone>" into adding the gone replica. A late or repeated AppendEntries
+        (the leader moves its next index back on a stale "reset" answer, then resends what the
+        follower holds, often in a shorter batch) left a joiner with such a view until the
+        leader sent the rest again; it could not when the reversal had dropped the leader, nor
+        once the leader (the executor) was SIGKILLed: two live replicas, neither with a
+        quorum (issue 32, the notebook corpus with a kill after every cell).
+
+        Entries are compared by index and term (Raft's Log Matching: the same index and term
+        hold the same command, with the same log before them). An AppendEntries all of whose
+        entries this log holds, and that ends before this log does, is a stale one: pysyncobj
+        gets it without its entries (its term, leader and commit index, the commit capped at
+        its last entry: this log's later entries may not be the leader's) and the leader gets
+        Raft's answer, success up to its last entry, with ``held_to`` (returned). One that
+        brings more is cut to what is new; one that conflicts is cut to start at the conflict,
+        from which pysyncobj deletes, as Raft does. A large entry sent in parts is compared
+        once whole (its last part). Anything else (a snapshot, a previous entry that does not
+        match) is pysyncobj's, unchanged."""
+        try:
+            if (not isinstance(message, dict) or message.get("type") != "append_entries"
+                    or "prevLogIdx" not in message or message.get("serialized") is not None
+                    or message["term"] < self._SyncObj__raftCurrentTerm):
+                return message, None  # not entries, or a message pysyncobj ignores
+            if message.get("transmission") == "finish":
+                # the last part of a large entry: pysyncobj would append it as one entry after
+                # deleting all after prevLogIdx, the same way; whole, it is compared like others
+                entry = pysyncobj_pickle.loads(self._SyncObj__recvTransmission + message["data"])
+                self._SyncObj__recvTransmission = ""
+                message = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+                message["entries"] = [entry]
+            elif "transmission" in message:
+                return message, None  # a part of a large entry: nothing is written yet
+            prev, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+            last = self._SyncObj__getCurrentLogIndex()
+            if prev >= last:
+                return message, None  # nothing to delete
+            held = self._SyncObj__getEntries(prev, last - prev + 1)
+            if not held or held[0][1] != prev or held[0][2] != prev_term:
+                return message, None  # compacted, or no match at prevLogIdx: pysyncobj's
+            entries = list(message.get("entries") or [])
+            matched = 0
+            for entry, mine in zip(entries, held[1:], strict=False):
+                if entry[1] != mine[1] or entry[2] != mine[2]:
+                    break
+                matched += 1
+            if matched == 0 and entries and len(held) > 1:
+                return message, None  # a conflict at the first entry: deleted from there
+            rest = entries[matched:]
+            if matched:
+                prev, prev_term = entries[matched - 1][1], entries[matched - 1][2]
+            if not rest and prev < last:  # stale: this log holds all it sent, and more
+                bare = {k: v for k, v in message.items()
+                        if k not in ("prevLogIdx", "prevLogTerm", "entries")}
+                bare["commit_index"] = min(message["commit_index"], prev)
+                return bare, prev
+            if prev == message["prevLogIdx"]:
+                return message, None
+            trimmed = dict(message)
+            trimmed.update(prevLogIdx=prev, prevLogTerm=prev_term, entries=rest)
+            return trimmed, None
+        except Exception:  # noqa: BLE001 - another pysyncobj: its own behaviour
+            log.debug("could not compare an AppendEntries with the log", exc_info=True)
+            return message, None
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's (mangled) name
         """pysyncobj's apply step. Without batching it answers True after every apply, and the

@@ -1158,5 +1158,8 @@ class ReplicaKernel(IPythonKernel):
                 "has_quorum": self.raft.has_quorum(),
                 "raft_resting": self.raft.is_resting(),
                 "raft_leader": self.raft.leader_address(),
+                # pysyncobj's own view of the group (the addresses it counts for a quorum),
+                # which can differ from the book's members (issue 32)
+                "raft_members": sorted(self.raft.raft_members()),
             }
         self.session.send(stream, "replica_status_reply", content, parent, ident=ident)

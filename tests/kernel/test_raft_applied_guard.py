@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from pysyncobj import SyncObj
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _COMMAND_TYPE
 
@@ -55,6 +56,21 @@ def _append(log: RaftLog, leader: TCPNode, term: int, prev: tuple[int, int],
     _on_tick(log, lambda sync: sync._SyncObj__onMessageReceived(leader, message))
 
 
+def _append_untrimmed(log: RaftLog, leader: TCPNode, term: int, prev: tuple[int, int],
+                      entries: list[tuple[bytes, int, int]], commit: int) -> None:
+    """pysyncobj's own handling, watched by the guard, without the trimming of entries this
+    log holds (``_without_entries_held``): how the guard sees a deletion pysyncobj makes."""
+    message = {"type": "append_entries", "term": term, "commit_index": commit,
+               "entries": entries, "prevLogIdx": prev[0], "prevLogTerm": prev[1]}
+
+    def handle(sync) -> None:  # noqa: ANN001
+        sync.applied_guard.before(sync, message)
+        SyncObj._SyncObj__onMessageReceived(sync, leader, message)
+        sync.applied_guard.after(sync, message)
+
+    _on_tick(log, handle)
+
+
 def _applied(log: RaftLog) -> int:
     return log._sync._SyncObj__raftLastApplied
 
@@ -78,11 +94,24 @@ def follower_fixture():  # noqa: ANN201
         log.close()
 
 
+def test_the_same_append_again_deletes_nothing(follower) -> None:  # noqa: ANN001
+    log, node, diverged = follower
+    # The same AppendEntries again (a late copy): pysyncobj alone deleted entries 2-3, applied
+    # here, and appended the same ones; they match, so nothing is deleted (issue 32,
+    # test_raft_stale_append.py).
+    _append(log, node, 1, (1, 0), [(NO_OP, 2, 1), (NO_OP, 3, 1)], commit=3)
+    guard = log._sync.applied_guard
+    assert guard.rewritten == 0
+    assert not guard.at_risk
+    assert log._sync._SyncObj__getCurrentLogIndex() == 3
+    assert diverged == []
+
+
 def test_applied_entries_written_back_unchanged_are_no_divergence(follower) -> None:  # noqa: ANN001
     log, node, diverged = follower
-    # The same AppendEntries again (a late copy): pysyncobj deletes entries 2-3, applied here,
-    # and appends the same ones.
-    _append(log, node, 1, (1, 0), [(NO_OP, 2, 1), (NO_OP, 3, 1)], commit=3)
+    # pysyncobj alone: the same AppendEntries again deletes entries 2-3, applied here, and
+    # appends the same ones
+    _append_untrimmed(log, node, 1, (1, 0), [(NO_OP, 2, 1), (NO_OP, 3, 1)], commit=3)
     guard = log._sync.applied_guard
     assert guard.rewritten == 2
     assert not guard.at_risk
@@ -104,12 +133,24 @@ def test_an_applied_entry_replaced_by_another_is_divergence(follower) -> None:  
 def test_applied_entries_deleted_and_not_yet_sent_again_wait_for_the_next_append(
         follower) -> None:  # noqa: ANN001
     log, node, diverged = follower
-    _append(log, node, 1, (1, 0), [(NO_OP, 2, 1)], commit=3)  # index 3 deleted, not resent
+    _append_untrimmed(log, node, 1, (1, 0), [(NO_OP, 2, 1)], commit=3)  # 3 deleted, not resent
     guard = log._sync.applied_guard
     assert set(guard.at_risk) == {3}
     assert diverged == []
     _append(log, node, 1, (2, 1), [(NO_OP, 3, 1)], commit=3)  # the same entry comes back
     assert not guard.at_risk
+    assert diverged == []
+
+
+def test_a_late_append_of_this_leaders_entries_deletes_nothing(follower) -> None:  # noqa: ANN001
+    log, node, diverged = follower
+    # entry 2 again, from the leader of term 1 and from a leader of a later term: this log
+    # holds it, and entry 3 after it (whose the later leader's may be: not deleted either)
+    _append(log, node, 1, (1, 0), [(NO_OP, 2, 1)], commit=3)
+    _append(log, node, 2, (1, 0), [(NO_OP, 2, 1)], commit=3)
+    guard = log._sync.applied_guard
+    assert not guard.at_risk and guard.rewritten == 0
+    assert log._sync._SyncObj__getCurrentLogIndex() == 3
     assert diverged == []
 
 
