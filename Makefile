@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # torch is optional at run time; the tests install the CPU build that lies on these machines' disks.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: up test test-multinode lint bench bench-smoke install install-test clean labextension compile
+.PHONY: up test test-multinode test-ansible-multinode lint bench bench-smoke install install-test clean labextension compile
 
 # A wheel's modules are compiled when it is installed; an editable install's only on first import,
 # and never where PYTHONDONTWRITEBYTECODE is set: then every replica compiled NotebookOS again at
@@ -68,6 +68,13 @@ test: lint compile
 # stack across them, a notebook through a whole node's loss): part of `make test` as well.
 test-multinode: install-test compile
 	$(VENV)/bin/pytest -s tests/deploy/test_multinode.py $(PYTEST_ARGS)
+
+# The ansible playbook against three Docker engines in containers over SSH (swarm mode, the image
+# copied to each as a docker save archive and loaded, the notebook check, a second run with
+# changed=0): part of `make test` as well; its own target because it takes about 8 minutes here
+# (4 of them the first playbook run, most of that moving 1.8 GB of image into three nodes).
+test-ansible-multinode: install-test compile
+	$(VENV)/bin/pytest -s tests/deploy/test_ansible_multinode.py $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test compile
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -7,6 +7,11 @@
 # it, so the nested engine's overlay2 works: overlay on overlay does not). The tag carries a
 # hash of this script and of the base image: built once per machine.
 #
+# Each node also runs an SSH server (root, key only; the harness puts its throwaway public key in
+# /root/.ssh/authorized_keys), so that the ansible playbook can deploy to the nodes as to VMs:
+# python3 (in the base), python3-apt (the apt module) and sudo (the playbook's become) with it.
+# Host keys are made when a node starts, each node its own.
+#
 #   scripts/node-image.sh
 set -eu
 
@@ -28,8 +33,8 @@ cat > "$context/Dockerfile" <<DOCKERFILE
 FROM $base
 RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
-        docker.io iproute2 iptables procps \\
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
+        docker.io iproute2 iptables procps openssh-server python3-apt sudo \\
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /etc/ssh/ssh_host_*
 COPY node-entrypoint.sh /usr/local/bin/node-entrypoint
 VOLUME /var/lib/docker
 ENTRYPOINT ["/usr/local/bin/node-entrypoint"]

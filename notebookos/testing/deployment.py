@@ -160,6 +160,11 @@ class Deployment:
                 time.sleep(0.5)
         raise TimeoutError(f"JupyterLab did not answer within {timeout:g}s: {last}")
 
+    def docker_of(self, container: dict) -> list[str]:
+        """The docker CLI of the engine that runs a container of replica_containers(): this
+        machine's (a multi-node stack's is the node's)."""
+        return ["docker"]
+
     def replica_containers(self, kernel_id: str) -> dict[int, dict]:
         """replica id -> {name, host_id, id} of the kernel's running replica containers."""
         names = run(["docker", "ps", "--filter", f"name=nbos-{kernel_id}-r",

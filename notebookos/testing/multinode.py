@@ -8,7 +8,10 @@ layers every node's data root then hard-links (seed_image). All traffic stays be
 containers.
 
 The harness drives every engine through the docker CLI on a second socket of that engine, in a
-folder of this machine (``Node.docker``). ``close()`` removes every container, volume, network and
+folder of this machine (``Node.docker``). Each node also runs an SSH server: after
+``enable_ssh()`` a throwaway key pair of the cluster's folder logs in as root on every node, at
+the node's bridge address, with the nodes' host keys in a known_hosts file of that folder (what
+the ansible playbook needs to deploy to the nodes as to VMs). ``close()`` removes every container, volume, network and
 folder it made, whatever state the cluster is in (a test's finalizer)."""
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class DockerCluster:
         self._gateway = ""
         self._manager = ""
         self._seed = ""
+        self._ssh_key: Path | None = None
 
     # -- the bridge and the nodes --------------------------------------------------------------
 
@@ -122,13 +126,69 @@ class DockerCluster:
                 logs = run(["docker", "logs", "--tail", "30", name], check=False)
                 raise TimeoutError(f"the engine of {name} did not start: {logs.stderr[-3000:]}")
             time.sleep(0.5)
+        if self._ssh_key is not None:
+            self._authorize(node)
         return node
+
+    # -- SSH into the nodes ----------------------------------------------------------------------
+
+    def enable_ssh(self) -> Path:
+        """Make a key pair in the cluster's folder (once) and let it log in as root on every node,
+        those running and those added later; returns the private key's path. The nodes' host keys
+        go into ``known_hosts`` beside it."""
+        if self._ssh_key is None:
+            ssh_dir = self.work_dir / "ssh"
+            ssh_dir.mkdir(mode=0o700)
+            key = ssh_dir / "id_ed25519"
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.prefix}-harness",
+                 "-f", str(key)])
+            (ssh_dir / "known_hosts").touch(mode=0o600)
+            self._ssh_key = key
+            for node in self.nodes.values():
+                self._authorize(node)
+        return self._ssh_key
+
+    @property
+    def known_hosts(self) -> Path:
+        assert self._ssh_key is not None, "enable_ssh() first"
+        return self._ssh_key.parent / "known_hosts"
+
+    def ssh_argv(self, node: Node) -> list[str]:
+        """``ssh`` to the node as root with the cluster's key, checking its host key."""
+        return ["ssh", "-i", str(self.enable_ssh()), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{node.address}"]
+
+    def _authorize(self, node: Node, timeout: float = 30) -> None:
+        """The public key into the node's root account, its host key into known_hosts; waits
+        until sshd takes the key."""
+        assert self._ssh_key is not None
+        public = self._ssh_key.with_suffix(".pub").read_text()
+        subprocess.run(["docker", "exec", "-i", node.name, "sh", "-c",
+                        "umask 077 && mkdir -p /root/.ssh && cat >> /root/.ssh/authorized_keys"],
+                       input=public, text=True, check=True, capture_output=True, timeout=60)
+        host_key = run(["docker", "exec", node.name, "cat",
+                        "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()
+        with open(self.known_hosts, "a") as known:
+            known.write(f"{node.address} {host_key[0]} {host_key[1]}\n")
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = run([*self.ssh_argv(node), "-o", "ConnectTimeout=5", "true"], check=False,
+                       timeout=30)
+            if proc.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no SSH login to {node.name}: {proc.stderr[-2000:]}")
+            time.sleep(0.5)
 
     # -- the swarm -----------------------------------------------------------------------------
 
     @property
     def manager(self) -> Node:
         return self.nodes[self._manager]
+
+    def use_manager(self, manager: Node) -> None:
+        """A swarm made by someone else (the ansible playbook) with this node its manager."""
+        self._manager = manager.name
 
     def init_swarm(self, manager: Node) -> None:
         manager.run("swarm", "init", "--advertise-addr", manager.address,

@@ -148,6 +148,9 @@ class MultiNodeStack(SwarmDeployment):
     def exec(self, service: str, argv: Sequence[str], check: bool = True) -> str:
         return self.manager.run("exec", self.container_of(service), *argv, check=check).stdout
 
+    def docker_of(self, container: dict) -> list[str]:
+        return self.cluster.nodes[container["node"]].docker
+
     def replica_containers(self, kernel_id: str) -> dict[int, dict]:
         """replica id -> {name, host_id, id, node} of the kernel's running replica containers on
         the nodes that answer."""

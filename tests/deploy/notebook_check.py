@@ -1,6 +1,7 @@
-"""The notebook check shared by the compose and the Swarm tests: a kernel made through
-JupyterLab's REST API, cells over its websocket, its three replicas in containers on three Local
-Schedulers, the executor's container SIGKILLed, and the next cell seeing the same variables."""
+"""The notebook check shared by the compose, the Swarm and the multi-node ansible tests: a kernel
+made through JupyterLab's REST API, cells over its websocket, its three replicas in containers on
+three Local Schedulers, the executor's container SIGKILLed (on whichever engine runs it), and the
+next cell seeing the same variables."""
 
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ def check_notebook(dep: Deployment) -> str:
     kernel = kernel_of(dep.status(), kernel_id)
     assert {r["replica_id"]: r["host_id"] for r in kernel["replicas"]} == \
         {rid: c["host_id"] for rid, c in containers.items()}
-    labels = run(["docker", "inspect", "--format",
-                  "{{index .Config.Labels \"notebookos.role\"}} {{.Config.User}} "
-                  "{{.HostConfig.NanoCpus}} {{.HostConfig.CpuQuota}} {{.HostConfig.CpuPeriod}} "
-                  "{{.HostConfig.Memory}}",
-                  *[c["id"] for c in containers.values()]]).stdout.split("\n")
-    for line in filter(None, labels):
+    labels = [run([*dep.docker_of(c), "inspect", "--format",
+                   "{{index .Config.Labels \"notebookos.role\"}} {{.Config.User}} "
+                   "{{.HostConfig.NanoCpus}} {{.HostConfig.CpuQuota}} {{.HostConfig.CpuPeriod}} "
+                   "{{.HostConfig.Memory}}", c["id"]]).stdout.strip()
+              for c in containers.values()]
+    for line in labels:
         role, user, nano_cpus, quota, period, memory = line.split()
         assert role in ("replica", "prewarm") and user == "1000:1000", line
         # 1 CPU and 2 GB, the kernelspec's request: set at creation (a cold container) or
@@ -56,7 +57,8 @@ def check_notebook(dep: Deployment) -> str:
 
     executor = kernel["executor"]
     assert executor in containers, kernel
-    run(["docker", "kill", "--signal", "KILL", containers[executor]["id"]])
+    docker = dep.docker_of(containers[executor])  # the engine that runs it
+    run([*docker, "kill", "--signal", "KILL", containers[executor]["id"]])
     after = asyncio.run(run_cells(port, token, kernel_id, ["x + 1"]))
     assert after[0]["reply"]["status"] == "ok", after
     assert output_text(after[0]).strip() == "42", after
@@ -69,7 +71,7 @@ def check_notebook(dep: Deployment) -> str:
         time.sleep(1)
     else:
         raise AssertionError(f"no replacement replica container: {dep.replica_containers(kernel_id)}")
-    assert containers[executor]["name"] not in run(["docker", "ps", "-a", "--format",
+    assert containers[executor]["name"] not in run([*docker, "ps", "-a", "--format",
                                                     "{{.Names}}"]).stdout  # removed
     return kernel_id
 

@@ -3,44 +3,20 @@ run that deploys NotebookOS with compose, and a second run that changes nothing.
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_run import ANSIBLE, playbook, tool
 from notebook_check import ROOT
 
 from notebookos.ports import free_ports
 from notebookos.testing.deployment import ComposeDeployment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-ANSIBLE = ROOT / "ansible"
-BIN = Path(sys.executable).parent
-
-
-def tool(name: str) -> str:
-    path = BIN / name
-    if not path.exists():
-        pytest.fail(f"{name} is not installed (the test extra installs it)")
-    return str(path)
-
-
-def playbook(inventory: Path, extra: Path, *args: str) -> tuple[str, dict[str, int]]:
-    proc = subprocess.run(
-        [tool("ansible-playbook"), "-i", str(inventory), "-e", f"@{extra}", "site.yml", *args],
-        cwd=ANSIBLE, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-5000:]
-    recap = re.search(r"localhost\s*:\s*(.*)", out.rsplit("PLAY RECAP", 1)[1])
-    assert recap, out[-3000:]
-    counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))}
-    return out, counts
 
 
 def test_ansible_lint_is_clean() -> None:
@@ -75,17 +51,17 @@ def test_playbook_check_then_deploy_then_nothing_changes(tmp_path: Path, noteboo
     }))
     deployment = ComposeDeployment(ROOT, project, notebookos_image, port)
     try:
-        _, check = playbook(inventory, extra, "--check")
-        assert check["failed"] == 0
+        _, recap = playbook(inventory, extra, "--check")
+        assert recap["localhost"]["failed"] == 0
         assert not deployment.leftovers().containers  # --check deployed nothing
 
-        _, first = playbook(inventory, extra)
-        assert first["changed"] > 0 and first["failed"] == 0
+        _, recap = playbook(inventory, extra)
+        assert recap["localhost"]["changed"] > 0 and recap["localhost"]["failed"] == 0
         deployment.wait_for_jupyterlab()
         deployment.wait_for_hosts(3)
 
-        out, second = playbook(inventory, extra)
-        assert second["changed"] == 0, out[-5000:]
+        out, recap = playbook(inventory, extra)
+        assert recap["localhost"]["changed"] == 0, out[-5000:]
     finally:
         compose = tmp_path / "cli-plugins" / "docker-compose"
         if compose.exists():
