@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -37,6 +36,8 @@ class StateSync:
         self._encoder = None
         self._applier = None
         self._checkpoint_lock = threading.Lock()
+        # a checkpoint write ended (checkpoint_now waits for one under way: one writer at a time)
+        self._checkpoint_ended = threading.Condition(self._checkpoint_lock)
         self._checkpoint_wanted = 0  # the execution_count the next checkpoint must cover
         self._checkpoint_written = -1
         self._checkpoint_running = False
@@ -289,16 +290,12 @@ class StateSync:
 
         if stored_checkpoint_count(self.store, self._encoder.kernel_id) >= execution_count:
             return 0
-        deadline = time.monotonic() + timeout_s
-        while True:  # the log has one writer at a time: wait for a background write to end
-            with self._checkpoint_lock:
-                if not self._checkpoint_running:
-                    self._checkpoint_running = True
-                    generation = self._generation
-                    break
-            if time.monotonic() >= deadline:
+        with self._checkpoint_ended:  # the log has one writer at a time: wait for its turn
+            if not self._checkpoint_ended.wait_for(lambda: not self._checkpoint_running,
+                                                   timeout_s):
                 raise TimeoutError("a checkpoint being written did not finish")
-            time.sleep(0.01)
+            self._checkpoint_running = True
+            generation = self._generation
         try:
             self._checkpoints.write(self._state, execution_count)
             with self._checkpoint_lock:
@@ -307,6 +304,7 @@ class StateSync:
         finally:
             with self._checkpoint_lock:
                 self._checkpoint_running = False
+                self._checkpoint_ended.notify_all()
         return execution_count
 
     def _checkpoint_timer_fired(self) -> None:
@@ -325,6 +323,7 @@ class StateSync:
                          or generation > self._generation_written)
                 if not stale or on_done is None:
                     self._checkpoint_running = False
+                    self._checkpoint_ended.notify_all()
                     return
             try:
                 self._checkpoints.write(self._state, count)
@@ -332,6 +331,7 @@ class StateSync:
                 self.log.exception("checkpoint after cell %d failed", count)
                 with self._checkpoint_lock:
                     self._checkpoint_running = False
+                    self._checkpoint_ended.notify_all()
                 return
             with self._checkpoint_lock:
                 self._checkpoint_written = count
