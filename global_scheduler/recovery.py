@@ -248,20 +248,30 @@ class RecoveryMixin:
                 continue
             if status.get("diverged"):
                 continue
-            ranked.append((int(status.get("execution_count") or 0), r))
-        for count, r in sorted(ranked, key=lambda c: -c[0]):
-            if count < entry.checkpoint_count:
-                break  # the store's checkpoint is newer than what any survivor holds
+            log_end = tuple(int(v) for v in status.get("raft_log_end") or (0, 0))
+            count = int(status.get("execution_count") or 0)
+            # Raft's vote rule first (the last entry's term, then its index): the survivor
+            # whose log a new leader would have had, had a quorum remained
+            ranked.append((log_end, count, r))
+        for _log_end, count, r in sorted(ranked, key=lambda c: (c[0], c[1]), reverse=True):
             try:
+                # entries in its log it had not learned were committed are applied first
+                # (``RaftLog.apply_unconfirmed_tail``): the executor's last Completion, when it
+                # was killed right after its cell; a checkpoint older than the store's is not
+                # written (the replica answers 0)
                 reply = control_request(r.endpoint, entry.key, entry.signature_scheme,
-                                        "write_checkpoint_request", {}, timeout_s=60)
+                                        "write_checkpoint_request",
+                                        {"apply_unconfirmed_tail": True}, timeout_s=60)
             except ControlError as exc:
                 log.warning("kernel %s: replica %d could not write its state as the "
                             "checkpoint: %s", entry.kernel_id, r.replica_id, exc)
                 continue
             if reply.get("status") == "ok":
                 written = int(reply.get("checkpoint_count") or 0)
-                if not written:  # the store's checkpoint is as recent as its state, or more
+                count = int(reply.get("execution_count") or count)  # its unconfirmed tail too
+                if not written and count < entry.checkpoint_count:
+                    return None  # the store's checkpoint is newer than what any survivor holds
+                if not written:  # the store's checkpoint is as recent as its state
                     log.info("kernel %s: the store's checkpoint is as recent as replica %d's "
                              "state (cell [%d]): rebuilding from it", entry.kernel_id,
                              r.replica_id, count)

@@ -491,6 +491,67 @@ class RaftLog:
             address, callback=lambda _r, err: on_done(err == FAIL_REASON.SUCCESS, _fail_name(err))
         )
 
+    def log_end(self) -> tuple[int, int]:
+        """(term, index) of the last entry in this replica's log, committed or not: what Raft
+        compares to decide which log is the most up to date (the vote rule)."""
+        try:
+            return (int(self._sync._SyncObj__getCurrentLogTerm()),
+                    int(self._sync._SyncObj__getCurrentLogIndex()))
+        except (AttributeError, IndexError):  # another pysyncobj
+            return (0, 0)
+
+    def unapplied_entries(self) -> int:
+        """How many entries of this replica's log it has not applied (not yet learned committed)."""
+        try:
+            return max(0, int(self._sync._SyncObj__getCurrentLogIndex())
+                       - int(self._sync._SyncObj__raftLastApplied))
+        except (AttributeError, IndexError):  # another pysyncobj
+            return 0
+
+    def apply_unconfirmed_tail(self, timeout_s: float = 10.0) -> int:
+        """Apply every entry of this replica's log that it has not yet learned was committed,
+        and answer how many it applied. Only for a survivor of a group that lost its quorum,
+        whose state is about to seed a rebuilt group: Raft would have committed those entries
+        had a quorum remained (a new leader commits its whole log with the no-op it appends),
+        and a leader that reached this replica with an entry had, with three replicas, a
+        majority for it. The executor tells the standbys a Completion committed only with the
+        next message (``_nobody_waits_for``): killed right after its cell, its last Completion
+        sits here unapplied, and the rebuilt group would lose that cell (found by the notebook
+        corpus). Does nothing while this replica has a quorum. Runs on pysyncobj's tick thread,
+        the only one that applies entries."""
+        if self.has_quorum():
+            return 0
+        sync = self._sync
+        done = threading.Event()
+        applied: list[int] = []
+
+        def on_tick() -> None:
+            if done.is_set():
+                return
+            try:
+                before = sync._SyncObj__raftLastApplied
+                end = sync._SyncObj__getCurrentLogIndex()
+                if sync._SyncObj__raftCommitIndex < end:
+                    sync._SyncObj__raftCommitIndex = end
+                sync._SyncObj__applyLogEntries()
+                applied.append(sync._SyncObj__raftLastApplied - before)
+            except Exception:  # noqa: BLE001 - another pysyncobj: nothing applied
+                log.exception("could not apply the log's unconfirmed entries")
+            finally:
+                done.set()
+
+        sync.addOnTickCallback(on_tick)
+        try:
+            sync._SyncObj__pipeNotifier.notify()  # a resting tick thread sleeps: wake it
+            done.wait(timeout_s)
+        finally:
+            sync.removeOnTickCallback(on_tick)
+        if applied and applied[0]:
+            log.warning("applied %d log entries this replica had not learned were committed "
+                        "(its group lost its quorum; its state seeds the rebuilt group)",
+                        applied[0])
+        return applied[0] if applied else 0
+
     def raft_members(self) -> set[str]:
         """The addresses pysyncobj currently counts in the cluster (self included)."""
         prefix = "partner_node_status_server_"

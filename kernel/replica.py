@@ -1115,9 +1115,16 @@ class ReplicaKernel(IPythonKernel):
         managed to write (a SIGKILL right after a cell leaves it behind; found by the notebook
         corpus with a kill after every cell: cells since then came back as NameErrors)."""
         content: dict[str, Any] = {"status": "ok", "replica_id": self.replica_id}
+        if parent["content"].get("apply_unconfirmed_tail"):
+            # the group lost its quorum: what this replica holds in its log but had not yet
+            # learned was committed (the executor's last Completion) belongs to the state
+            content["tail_applied"] = await asyncio.to_thread(self.raft.apply_unconfirmed_tail)
         deadline = time.monotonic() + 30.0
-        while (self._behind() or self._diverged) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # earlier cells still being applied (a rare path)
+        while time.monotonic() < deadline:
+            change = self._next_change()  # taken before looking: no change is missed
+            if not (self._behind() or self._diverged):
+                break
+            await self._wait_for(change, deadline - time.monotonic())
         with self.raft.lock:
             count = self.raft.book.execution_count
         if self._diverged or self._behind():
@@ -1132,6 +1139,7 @@ class ReplicaKernel(IPythonKernel):
             else:
                 # 0: the store's checkpoint is as recent as this replica's state, or more
                 content["checkpoint_count"] = written
+                content["execution_count"] = count
                 self.log.info("checkpoint of cell %d on request: %s", count,
                               "written" if written else "the store's is as recent")
         self.session.send(stream, "write_checkpoint_reply", content, parent, ident=ident)
@@ -1146,6 +1154,9 @@ class ReplicaKernel(IPythonKernel):
                 "term": book.term,
                 "execution_count": book.execution_count,
                 "last_executor": book.last_executor,
+                # cells elected whose Completion this replica has not applied (running, or
+                # committed without its knowing yet)
+                "open_elections": len(book.open_elections()),
                 "checkpoint_count": book.checkpoint_count,
                 # a cell ran here whose effects no written checkpoint holds yet (per-cell
                 # containers; a silent cell leaves the counts equal)
@@ -1161,5 +1172,9 @@ class ReplicaKernel(IPythonKernel):
                 # pysyncobj's own view of the group (the addresses it counts for a quorum),
                 # which can differ from the book's members (issue 32)
                 "raft_members": sorted(self.raft.raft_members()),
+                # (term, index) of its log's last entry, committed or not: the freshest
+                # survivor of a group without quorum is the one Raft would elect
+                "raft_log_end": list(self.raft.log_end()),
+                "raft_unapplied": self.raft.unapplied_entries(),
             }
         self.session.send(stream, "replica_status_reply", content, parent, ident=ident)

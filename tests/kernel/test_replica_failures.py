@@ -5,6 +5,8 @@ Each test owns its group (the failures are destructive); a group starts in about
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -293,3 +295,51 @@ def test_the_executor_killed_after_every_cell_leaves_every_joiner_in_the_group(t
         assert result.stdout() == "48 48\n", result.summary()
     finally:
         group.stop()
+
+
+def test_a_survivor_applies_the_completion_it_had_not_learned_was_committed(tmp_path: Path):
+    """The executor tells the standbys that a Completion committed only with its next message
+    (kernel/raft_log.py ``_nobody_waits_for``). Killed right after its cell, with another
+    replica gone too, the survivor holds that Completion in its log but never learns it was
+    committed: the group has no quorum. Raft would have committed it (a new leader commits its
+    whole log); the survivor applies it before writing the checkpoint a rebuilt group starts
+    from (``apply_unconfirmed_tail``), else that cell's effects were lost (the notebook corpus:
+    a rebuild that lost the last cell). The window is a heartbeat long: the executor is stopped
+    at once after its cell, and the round tried again when the survivor had learned it."""
+    shared = f"file://{tmp_path}/shared"
+    first = ReplicaGroup(tmp_path / "a", store_url=shared,
+                         store_urls={1: f"file://{tmp_path}/executors-own"})
+    count = 0
+    try:
+        first.start()
+        first.execute("items = []", target=1)
+        first.kill(3)  # replicas 1 and 2 remain: a quorum of the three
+        for attempt in range(12):
+            # the executor's reply and idle only: the standby replies once it applied the cell
+            msg_id = first.send_execute(f"items.append({attempt})", target=1, to=[1, 2])
+            last = first.collect(msg_id, [1], target=1)
+            count = last.executor_reply()["content"]["execution_count"]
+            os.killpg(first.replicas[1].proc.pid, signal.SIGSTOP)
+            survivor = first.control(2, "replica_status_request", {})["content"]
+            if survivor["open_elections"] and survivor["raft_unapplied"]:
+                break  # the survivor holds the cell's Completion, unconfirmed
+            os.killpg(first.replicas[1].proc.pid, signal.SIGCONT)
+        else:
+            pytest.skip("the survivor learned every commit within the window in 12 rounds")
+        first.kill(1)
+        first.wait_status(lambda s: not s[2]["has_quorum"], timeout=30)
+        reply = first.control(2, "write_checkpoint_request", {"apply_unconfirmed_tail": True},
+                              timeout=60)["content"]
+        assert reply["status"] == "ok", reply
+        # the survivor's checkpoint is labelled with the cell and holds that cell's effects
+        assert reply["tail_applied"] >= 1 and reply["checkpoint_count"] == count, reply
+    finally:
+        first.stop()
+    second = ReplicaGroup(tmp_path / "b", store_url=shared, kernel_id=first.kernel_id,
+                          key=first.key)
+    try:
+        second.start("--restore-from-checkpoint", "--restored-from-survivor=replica 2")
+        result = second.execute("print(items)", target=3)
+        assert result.stdout() == f"{list(range(attempt + 1))}\n", result.summary()
+    finally:
+        second.stop()
