@@ -61,18 +61,21 @@ up: $(VENV)/.installed $(LABEXT_SHARE)/package.json compile
 lint: install-test
 	$(VENV)/bin/ruff check .
 
+# Everything but the multi-node Docker clusters (marker `multinode`), which take about 14 of the
+# suite's minutes on two cores: they are `make test-multinode`, which CI (.ci/run) runs after this.
 test: lint compile
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not multinode" $(PYTEST_ARGS)
 
-# The multi-node swarm test alone (four Docker engines in containers of this machine's engine, the
-# stack across them, a notebook through a whole node's loss): part of `make test` as well.
+# The multi-node Docker clusters (CI runs this after `make test`): the swarm test (four Docker
+# engines in containers of this machine's engine, the stack across them, a notebook through a whole
+# node's loss) and the ansible playbook over SSH to three bare engines.
 test-multinode: install-test compile
-	$(VENV)/bin/pytest -s tests/deploy/test_multinode.py $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -s -m multinode tests/deploy $(PYTEST_ARGS)
 
 # The ansible playbook against three Docker engines in containers over SSH (swarm mode, the image
 # copied to each as a docker save archive and loaded, the notebook check, a second run with
-# changed=0): part of `make test` as well; its own target because it takes about 8 minutes here
-# (4 of them the first playbook run, most of that moving 1.8 GB of image into three nodes).
+# changed=0) alone: about 8 minutes here (4 of them the first playbook run, most of that moving
+# 1.8 GB of image into three nodes).
 test-ansible-multinode: install-test compile
 	$(VENV)/bin/pytest -s tests/deploy/test_ansible_multinode.py $(PYTEST_ARGS)
 

@@ -24,7 +24,7 @@ from notebookos.testing.deployment import run
 from notebookos.testing.multinode import DockerCluster, node_image
 from notebookos.testing.multinode_stack import MultiNodeStack
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.multinode, pytest.mark.timeout(1800)]
 
 NODES = 3
 

@@ -19,7 +19,7 @@ from notebookos.testing.deployment import output_text, run_cells, start_kernel, 
 from notebookos.testing.multinode import DockerCluster, node_image
 from notebookos.testing.multinode_stack import MultiNodeStack
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.multinode, pytest.mark.timeout(1200)]
 
 NODES = 4  # a kernel's 3 replicas on 3 nodes, and a 3rd live node for each after one is lost
 
