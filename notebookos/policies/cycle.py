@@ -15,6 +15,9 @@ the Kubernetes scheduling framework does:
    the policy's ``post_filter``: move a replica to a host that can bind the request now, or
    wait).
 
+Where new containers start (a kernel's replicas, a per-cell container) is the same kind of
+decision on the same snapshot: ``container_cycle.run_container_cycle``.
+
 The cycle is pure: it reads the snapshot (the cluster model and what the caller knows beyond
 it) and returns a decision; the caller applies it (commit, share, migrate, wait) through its own
 mechanism. Status codes:
