@@ -22,6 +22,7 @@ from notebookos.policies import placement
 from notebookos.policies.base import Policy, ScalingView
 from notebookos.policies.cell_order import ArrivalOrder, WaitingCell, cell_order_for
 from notebookos.policies.cycle import Action, Status
+from notebookos.policies.profile import Profile
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.hibernation import Hibernation
 from notebookos.simulator.hosts import HostFactory
@@ -66,8 +67,12 @@ class _Sess:
 
 class SessionSimulator:
     def __init__(self, workload: Workload, policy: Policy, config: SimConfig,
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None,
+                 profile: Profile | None = None) -> None:
         self.policy = policy
+        # The scheduling profile the cycles run (its policy is ``policy``): the live Global
+        # Scheduler's, given by a replay; else the policy's own (session_modes.KernelMode).
+        self.profile = profile
         self.config = config
         self.progress = progress
         self.R = policy.replicas_per_kernel
@@ -80,8 +85,11 @@ class SessionSimulator:
         self.seq = 0
         self.provisioning = 0
         self.wait: deque[_Sess] = deque()
-        # The live Global Scheduler's cell queue order (global_scheduler.cell_order).
-        self.cell_order = cell_order_for(config.cell_order)
+        # The live Global Scheduler's cell queue order (global_scheduler.cell_order): the
+        # profile's queue-sort plug-in when given (with its configuration section).
+        self.cell_order = (profile.queue_sort if profile is not None
+                           and profile.queue_sort is not None
+                           else cell_order_for(config.cell_order))
         self.waiting_gpus = 0
         self.waiting_subscriptions = 0
         self.warm: dict[str, int] = {}  # per host: prewarm (notebookos) or warm (lcp) containers
