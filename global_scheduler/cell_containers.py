@@ -6,10 +6,11 @@ checkpoint the last cell's container wrote. A cell:
 
 1. waits in the cluster-wide cell queue until a host can bind its GPUs now: in its turn, the
    container cycle (``notebookos.policies.container_cycle``, the one the simulator runs: the
-   policy's filter and score, best fit) decides the host. ``batch`` serves the queue strictly in arrival order (``policy.backfill`` is
-   False: nobody overtakes a blocked head); ``lcp`` lets any waiting cell that fits go. The GPUs
-   are set aside on the host (pending) the moment it is chosen. A cell that cannot be served
-   within ``cell_queue_timeout_s`` fails with an error reply that says why;
+   policy's filter and score, best fit) decides the host. ``batch`` serves the queue strictly
+   in arrival order (``policy.backfill`` is False: nobody overtakes a blocked head); ``lcp``
+   lets any waiting cell that fits go. The GPUs are set aside on the host (pending) the moment
+   it is chosen. A cell that cannot be served within ``cell_queue_timeout_s`` fails with an
+   error reply that says why;
 2. gets a container on that host: ``batch`` starts a cold replica process, ``lcp`` promotes a
    prewarmed process from the host's warm pool (whose target the GS sets to the policy's
    ``warm_containers_per_host``; the Local Scheduler refills it with fresh processes, so a
