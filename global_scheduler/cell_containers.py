@@ -4,11 +4,13 @@
 Such a kernel is *parked* between cells: no replica runs and its namespace is the store
 checkpoint the last cell's container wrote. A cell:
 
-1. waits in the cluster-wide cell queue until a host can bind its GPUs now (``choose_hosts``,
-   best fit). ``batch`` serves the queue strictly in arrival order (``policy.backfill`` is
-   False: nobody overtakes a blocked head); ``lcp`` lets any waiting cell that fits go. The GPUs
-   are set aside on the host (pending) the moment it is chosen. A cell that cannot be served
-   within ``cell_queue_timeout_s`` fails with an error reply that says why;
+1. waits in the cluster-wide cell queue until a host can bind its GPUs now: in its turn, the
+   container cycle (``notebookos.policies.container_cycle``, the one the simulator runs: the
+   policy's filter and score, best fit) decides the host. ``batch`` serves the queue strictly
+   in arrival order (``policy.backfill`` is False: nobody overtakes a blocked head); ``lcp``
+   lets any waiting cell that fits go. The GPUs are set aside on the host (pending) the moment
+   it is chosen. A cell that cannot be served within ``cell_queue_timeout_s`` fails with an
+   error reply that says why;
 2. gets a container on that host: ``batch`` starts a cold replica process, ``lcp`` promotes a
    prewarmed process from the host's warm pool (whose target the GS sets to the policy's
    ``warm_containers_per_host``; the Local Scheduler refills it with fresh processes, so a
@@ -30,16 +32,20 @@ from dataclasses import dataclass
 
 from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.control import ControlError, control_request
+from notebookos.global_scheduler.cycle_runner import CELL_CONTAINER, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.policies import placement
 from notebookos.policies.cell_order import WaitingCell
+from notebookos.policies.container_cycle import never_fits
+from notebookos.policies.cycle import CycleResult, Snapshot, Status
 from notebookos.resources import ResourceSpec
 
 log = logging.getLogger(__name__)
 
 CELL_CONTAINER_ENV = {"NOTEBOOKOS_CELL_CONTAINER": "1"}
+LAST_CONTAINER_PARKING = "the kernel's last container is still there (its checkpoint is awaited)"
 
 
 @dataclass
@@ -60,7 +66,7 @@ def _slot_owner(kernel_id: str, msg_id: str) -> str:
     return f"cell-slot:{kernel_id}:{msg_id}"
 
 
-class CellContainerMixin:
+class CellContainerMixin(CycleRunnerMixin):
     # -- starting a kernel ----------------------------------------------------------------------
 
     def _host_for_first_container(self, request: ResourceSpec) -> str | None:
@@ -179,21 +185,25 @@ class CellContainerMixin:
                             "the container running this cell was lost before the cell "
                             "completed; the cell is not run again (a cell runs at most once), "
                             "the namespace is that of the last completed cell")
-                    hosts_now = self.cluster.hosts.values()
-                    if hosts_now and not any(request.fits_within(h.capacity)
-                                             for h in hosts_now):
-                        raise PlacementFailed(  # waiting would block the queue for nothing
-                            f"no host can ever bind this cell's request ({request}): "
-                            f"{len(hosts_now)} host(s) registered, none that large")
+                    never = never_fits(self.cluster, request, "this cell's request")
+                    if never:  # waiting would block the queue for nothing
+                        raise PlacementFailed(never)
                     if self._may_go(waiter):
-                        host = self._host_for(waiter)
-                        if host is not None:
-                            host.reserve(_slot_owner(kernel_id, msg_id), request)
+                        snapshot, result = self._decide_cell_host(waiter)
+                        self._record_cycle(snapshot, kernel_id, request, result,
+                                           CELL_CONTAINER)
+                        if result.placed:  # the effect: the GPUs set aside on its host
+                            self.cluster.hosts[result.host_id].reserve(
+                                _slot_owner(kernel_id, msg_id), request)
                             with self._placement_cv:
                                 self.cell_queue.tried(cell, 0, placed=True)
                             placed = True
-                            return host.host_id
-                        if self._parked(waiter) and self.on_capacity_wanted is not None:
+                            return result.host_id
+                        if result.status in (Status.ERROR,
+                                             Status.UNSCHEDULABLE_AND_UNRESOLVABLE):
+                            raise PlacementFailed(result.reason)
+                        if result.status is Status.UNSCHEDULABLE \
+                                and self.on_capacity_wanted is not None:
                             self.on_capacity_wanted(request.gpus)
                     now = time.monotonic()
                     if now >= deadline:
@@ -214,13 +224,12 @@ class CellContainerMixin:
         entry = self.kernels.get(waiter.kernel_id)
         return entry is not None and not entry.replicas and not entry.parking
 
-    def _host_for(self, waiter: CellWaiter):  # noqa: ANN202 - a notebookos.cluster.Host or None
-        """The host the policy would give ``waiter``'s container now, if any. Lock held."""
-        if not self._parked(waiter):
-            return None
-        draining = [h for h, link in self.hosts.items() if link.draining]
-        hosts = self.policy.choose_hosts(self.cluster, waiter.request, 1, exclude=draining)
-        return hosts[0] if hosts else None
+    def _decide_cell_host(self, waiter: CellWaiter) -> tuple[Snapshot, CycleResult]:
+        """The container cycle (``notebookos.policies.container_cycle``) for ``waiter``'s
+        container: the host it starts on, or why not now (``WAIT`` while the kernel's last
+        container is still there). Lock held."""
+        change = "" if self._parked(waiter) else LAST_CONTAINER_PARKING
+        return self._decide_containers(waiter.request, replica_change=change)
 
     def _ordered_waiters(self) -> list[CellWaiter]:
         with self._placement_cv:
@@ -238,7 +247,7 @@ class CellContainerMixin:
         for other in ordered:
             if other is waiter:
                 return True
-            if self._host_for(other) is not None:
+            if self._decide_cell_host(other)[1].placed:
                 return False
         return True
 

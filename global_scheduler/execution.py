@@ -4,16 +4,14 @@ host links and kernel entries); the kernel fronts call these hooks on their own 
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
 
 from notebookos.cluster import AccountingError
+from notebookos.global_scheduler.cycle_runner import CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.hibernation import ASLEEP
@@ -22,7 +20,6 @@ from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.sharing import SharingMixin
 from notebookos.policies.cell_order import WaitingCell
 from notebookos.policies.cycle import Action, CycleResult, Snapshot, Status, run_cycle
-from notebookos.policies.profile import Profile
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
@@ -37,17 +34,7 @@ WAKE_ATTEMPTS = 3
 WITHDRAWN = "the cell was withdrawn while it waited (the kernel was interrupted)"
 
 
-@dataclass(frozen=True)
-class CycleRecord:
-    """One decision the live scheduler took, with the snapshot it was taken on (a copy)."""
-
-    snapshot: Snapshot
-    kernel_id: str
-    request: ResourceSpec
-    result: CycleResult
-
-
-class ExecutionMixin(SharingMixin):
+class ExecutionMixin(SharingMixin, CycleRunnerMixin):
     def _wait_for_replicas(self, kernel_id: str, msg_id: str) -> None:
         """A cell that arrives while the kernel has no replica because it is being rebuilt or
         its replacements are starting waits for them (up to the replica start timeout) instead
@@ -318,28 +305,6 @@ class ExecutionMixin(SharingMixin):
 
     # -- the scheduling cycle (notebookos.policies.cycle), applied through the Local Schedulers
 
-    cycle_recorder: Callable[[CycleRecord], None] | None = None  # tests: every decision taken
-
-    @property
-    def profile(self) -> Profile:
-        """The scheduling profile the cycle runs: the daemon's (from the configuration), else
-        the policy's own with the service's GPU sharing."""
-        explicit = self.__dict__.get("_profile")
-        if explicit is not None:
-            return explicit
-        key = (id(self.policy), id(self.gpu_sharing))
-        cached = self.__dict__.get("_derived_profile")
-        if cached is None or cached[0] != key:
-            cached = (key, Profile.for_policy(self.policy, sharing=self.gpu_sharing))
-            self.__dict__["_derived_profile"] = cached
-        return cached[1]
-
-    @profile.setter
-    def profile(self, profile: Profile) -> None:
-        self.__dict__["_profile"] = profile
-        self.policy = profile.policy
-        self.gpu_sharing = profile.sharing
-
     def _cycle(self, entry: KernelEntry, kernel, request: ResourceSpec,  # noqa: ANN001
                refused: dict[int, str], share_refused: str) -> CycleResult:
         """One scheduling cycle on the cluster model and what this scheduler knows beyond it
@@ -355,12 +320,7 @@ class ExecutionMixin(SharingMixin):
                    if profile.shares and not share_refused else None)
         snapshot = Snapshot(self.cluster, dict(refused), change, sharing, share_refused)
         result = run_cycle(snapshot, kernel, request, profile)
-        log.debug("kernel %s: cycle %s %s replica %s on %s (%s)", kernel.kernel_id,
-                  result.status, result.action, result.replica_id, result.host_id,
-                  result.reason)
-        if self.cycle_recorder is not None:
-            self.cycle_recorder(CycleRecord(copy.deepcopy(snapshot), kernel.kernel_id,
-                                            request, result))
+        self._record_cycle(snapshot, kernel.kernel_id, request, result)
         return result
 
     def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec

@@ -11,12 +11,14 @@ from typing import Any, TypeVar
 
 import grpc
 
-from notebookos.cluster import AccountingError, Kernel, ReplicaState
+from notebookos.cluster import AccountingError, Host, Kernel, ReplicaState
 from notebookos.global_scheduler.cell_front import CellFront
+from notebookos.global_scheduler.cycle_runner import REPLICAS, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.readiness import wait_until_ready
+from notebookos.policies.cycle import Action, Status
 from notebookos.ports import raft_port
 from notebookos.proto import local_scheduler_pb2
 from notebookos.proto.convert import resource_spec_to_proto
@@ -29,7 +31,7 @@ T = TypeVar("T")
 ReplicaPlan = tuple[list, list, list, Any]
 
 
-class ReplicaStarterMixin:
+class ReplicaStarterMixin(CycleRunnerMixin):
     def _start_retrying(self, kernel_id: str, what: str, start: Callable[[], T]) -> T:
         """``start()``, tried up to three times: a process can lose a port race at start. A
         host without the resources (RESOURCE_EXHAUSTED) is not retried."""
@@ -60,15 +62,16 @@ class ReplicaStarterMixin:
             entry = self.kernels[kernel_id]
             kernel = self.cluster.kernels[kernel_id]
             occupied = [r.host_id for r in entry.replicas.values()]
-            occupied += [h for h, link in self.hosts.items() if link.draining]
-            if on_host is not None:
+            if on_host is not None:  # decided already (a cell's container, a replacement)
                 hosts = [self.cluster.hosts[on_host]] if on_host in self.cluster.hosts else None
+                reserve = self.binding.binds_at_placement
             else:
-                hosts = self.policy.choose_hosts(self.cluster, kernel.request, count,
-                                                 exclude=occupied)
+                hosts, reserve = self._decide_replica_hosts(kernel_id, kernel.request, count,
+                                                            occupied)
             if hosts is None:
+                unavailable = len(occupied) + len(self._draining_hosts())
                 raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 self._why_no_hosts(kernel.request, count, len(occupied)))
+                                 self._why_no_hosts(kernel.request, count, unavailable))
             plan = []
             # One new replica needs no address known in advance (a group of one; a replacement
             # announces the address its host answers with in add_replica_request): its host
@@ -85,7 +88,8 @@ class ReplicaStarterMixin:
                 if port:
                     taken[ip].add(port)
                 plan.append((rid, self.hosts[host.host_id], f"{ip}:{port}"))
-            self._reserve_session_gpus(entry, kernel, plan)
+            if reserve:
+                self._reserve_session_gpus(entry, kernel, plan)
             peers = [local_scheduler_pb2.RaftPeer(replica_id=r.replica_id,
                                                   address=r.raft_address)
                      for r in entry.replicas.values()]
@@ -95,14 +99,27 @@ class ReplicaStarterMixin:
             self._save_kernel(entry)  # the ids are taken, even if this instance dies now
         return members, plan, peers, request_spec
 
+    def _decide_replica_hosts(self, kernel_id: str, request: ResourceSpec, count: int,
+                              occupied: list[str]) -> tuple[list[Host] | None, bool]:
+        """The container cycle (``notebookos.policies.container_cycle``): the hosts of
+        ``count`` new replicas (None: not now), and whether the session's GPUs are set aside
+        on the first (the decision's ``RESERVE``). Lock held."""
+        snapshot, result = self._decide_containers(request, count, exclude=occupied)
+        self._record_cycle(snapshot, kernel_id, request, result, REPLICAS, count)
+        if result.status is Status.ERROR:
+            raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id}: {result.reason}")
+        if not result.placed:
+            return None, False
+        return [self.cluster.hosts[h] for h in result.hosts], result.action is Action.RESERVE
+
     def _reserve_session_gpus(self, entry: KernelEntry, kernel: Kernel, plan: list) -> None:
-        """A policy that binds GPUs for the kernel's life (reservation): set them aside in
-        the model as soon as the host is chosen, under the lock. They are committed once the
-        replica runs (_bind_for_session converts the reservation); until then kernels
-        started at the same moment saw the same idle GPUs, chose the same host, and all but
-        one failed to bind (found by the replay: 9 of 10 on a Sensei slice)."""
-        if (not self.binding.binds_at_placement or not self.mode.reserves_session_gpus
-                or entry.session_gpus
+        """The effect of a ``RESERVE`` decision (reservation binds GPUs for the kernel's
+        life): set them aside in the model on the first planned replica's host as soon as
+        the host is chosen, under the lock. They are committed once the replica runs
+        (_bind_for_session converts the reservation); until then kernels started at the
+        same moment saw the same idle GPUs, chose the same host, and all but one failed to
+        bind (found by the replay: 9 of 10 on a Sensei slice)."""
+        if (not self.mode.reserves_session_gpus or entry.session_gpus
                 or entry.replicas or not plan or kernel.request.gpus <= 0):
             return
         rid, link, _ = min(plan, key=lambda p: p[0])  # the replica _bind_for_session binds

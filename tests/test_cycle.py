@@ -2,6 +2,8 @@
 issue 35: the status codes, the profile's plug-ins from entry points with their configuration
 sections, and the decision-equality test: one recorded sequence of requests, with the cluster
 snapshots the live Global Scheduler saw, gives the same decisions through the simulator's path.
+The same for the container cycle (policies/container_cycle.py): a kernel's replicas (with
+reservation's session GPUs) and a per-cell container (batch, lcp).
 """
 
 from __future__ import annotations
@@ -18,14 +20,20 @@ from types import SimpleNamespace
 import pytest
 
 from notebookos.cluster import Cluster, Host
-from notebookos.global_scheduler import execution
-from notebookos.global_scheduler.execution import CycleRecord, ExecutionMixin
+from notebookos.global_scheduler import cycle_runner, execution
+from notebookos.global_scheduler.cell_containers import CellContainerMixin
+from notebookos.global_scheduler.cell_queue import CellQueue
+from notebookos.global_scheduler.cycle_runner import CELL_CONTAINER, REPLICAS, CycleRecord
+from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import PlacementFailed, ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+from notebookos.global_scheduler.replicas import ReplicaStarterMixin
 from notebookos.policies import cycle as cycle_module
 from notebookos.policies import get_policy
 from notebookos.policies import profile as profile_module
-from notebookos.policies.cell_order import UserFairness
+from notebookos.policies.cell_order import ArrivalOrder, UserFairness
+from notebookos.policies.container_cycle import run_container_cycle
 from notebookos.policies.cycle import (
     ONE_REPLICA_STAYS,
     Action,
@@ -39,6 +47,7 @@ from notebookos.policies.profile import Profile, load_plugin
 from notebookos.resources import ResourceSpec
 from notebookos.simulator import session_modes
 from notebookos.simulator.session_modes import ReplicatedKernels
+from notebookos.simulator.sessionsim import SessionSimulator
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = ResourceSpec(64000, 512000, 2, 160.0)  # two GPUs a host
@@ -411,3 +420,272 @@ def test_the_configuration_builds_the_profile_and_configures_its_plugins(tmp_pat
     with pytest.raises(ConfigError):
         load_config(env={"NOTEBOOKOS_STATE_DIR": str(tmp_path)},
                     overrides={"global_scheduler.plugin_config": '{"filter": {}}'})
+
+
+# -- the container cycle: a kernel's replicas (reservation's session GPUs) and a cell's own
+# -- container (batch, lcp), notebookos/policies/container_cycle.py --------------------------
+
+
+def test_the_container_cycle_places_reserves_or_says_why_not():
+    cluster = _cluster(3, {})
+    _hog(cluster, "h0", 2)
+    _hog(cluster, "h1", 1)
+    reservation = Profile.for_policy(get_policy("reservation"))
+    result = run_container_cycle(Snapshot(cluster), _gpus(2), reservation)
+    assert (result.status, result.action, result.host_id, result.hosts) == (
+        Status.SUCCESS, Action.RESERVE, "h2", ("h2",))
+    batch = Profile.for_policy(get_policy("batch"))
+    result = run_container_cycle(Snapshot(cluster), _gpus(1), batch)
+    assert (result.status, result.action) == (Status.SUCCESS, Action.PLACE)
+    assert result.host_id == "h1"  # best fit: the host with the fewest idle GPUs that fit
+    # a draining host takes nothing new
+    result = run_container_cycle(Snapshot(cluster, unavailable_hosts=frozenset({"h2"})),
+                                 _gpus(2), batch)
+    assert result.status is Status.UNSCHEDULABLE and result.hosts == ()
+    # fewer hosts than replicas: unschedulable, with the hosts found (the simulator asks for
+    # the rest); more GPUs than any host has: unresolvable
+    notebookos = Profile.for_policy(get_policy("notebookos"))
+    result = run_container_cycle(Snapshot(cluster), _gpus(1), notebookos, count=4)
+    assert result.status is Status.UNSCHEDULABLE and len(result.hosts) == 3
+    result = run_container_cycle(Snapshot(cluster), _gpus(3), batch)
+    assert result.status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert "none that large" in result.reason
+    # a per-cell kernel whose last container is still there waits for it
+    result = run_container_cycle(Snapshot(cluster, replica_change="parking"), _gpus(1), batch)
+    assert (result.status, result.reason) == (Status.WAIT, "parking")
+
+
+class _HostLinkStandIn:
+    """What the placement reads of a host link: its host, address, whether it drains."""
+
+    def __init__(self, host_id: str) -> None:
+        self.host_id, self.ip, self.draining = host_id, "127.0.0.1", False
+
+
+class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
+    """The live scheduler's container decisions and their effects on a stand-in: a cell's
+    container slot (``_take_cell_slot``: the GPUs set aside on the chosen host) and a kernel's
+    replicas (``_plan_replicas``: placed in the model, a reservation's GPUs set aside)."""
+
+    def __init__(self, cluster: Cluster, policy: str) -> None:
+        self.lock = threading.RLock()
+        self._cell_cv = threading.Condition(self.lock)
+        self._placement_cv = threading.Condition(threading.Lock())
+        self._stop = threading.Event()
+        self.cell_queue = CellQueue(ArrivalOrder())
+        self._cell_waiters = []
+        self.cell_queue_timeout_s = 0.0  # a cell that cannot go now fails at once (its wait)
+        self.cluster = cluster
+        self.policy = get_policy(policy)
+        self.binding = self.policy.binding
+        self.mode = SimpleNamespace(reserves_session_gpus=not self.policy.lifetime.per_cell)
+        self.hosts = {h: _HostLinkStandIn(h) for h in cluster.hosts}
+        self.kernels: dict[str, KernelEntry] = {}
+        self.records: list[CycleRecord] = []
+        self.cycle_recorder = self.records.append
+        self.capacity_wanted: list[int] = []
+        self.on_capacity_wanted = self.capacity_wanted.append
+
+    def _save_kernel(self, entry):  # noqa: ANN001, ANN202
+        return None
+
+    def _raft_ports_in_use(self):  # noqa: ANN202
+        return {}
+
+    def start_kernel(self, kernel_id: str, gpus: int) -> tuple | None:
+        """A kernel's replicas placed (StartKernel's plan): (hosts, session GPUs set aside on),
+        or None when it cannot start now."""
+        self.cluster.add_kernel(kernel_id, _gpus(gpus))
+        self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3", {})
+        try:
+            _, plan, _, _ = self._plan_replicas(kernel_id, self.policy.replicas_per_kernel,
+                                                join=False)
+        except StartError:
+            return None
+        owners = {rid: self.cluster.kernels[kernel_id].replicas[rid].owner for rid, _, _ in plan}
+        hosts = tuple(link.host_id for _, link, _ in plan)
+        reserved = tuple(link.host_id for rid, link, _ in plan
+                         if self.cluster.hosts[link.host_id].reservation_of(owners[rid]))
+        return hosts, reserved
+
+    def run_cell(self, kernel_id: str, msg_id: str, gpus: int) -> str | None:
+        """A per-cell kernel's cell: the host its container's GPUs were set aside on, or None
+        when it cannot go now."""
+        if kernel_id not in self.kernels:
+            self.cluster.add_kernel(kernel_id, _gpus(gpus))
+            self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3",
+                                                  {}, state="parked")
+        try:
+            return self._take_cell_slot(kernel_id, msg_id, _gpus(gpus))
+        except PlacementFailed:
+            return None
+
+    def cell_done(self, kernel_id: str, msg_id: str, host_id: str) -> None:
+        self._cancel_slot(host_id, f"cell-slot:{kernel_id}:{msg_id}")
+
+
+class _SimContainersStandIn(_SimStandIn):
+    """The simulator's session engine as ``CellContainers.try_run`` and ``_place_kernel`` use
+    it."""
+
+    def __init__(self, cluster: Cluster, policy: str) -> None:
+        super().__init__(cluster, policy)
+        self.config = SimpleNamespace(migration_state_s=1.0, prewarm_promotion_s=0.0,
+                                      prewarm_per_host=0, container_start_s=1.0,
+                                      state_read_s=1.0, lcp_warmup_s=1.0)
+        self.R = self.policy.replicas_per_kernel
+        self.binding = self.policy.binding
+        self.pool_size = self.policy.lifetime.pool_size(0)
+        self.record = SimpleNamespace(migrations=0, integrals=SimpleNamespace(replicas=0))
+        self.mode = session_modes.mode_for(self)
+
+    def _enter_wait(self, sess, gpus, subs, now, lacking=0):  # noqa: ANN001, ANN202
+        self.outcome = ("wait", lacking)
+
+    def _push(self, when, kind, payload):  # noqa: ANN001, ANN202
+        return None
+
+    def _push_start(self, when, sess, run):  # noqa: ANN001, ANN202
+        self.outcome = ("placed", run.host_id)
+
+
+def _spied_container_cycle(module, calls: list[CycleResult]):  # noqa: ANN001, ANN202
+    original = module.run_container_cycle
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(original(*args, **kwargs))
+        return calls[-1]
+
+    return spy
+
+
+def _sim_places(record: CycleRecord, policy: str, monkeypatch) -> tuple[CycleResult, tuple]:  # noqa: ANN001
+    """The simulator's path for the recorded container decision, on the snapshot the live
+    scheduler saw: ``CellContainers.try_run`` (a cell's container) or ``_place_kernel`` (a
+    kernel's replicas). The cycle's result it took, and what it did."""
+    cluster = copy.deepcopy(record.snapshot.cluster)
+    if record.kernel_id in cluster.kernels:  # the live model holds the kernel, not placed yet
+        cluster.remove_kernel(record.kernel_id)
+    sim = _SimContainersStandIn(cluster, policy)
+    seen: list[CycleResult] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(session_modes, "run_container_cycle",
+                      _spied_container_cycle(session_modes, seen))
+        task = SimpleNamespace(request=record.request, gpus=record.request.gpus,
+                               task_id=f"{record.kernel_id}-cell")
+        run = SimpleNamespace(task=task, rec=SimpleNamespace(bound=None, reused_executor=None),
+                              host_id=None, owner=None, container=None)
+        sess = SimpleNamespace(s=SimpleNamespace(session_id=record.kernel_id,
+                                                 request=record.request),
+                               queue=deque([run]), last_exec=None, current=None,
+                               kernel=None, wake_started=None)
+        if record.kind == CELL_CONTAINER:
+            sim.mode.try_run(sess, run, 0.0)
+        else:
+            if SessionSimulator._place_kernel(sim, sess, 0.0):
+                replicas = [r for _, r in sorted(cluster.kernels[record.kernel_id].replicas
+                                                 .items())]
+                hosts = tuple(r.host_id for r in replicas)
+                bound = tuple(r.host_id for r in replicas
+                              if cluster.hosts[r.host_id].commitment_of(r.owner) is not None)
+                sim.outcome = ("placed", hosts, bound)
+    assert len(seen) == 1, "the simulator's path did not run the shared container cycle"
+    return seen[0], sim.outcome
+
+
+# (kernel, msg, GPUs) a cell of a per-cell kernel, ("done", kernel, msg): it ended
+CELL_SEQUENCE = [
+    ("a", "a1", 1), ("b", "b1", 2), ("c", "c1", 1),  # best fit: a and c share a host
+    ("d", "d1", 2),  # h2 left: 2 GPUs
+    ("e", "e1", 1),  # nothing idle: unschedulable, capacity asked for
+    ("done", "b", "b1"),
+    ("e", "e2", 1),  # where b ran
+    ("f", "f1", 2),  # one GPU idle on one host: unschedulable
+    ("g", "g1", 3),  # more than any host: fails before the cycle (never_fits)
+]
+
+
+@pytest.mark.parametrize("policy", ["batch", "lcp"])
+def test_per_cell_containers_are_placed_by_the_same_cycle_live_and_simulated(policy,
+                                                                              monkeypatch):
+    live = _LiveContainers(_cluster(3, {}), policy)
+    calls: list[CycleResult] = []
+    monkeypatch.setattr(cycle_runner, "run_container_cycle",
+                        _spied_container_cycle(cycle_runner, calls))
+    live_outcomes, held = [], {}
+    for step in CELL_SEQUENCE:
+        if step[0] == "done":
+            live.cell_done(step[1], step[2], held.pop((step[1], step[2])))
+            continue
+        kernel_id, msg_id, gpus = step
+        before = len(live.records)
+        host_id = live.run_cell(kernel_id, msg_id, gpus)
+        if host_id is not None:
+            held[(kernel_id, msg_id)] = host_id
+        if len(live.records) > before:
+            live_outcomes.append(("wait", 0) if host_id is None else ("placed", host_id))
+    records = live.records
+    assert [r.kind for r in records] == [CELL_CONTAINER] * 7 and len(calls) == 7
+    assert [r.result for r in records] == calls
+    assert [r.result.status for r in records] == [Status.SUCCESS] * 4 + [
+        Status.UNSCHEDULABLE, Status.SUCCESS, Status.UNSCHEDULABLE]
+    assert {r.result.action for r in records if r.result.placed} == {Action.PLACE}
+    assert live.capacity_wanted == [1, 2]
+    assert "g" in live.kernels and not any(r.kernel_id == "g" for r in records)
+    for record, live_outcome in zip(records, live_outcomes, strict=True):
+        sim_result, sim_outcome = _sim_places(record, policy, monkeypatch)
+        assert sim_result.decision() == record.result.decision(), record
+        assert sim_result.reason == record.result.reason
+        assert sim_outcome == live_outcome, (record, sim_outcome, live_outcome)
+
+
+@pytest.mark.parametrize(("policy", "sequence", "statuses"), [
+    ("reservation", [("k1", 2), ("k2", 1), ("k3", 2), ("k4", 2), ("k5", 1), ("k6", 1),
+                     ("k7", 3)],
+     [Status.SUCCESS] * 3 + [Status.UNSCHEDULABLE, Status.SUCCESS, Status.UNSCHEDULABLE,
+                             Status.UNSCHEDULABLE_AND_UNRESOLVABLE]),
+    ("notebookos", [("k1", 2), ("k2", 1), ("k3", 3)],
+     [Status.SUCCESS, Status.SUCCESS, Status.UNSCHEDULABLE_AND_UNRESOLVABLE]),
+])
+def test_kernel_replicas_and_session_gpus_are_placed_by_the_same_cycle_live_and_simulated(
+        policy, sequence, statuses, monkeypatch):
+    live = _LiveContainers(_cluster(3, {}), policy)
+    calls: list[CycleResult] = []
+    monkeypatch.setattr(cycle_runner, "run_container_cycle",
+                        _spied_container_cycle(cycle_runner, calls))
+    live_outcomes = []
+    for kernel_id, gpus in sequence:
+        placed = live.start_kernel(kernel_id, gpus)
+        live_outcomes.append(("placed", *placed) if placed is not None else None)
+    records = live.records
+    assert [r.kind for r in records] == [REPLICAS] * len(sequence)
+    assert [r.result for r in records] == calls
+    assert [r.result.status for r in records] == statuses
+    reserves = policy == "reservation"
+    assert {r.result.action for r in records if r.result.placed} == {
+        Action.RESERVE if reserves else Action.PLACE}
+    for record, live_outcome in zip(records, live_outcomes, strict=True):
+        sim_result, sim_outcome = _sim_places(record, policy, monkeypatch)
+        assert sim_result.decision() == record.result.decision(), record
+        if live_outcome is None:
+            assert sim_outcome[0] == "wait"
+        else:  # the same hosts; the session's GPUs bound (simulated) / set aside (live) alike
+            assert sim_outcome == live_outcome, (record, sim_outcome, live_outcome)
+            assert bool(live_outcome[2]) is reserves
+
+
+def test_container_decision_equality_fails_when_the_simulator_decides_alone(monkeypatch):
+    """A simulator path that stops calling the container cycle (here: the per-cell containers
+    choosing hosts themselves, as before issue 35's second part) is caught."""
+    live = _LiveContainers(_cluster(3, {}), "batch")
+    live.run_cell("a", "a1", 1)
+    record = live.records[0]
+
+    def own_choice(self, sess, run, now):  # noqa: ANN001, ANN202
+        hosts = self.policy.choose_hosts(self.sim.cluster, run.task.request, 1)
+        self.sim._push_start(0.0, sess, SimpleNamespace(host_id=hosts[0].host_id))
+        return True
+
+    monkeypatch.setattr(session_modes.CellContainers, "try_run", own_choice)
+    with pytest.raises(AssertionError, match="did not run the shared container cycle"):
+        _sim_places(record, "batch", monkeypatch)

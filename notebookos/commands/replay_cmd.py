@@ -335,7 +335,7 @@ async def _watch_cluster(cluster, replay) -> None:  # noqa: ANN001
 def _finish(args: argparse.Namespace, played, run_result, policy: str,  # noqa: ANN001
             shape: tuple[int, int], config, url: str, local: bool,  # noqa: ANN001
             sim_settings: dict[str, Any], out: Path) -> dict[str, Any]:
-    from notebookos.replay.compare import live_policy_params
+    from notebookos.replay.compare import live_policy_params, live_profile_spec
     from notebookos.replay.plan import played_to_json, played_until
     from notebookos.replay.records import COMPLETED, summarize, write_run
 
@@ -351,13 +351,15 @@ def _finish(args: argparse.Namespace, played, run_result, policy: str,  # noqa: 
     })
     summary["max_hosts"] = args.max_hosts or shape[0] * (2 if args.autoscale else 1)
     params = live_policy_params(config) if config.cluster.policy == policy else {}
+    profile = live_profile_spec(config) if config.cluster.policy == policy else None
     write_run(out, summary, run_result)
     delays = [t.interactivity_s for t in run_result.tasks if t.interactivity_s is not None]
     tcts = [t.tct_s for t in run_result.tasks if t.status == COMPLETED and t.tct_s is not None]
     # A stopped run is compared with the simulation of the part it played, not the whole plan.
     stopped = run_result.stopped_at_s
     simulated = played if stopped is None else played_until(played, stopped)
-    _simulate_and_write(args, simulated, summary, params, sim_settings, out, delays, tcts)
+    _simulate_and_write(args, simulated, summary, params, sim_settings, out, delays, tcts,
+                        profile)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     (out / "plan.json").write_text(json.dumps(played_to_json(played), indent=1) + "\n")
     return summary
@@ -365,8 +367,10 @@ def _finish(args: argparse.Namespace, played, run_result, policy: str,  # noqa: 
 
 def _simulate_and_write(args: argparse.Namespace, played, summary: dict[str, Any],  # noqa: ANN001
                         params: dict[str, Any], sim_settings: dict[str, Any], out: Path,
-                        live_delays: list[float], live_tcts: list[float]) -> None:
-    """The simulator beside the live figures: simulated/, comparison.md, the CDF plot."""
+                        live_delays: list[float], live_tcts: list[float],
+                        profile: dict[str, Any] | None = None) -> None:
+    """The simulator beside the live figures: simulated/, comparison.md, the CDF plot; under
+    the live scheduler's ``profile`` spec when known."""
     from notebookos.replay.compare import comparison_table, plot_live_vs_simulated, simulate_played
     from notebookos.simulator.config import parse_cluster
     from notebookos.simulator.output import write_run as write_sim_run
@@ -377,7 +381,7 @@ def _simulate_and_write(args: argparse.Namespace, played, summary: dict[str, Any
         figures, record = simulate_played(
             played, summary["policy"], hosts, gpus, params, autoscale=bool(summary["autoscale"]),
             max_hosts=summary.get("max_hosts") or hosts, seed=int(summary["seed"]),
-            settings=sim_settings)
+            settings=sim_settings, profile=profile)
         summary["simulated"] = figures
         write_sim_run(out / "simulated", figures["simulator_summary"], record)
     table = comparison_table(summary, summary.get("simulated"))
@@ -414,7 +418,9 @@ def _resimulate(args: argparse.Namespace, sim_settings: dict[str, Any]) -> int:
         played = played_until(played, float(summary["stopped_at_s"]))
     out = args.out or run_dir / "resimulated"
     out.mkdir(parents=True, exist_ok=True)
-    params = (summary.get("simulated") or {}).get("settings", {}).get("policy_params", {})
+    stored = (summary.get("simulated") or {}).get("settings", {})
+    params = stored.get("policy_params", {})
+    profile = stored.get("profile")  # None: a run recorded before the profile was
     from notebookos.replay.compare import resimulate_settings
 
     sim_settings = resimulate_settings(summary, sim_settings)
@@ -422,7 +428,8 @@ def _resimulate(args: argparse.Namespace, sim_settings: dict[str, Any]) -> int:
     summary["resimulated_from"] = str(run_dir)
     delays = [float(r["interactivity_s"]) for r in rows if r["interactivity_s"]]
     tcts = [float(r["tct_s"]) for r in rows if r["status"] == "completed" and r["tct_s"]]
-    _simulate_and_write(args, played, summary, params, sim_settings, out, delays, tcts)
+    _simulate_and_write(args, played, summary, params, sim_settings, out, delays, tcts,
+                        profile)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     print(json.dumps(summary, indent=2, sort_keys=True) if args.json
           else (out / "comparison.md").read_text())

@@ -15,6 +15,9 @@ the Kubernetes scheduling framework does:
    the policy's ``post_filter``: move a replica to a host that can bind the request now, or
    wait).
 
+Where new containers start (a kernel's replicas, a per-cell container) is the same kind of
+decision on the same snapshot: ``container_cycle.run_container_cycle``.
+
 The cycle is pure: it reads the snapshot (the cluster model and what the caller knows beyond
 it) and returns a decision; the caller applies it (commit, share, migrate, wait) through its own
 mechanism. Status codes:
@@ -64,6 +67,8 @@ class Action(enum.StrEnum):
     EXECUTE = "execute"  # commit on the replica's host
     MIGRATE = "migrate"  # move the replica to ``host_id``, then commit there
     SHARE = "share"  # join devices another kernel's cell holds on the replica's host
+    PLACE = "place"  # start new containers on ``hosts`` (a kernel's replicas, a cell's container)
+    RESERVE = "reserve"  # PLACE, and bind the session's GPUs on ``host_id`` (reservation)
     NONE = "none"  # nothing to apply (every status but SUCCESS)
 
 
@@ -95,7 +100,9 @@ class Snapshot:
     - ``replica_change``: why a change of the kernel's replicas is under way ("" when none): a
       migration waits for it;
     - ``sharing``: the device view the share post-filter needs (None: no sharing to consider);
-    - ``share_refused``: why the hosts refused the last share plans ("": none refused).
+    - ``share_refused``: why the hosts refused the last share plans ("": none refused);
+    - ``unavailable_hosts``: hosts that take no new container (the live scheduler's draining
+      hosts; ``notebookos.policies.container_cycle``).
     """
 
     cluster: Cluster
@@ -103,6 +110,7 @@ class Snapshot:
     replica_change: str = ""
     sharing: SharingView | None = None
     share_refused: str = ""
+    unavailable_hosts: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +126,9 @@ class CycleResult:
     """A decision: ``status``, and for ``SUCCESS`` the replica and host and how (``action``).
     ``order`` is the replica order the filter/score walked (the executor first); ``migration``
     the post-filter's migration decision (also when it found no target); ``share`` the share
-    plans, best first (the first is the decision; the caller may fall back to the others)."""
+    plans, best first (the first is the decision; the caller may fall back to the others);
+    ``hosts`` the hosts of new containers (``PLACE``/``RESERVE``; for a placement that is not
+    ``SUCCESS``, the acceptable hosts found, fewer than asked for)."""
 
     status: Status
     reason: str = ""
@@ -128,6 +138,7 @@ class CycleResult:
     order: tuple[int, ...] = ()
     migration: MigrationDecision | None = None
     share: tuple[SharePlan, ...] = ()
+    hosts: tuple[str, ...] = ()
 
     @property
     def placed(self) -> bool:
@@ -139,7 +150,7 @@ class CycleResult:
                      else (self.migration.replica_id, self.migration.target_host_id))
         share = tuple((p.replica_id, p.host_id, p.device_ids) for p in self.share)
         return (self.status.value, self.action.value, self.replica_id, self.host_id, migration,
-                share)
+                share, self.hosts)
 
 
 # -- the post-filter plug-ins ------------------------------------------------------------------

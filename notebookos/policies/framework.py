@@ -11,7 +11,10 @@ long-running kernel (``global_scheduler/execution.py``'s ``_try_place``, the sim
 ``SUCCESS`` (with the action: execute, migrate or share), ``UNSCHEDULABLE`` (more capacity would
 help), ``UNSCHEDULABLE_AND_UNRESOLVABLE`` (no host could ever run it), ``WAIT`` (it waits for
 GPUs on its own hosts or a replica change) or ``ERROR`` (a plug-in failed). Each caller applies
-the decision through its own mechanism (commit RPCs / simulated books).
+the decision through its own mechanism (commit RPCs / simulated books). Where new containers
+start (a kernel's replicas, with the session's GPUs for a policy that binds them at placement; a
+per-cell container) both decide through ``notebookos.policies.container_cycle.
+run_container_cycle``, with the same status codes (``SUCCESS`` with ``PLACE`` or ``RESERVE``).
 
 A *profile* (``notebookos.policies.profile.Profile``) names the plug-in of each point, each found
 through an entry-point group and built with its own configuration section:

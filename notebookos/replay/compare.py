@@ -1,8 +1,9 @@
 """The replay's workload through the simulator, and live vs simulated side by side.
 
 The simulator gets the workload exactly as it was played (time-scaled, sliced, each session's
-GPUs those of its kernelspec), the same policy with the parameters the live Global Scheduler
-derives from the same configuration, the same cluster shape, and no autoscaling unless the live
+GPUs those of its kernelspec), the scheduling profile the live Global Scheduler builds from the
+same configuration (its policy with the same parameters, its queue sort and plug-ins' sections:
+``live_profile_spec``), the same cluster shape, and no autoscaling unless the live
 cluster had it. Its latencies are its own settings (``--sim-set``), not the live system's.
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from notebookos.config import Config
 from notebookos.policies.live import policy_params
+from notebookos.policies.profile import Profile, profile_spec
 from notebookos.simulator.records import RunRecord
 from notebookos.workload.model import Workload
 
@@ -41,6 +43,24 @@ def live_policy_params(config: Config) -> dict[str, Any]:
     """The policy parameters the live Global Scheduler derives from ``config`` (the same
     function: ``notebookos.policies.live.policy_params``)."""
     return policy_params(config)
+
+
+def live_profile_spec(config: Config) -> dict[str, Any]:
+    """The scheduling profile the live Global Scheduler runs under ``config`` (the same
+    function as its daemon's: ``notebookos.policies.profile.profile_spec``), as a mapping
+    (``Profile.load``) that a run's summary keeps."""
+    return profile_spec(config)
+
+
+def simulated_profile(spec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with the queue sort the simulator's settings name (``cell_order``: the live
+    cluster's, or ``--sim-set``'s, which take precedence), its configuration section kept when
+    the order is the same."""
+    order = settings.get("cell_order", spec.get("queue_sort", "arrival"))
+    if order == spec.get("queue_sort"):
+        return spec
+    config = {k: v for k, v in (spec.get("config") or {}).items() if k != "queue_sort"}
+    return {**spec, "queue_sort": order, "config": config}
 
 
 # The latencies of a ``--local`` cluster, which the simulator's defaults do not describe: those
@@ -70,7 +90,7 @@ def settings_from_live(config: Config, sim_settings: dict[str, Any]) -> dict[str
 
 # The simulator settings a run records under summary.json's "simulated" that are not latencies
 # or settings of its own but the cluster's shape and policy (simulate_played passes them apart).
-_SHAPE = ("hosts", "gpus_per_host", "autoscale", "policy_params")
+_SHAPE = ("hosts", "gpus_per_host", "autoscale", "policy_params", "profile")
 
 
 def resimulate_settings(summary: dict[str, Any], sim_settings: dict[str, Any]) -> dict[str, Any]:
@@ -85,14 +105,21 @@ def resimulate_settings(summary: dict[str, Any], sim_settings: dict[str, Any]) -
 
 def simulate_played(workload: Workload, policy: str, hosts: int, gpus_per_host: int,
                     params: dict[str, Any], autoscale: bool, max_hosts: int, seed: int,
-                    settings: dict[str, Any] | None = None) -> tuple[dict[str, Any], RunRecord]:
+                    settings: dict[str, Any] | None = None,
+                    profile: dict[str, Any] | None = None) -> tuple[dict[str, Any], RunRecord]:
+    """The played workload through the simulator: under ``profile`` (the live scheduler's
+    profile spec, ``live_profile_spec``) when given, else ``policy`` with ``params`` (a run
+    recorded before the profile was)."""
     from notebookos.simulator.config import SimConfig
     from notebookos.simulator.runner import simulate
 
     config = SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, autoscale=autoscale,
                        max_hosts=max(hosts, max_hosts), seed=seed,
                        policy_params={policy: params}, **(settings or {}))
-    summary, record = simulate(workload, policy, config)
+    if profile is not None:
+        profile = simulated_profile(profile, settings or {})
+    summary, record = simulate(workload, policy, config,
+                               profile=Profile.load(profile) if profile is not None else None)
     done = [t for t in record.tasks if t.end is not None]
     tct = [t.end - t.submit for t in done]
     reservation_gpu_s = sum(s.request.gpus * ((s.stop if s.stop is not None else s.start)
@@ -111,7 +138,8 @@ def simulate_played(workload: Workload, policy: str, hosts: int, gpus_per_host: 
         "gpu_hours_reservation": round(reservation_gpu_s / 3600, 6),
         "migrations": summary["migrations"],
         "settings": {"hosts": hosts, "gpus_per_host": gpus_per_host, "autoscale": autoscale,
-                     "policy_params": params, **(settings or {})},
+                     "policy_params": params, **(settings or {}),
+                     **({"profile": profile} if profile is not None else {})},
         "simulator_summary": summary,
     }
     return figures, record

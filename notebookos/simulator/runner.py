@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from notebookos.policies import PolicyKind, get_policy
+from notebookos.policies.profile import Profile
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.jobsim import JobSimulator
 from notebookos.simulator.records import RunRecord, summarize
@@ -38,12 +39,24 @@ def simulate(
     policy_name: str,
     config: SimConfig,
     progress: Callable[[float], None] | None = None,
+    profile: Profile | None = None,
 ) -> tuple[dict, RunRecord]:
     """Job policies run the workload's tasks as batch jobs on a fixed cluster; session policies
-    run its sessions (a batch-job trace is one-task sessions)."""
-    policy = get_policy(policy_name, **config.policy_params.get(policy_name, {}))
-    engine = job_engine_for(policy) if policy.kind is PolicyKind.JOB else SessionSimulator
-    record = engine(workload, policy, config, progress).run()
+    run its sessions (a batch-job trace is one-task sessions). With ``profile`` (a replay: the
+    live Global Scheduler's), its policy and plug-ins run, not ``config.policy_params``'."""
+    if profile is not None:
+        named = profile.names.get("policy", profile.policy.name)
+        if named != policy_name:
+            raise ValueError(f"the profile's policy is {named!r}, not {policy_name!r}")
+        policy = profile.policy
+    else:
+        policy = get_policy(policy_name, **config.policy_params.get(policy_name, {}))
+    if policy.kind is PolicyKind.JOB:
+        engine = job_engine_for(policy)
+        record = engine(workload, policy, config, progress).run()
+    else:
+        engine = SessionSimulator
+        record = engine(workload, policy, config, progress, profile=profile).run()
     summary = summarize_run(record, config)
     base_name = getattr(policy, "base_name", None)
     if base_name is not None:  # a wrapper (ces): what it changed against its base alone

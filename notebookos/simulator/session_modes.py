@@ -12,12 +12,18 @@ tests the policy's name or flags:
   (``reservation``);
 - ``CellContainers``: a container per cell, placed when the cell is sent (``batch``: cold start and
   state I/O; ``lcp``: a warm pool).
+
+Where new containers start (a kernel's replicas, with the session's GPUs for ``reservation``; a
+cell's container) is decided by the container cycle
+(``notebookos.policies.container_cycle.run_container_cycle``), the one the live Global
+Scheduler runs for them too.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from notebookos.policies.container_cycle import run_container_cycle
 from notebookos.policies.cycle import Action, CycleResult, Snapshot, Status, run_cycle
 from notebookos.policies.profile import Profile
 
@@ -81,6 +87,12 @@ class SessionKernels(KernelMode):
 
     def on_session_start(self, sess: _Sess, now: float) -> None:
         self.sim._place_kernel(sess, now)
+
+    def decide_placement(self, sess: _Sess) -> CycleResult:
+        """The container cycle on the simulated cluster: the hosts of the kernel's replicas
+        (``RESERVE``: the session's GPUs bound on the first, reservation)."""
+        return run_container_cycle(Snapshot(self.sim.cluster), sess.s.request, self.profile,
+                                   count=self.sim.R)
 
     def can_run(self, sess: _Sess) -> bool:
         return sess.kernel is not None and sess.ready
@@ -220,15 +232,21 @@ class CellContainers(KernelMode):
     def wait_amounts_at_teardown(self, sess: _Sess) -> tuple[int, int]:
         return 0, 0
 
+    def decide(self, run: _Run) -> CycleResult:
+        """The container cycle on the simulated cluster: the host of the cell's container."""
+        return run_container_cycle(Snapshot(self.sim.cluster), run.task.request, self.profile)
+
     def try_run(self, sess: _Sess, run: _Run, now: float) -> bool:
         sim = self.sim
         request = run.task.request
-        hosts = self.policy.choose_hosts(sim.cluster, request, 1)
-        if hosts is None:
+        result = self.decide(run)
+        if result.status is Status.ERROR:
+            raise RuntimeError(f"session {sess.s.session_id}: {result.reason}")
+        if not result.placed:  # unschedulable (for now or for good: the trace's problem)
             sim._enter_wait(sess, run.task.gpus, 0, now)
             return False
         sess.queue.popleft()
-        host = hosts[0]
+        host = sim.cluster.hosts[result.host_id]
         sim._books(now)
         container = f"{run.task.task_id}#c"
         sim.cluster.add_kernel(container, request)

@@ -21,6 +21,8 @@ from notebookos.cluster import Cluster, Kernel, ReplicaState
 from notebookos.policies import placement
 from notebookos.policies.base import Policy, ScalingView
 from notebookos.policies.cell_order import ArrivalOrder, WaitingCell, cell_order_for
+from notebookos.policies.cycle import Action, Status
+from notebookos.policies.profile import Profile
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.hibernation import Hibernation
 from notebookos.simulator.hosts import HostFactory
@@ -65,8 +67,12 @@ class _Sess:
 
 class SessionSimulator:
     def __init__(self, workload: Workload, policy: Policy, config: SimConfig,
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None,
+                 profile: Profile | None = None) -> None:
         self.policy = policy
+        # The scheduling profile the cycles run (its policy is ``policy``): the live Global
+        # Scheduler's, given by a replay; else the policy's own (session_modes.KernelMode).
+        self.profile = profile
         self.config = config
         self.progress = progress
         self.R = policy.replicas_per_kernel
@@ -79,8 +85,11 @@ class SessionSimulator:
         self.seq = 0
         self.provisioning = 0
         self.wait: deque[_Sess] = deque()
-        # The live Global Scheduler's cell queue order (global_scheduler.cell_order).
-        self.cell_order = cell_order_for(config.cell_order)
+        # The live Global Scheduler's cell queue order (global_scheduler.cell_order): the
+        # profile's queue-sort plug-in when given (with its configuration section).
+        self.cell_order = (profile.queue_sort if profile is not None
+                           and profile.queue_sort is not None
+                           else cell_order_for(config.cell_order))
         self.waiting_gpus = 0
         self.waiting_subscriptions = 0
         self.warm: dict[str, int] = {}  # per host: prewarm (notebookos) or warm (lcp) containers
@@ -366,20 +375,23 @@ class SessionSimulator:
     def _place_kernel(self, sess: _Sess, now: float) -> bool:
         """Place a session's long-running kernel (its replicas) as the policy chooses."""
         request = sess.s.request
-        hosts = self.policy.acceptable_hosts(self.cluster, request, self.R)
-        if len(hosts) < self.R:
+        result = self.mode.decide_placement(sess)
+        if result.status is Status.ERROR:
+            raise RuntimeError(f"session {sess.s.session_id}: {result.reason}")
+        if not result.placed:
             # A failed placement (3.4.2): the kernel waits, and asks for the hosts it lacks (a
             # kernel that binds GPUs at placement asks for its GPUs instead).
             gpus, subs = self.mode.kernel_wait_amounts(sess)
-            lacking = 0 if gpus else self.R - len(hosts)
+            lacking = 0 if gpus else self.R - len(result.hosts)
             self._enter_wait(sess, gpus, subs, now, lacking)
             return False
+        hosts = [self.cluster.hosts[h] for h in result.hosts]
         self._books(now)
         kernel = self.cluster.add_kernel(sess.s.session_id, request)
         for rid, host in enumerate(hosts):
             replica = self.cluster.place_replica(kernel.kernel_id, rid, host.host_id)
-            if self.binding.binds_at_placement:
-                host.commit(replica.owner, request)
+            if result.action is Action.RESERVE and host.host_id == result.host_id:
+                host.commit(replica.owner, request)  # the session's GPUs
         sess.kernel = kernel
         if not self.binding.binds_at_placement:
             self._add_standby(len(hosts), request.gpus)

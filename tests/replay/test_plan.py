@@ -194,6 +194,54 @@ def test_resimulating_a_run_keeps_the_settings_it_was_simulated_with():
     assert resimulate_settings({}, {"state_write_s": 0.1}) == {"state_write_s": 0.1}
 
 
+def test_the_simulation_beside_a_replay_runs_the_live_schedulers_profile(tmp_path,
+                                                                         monkeypatch):
+    # Issue 35: the replay's simulation built its policy from policy_params alone, so a
+    # plug-in's configuration section (global_scheduler.plugin_config) and the queue sort's
+    # never reached it; it now runs the profile the live daemon builds from the same
+    # configuration (profile_spec), and keeps it for --resimulate.
+    from notebookos.config import load_config
+    from notebookos.replay.compare import (
+        live_policy_params,
+        live_profile_spec,
+        resimulate_settings,
+        settings_from_live,
+        simulate_played,
+        simulated_profile,
+    )
+    from notebookos.simulator import runner
+
+    live = load_config(env={}, overrides={
+        "cluster.policy": "notebookos", "global_scheduler.cell_order": "qssf",
+        "global_scheduler.plugin_config": '{"policy": {"candidate_limit": 7}, '
+                                          '"queue_sort": {"default_s": 5.0}}'})
+    spec = live_profile_spec(live)
+    engines = []
+
+    class Spied(runner.SessionSimulator):
+        def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    monkeypatch.setattr(runner, "SessionSimulator", Spied)
+    workload = plan.load_input("template", _template(tmp_path), seed=0)
+    figures, _ = simulate_played(workload, "notebookos", 3, 4, live_policy_params(live),
+                                 autoscale=False, max_hosts=3, seed=0,
+                                 settings=settings_from_live(live, {}), profile=spec)
+    (sim,) = engines
+    assert sim.policy.candidate_limit == 7  # the policy's section, beyond policy_params
+    assert sim.profile.policy is sim.policy and sim.mode.profile is sim.profile
+    assert sim.cell_order is sim.profile.queue_sort and sim.cell_order.default_s == 5.0
+    assert figures["tasks_completed"] == figures["tasks_submitted"] > 0
+    assert figures["settings"]["profile"] == spec
+    # --resimulate passes the stored profile apart from the simulator's settings
+    assert "profile" not in resimulate_settings({"simulated": figures}, {})
+    # --sim-set cell_order=... still decides the simulated order (its section dropped)
+    other = simulated_profile(spec, {"cell_order": "arrival"})
+    assert other["queue_sort"] == "arrival" and "queue_sort" not in other["config"]
+    assert simulated_profile(spec, {"cell_order": "qssf"}) is spec
+
+
 def test_the_local_clusters_jupyter_server_enables_the_notebookos_extension(tmp_path):
     # The extension is enabled for an environment by a data file that editable installs do not
     # get; without it replay --local measured no kernel-ready time (every sample a 404) and its

@@ -1,0 +1,89 @@
+"""The Global Scheduler's side of the shared scheduling cycles (issue 35): the profile they run,
+the snapshot the container cycle reads, and the record of every decision applied (for the
+decision-equality test). Mixed into ``GlobalSchedulerService``; the mixins that decide
+(``execution.py``: a cell on placed replicas; ``replicas.py``: a kernel's replicas;
+``cell_containers.py``: a cell's own container) run their cycle through it."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from notebookos.policies.container_cycle import run_container_cycle
+from notebookos.policies.cycle import CycleResult, Snapshot
+from notebookos.policies.profile import Profile
+from notebookos.resources import ResourceSpec
+
+log = logging.getLogger(__name__)
+
+# What a recorded decision placed: a cell on a kernel's replicas (``cycle.run_cycle``), a
+# kernel's replicas, a cell's own container (``container_cycle.run_container_cycle``).
+EXECUTE = "execute"
+REPLICAS = "replicas"
+CELL_CONTAINER = "cell_container"
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """One decision the live scheduler took, with the snapshot it was taken on (a copy)."""
+
+    snapshot: Snapshot
+    kernel_id: str
+    request: ResourceSpec
+    result: CycleResult
+    kind: str = EXECUTE
+    count: int = 1  # containers asked for (REPLICAS, CELL_CONTAINER)
+
+
+class CycleRunnerMixin:
+    cycle_recorder: Callable[[CycleRecord], None] | None = None  # tests: every decision taken
+
+    @property
+    def profile(self) -> Profile:
+        """The scheduling profile the cycle runs: the daemon's (from the configuration), else
+        the policy's own with the service's GPU sharing."""
+        explicit = self.__dict__.get("_profile")
+        if explicit is not None:
+            return explicit
+        sharing = getattr(self, "gpu_sharing", None)
+        key = (id(self.policy), id(sharing))
+        cached = self.__dict__.get("_derived_profile")
+        if cached is None or cached[0] != key:
+            cached = (key, Profile.for_policy(self.policy, sharing=sharing))
+            self.__dict__["_derived_profile"] = cached
+        return cached[1]
+
+    @profile.setter
+    def profile(self, profile: Profile) -> None:
+        self.__dict__["_profile"] = profile
+        self.policy = profile.policy
+        self.gpu_sharing = profile.sharing
+
+    def _record_cycle(self, snapshot: Snapshot, kernel_id: str, request: ResourceSpec,
+                      result: CycleResult, kind: str = EXECUTE, count: int = 1) -> None:
+        """Hand a decision about to be applied to ``cycle_recorder`` (tests), with a copy of
+        the snapshot it was taken on."""
+        log.debug("kernel %s: %s cycle %s %s on %s (%s)", kernel_id, kind, result.status,
+                  result.action, result.hosts or result.host_id, result.reason)
+        if self.cycle_recorder is not None:
+            self.cycle_recorder(CycleRecord(copy.deepcopy(snapshot), kernel_id, request,
+                                            result, kind, count))
+
+    def _draining_hosts(self) -> frozenset[str]:
+        """Hosts that take no new container. Lock held."""
+        return frozenset(h for h, link in self.hosts.items() if link.draining)
+
+    def _decide_containers(self, request: ResourceSpec, count: int = 1, *,
+                           exclude: Sequence[str] = (), replica_change: str = ""
+                           ) -> tuple[Snapshot, CycleResult]:
+        """The container cycle on the cluster model, draining hosts unavailable: where
+        ``count`` new containers for ``request`` start. Lock held."""
+        snapshot = Snapshot(self.cluster, replica_change=replica_change,
+                            unavailable_hosts=self._draining_hosts())
+        return snapshot, run_container_cycle(snapshot, request, self.profile, count=count,
+                                             exclude=exclude)
+
+
+__all__ = ["CELL_CONTAINER", "EXECUTE", "REPLICAS", "CycleRecord", "CycleRunnerMixin"]
