@@ -81,3 +81,19 @@ def test_an_empty_flush_does_not_wait_for_the_iopub_thread(stream):
         out.flush()
     assert len(scheduled) == before  # nothing to send, nothing scheduled, no waiting
     assert "".join(_texts(sub, session)) == "x\n"
+
+
+def test_a_standby_writes_nothing_to_iopub_under_a_yield_request(stream, capfd) -> None:  # noqa: ANN001
+    """What a standby writes while it handles a cell that another replica runs (its parent is
+    the cell's ``yield_request`` copy) goes to the replica's log, never to IOPub: the Global
+    Scheduler's front takes a replica that publishes a cell's output for its executor, and the
+    cell then never replied. The executor's own output still flows."""
+    out, sub, session, _scheduled = stream
+    out.set_parent(session.msg("yield_request", {"code": "x = 1"}))
+    out.write("a warning while applying the state\n")
+    out.flush()
+    out.set_parent(session.msg("execute_request", {"code": "print(2)"}))
+    out.write("the cell's own output\n")
+    out.flush()
+    assert _texts(sub, session) == ["the cell's own output\n"]
+    assert "a warning while applying the state" in capfd.readouterr().err
