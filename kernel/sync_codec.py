@@ -50,6 +50,7 @@ import re
 import struct
 import sys
 import threading
+import time
 import types
 import uuid
 import weakref
@@ -1629,6 +1630,16 @@ def _code_globals(code: types.CodeType) -> set[str]:
 # ---------------------------------------------------------------------------------- applier
 
 
+@dataclass
+class RestoreSplit:
+    """Where a checkpoint restore's time went (seconds): ``read_s`` until its last byte was in
+    (the checkpoint's records and every large object fetched, in parallel with decoding what
+    had arrived), ``apply_s`` the decoding left after that."""
+
+    read_s: float = 0.0
+    apply_s: float = 0.0
+
+
 class StateApplier:
     """Applies updates on a standby; fetches large objects in the background."""
 
@@ -1639,6 +1650,7 @@ class StateApplier:
         self.state = state or SyncState()
         self._pool = ThreadPoolExecutor(fetch_threads, thread_name_prefix="nbos-prefetch")
         self._fetches: dict[str, Future[bytes]] = {}
+        self.last_fetch_done = 0.0  # time.monotonic() when the latest fetch ended
         self._fetch_lock = threading.Lock()
         self._closed = False
 
@@ -1677,6 +1689,13 @@ class StateApplier:
             return future
 
     def _get(self, key: str, tensor: bool) -> Any:
+        """The blob under ``key`` (``_fetch_blob``); notes when the fetch ended."""
+        try:
+            return self._fetch_blob(key, tensor)
+        finally:
+            self.last_fetch_done = max(self.last_fetch_done, time.monotonic())
+
+    def _fetch_blob(self, key: str, tensor: bool) -> Any:
         """A tensor's or array's blob lands in a tensor's own memory when torch is loaded, so
         loading it makes no copy (raw_tensor.py); anything else is bytes."""
         if tensor and "torch" in sys.modules:
@@ -2128,13 +2147,20 @@ def restore_namespace(
     namespace: MutableMapping[str, Any],
     *,
     state: SyncState | None = None,
+    split: RestoreSplit | None = None,
+    started: float | None = None,
 ) -> list[str]:
     """Load a checkpoint into ``namespace``; return the names that could not be restored.
 
-    Pass the replica's ``SyncState`` so that its encoder continues from the restored state.
+    Pass the replica's ``SyncState`` so that its encoder continues from the restored state;
+    ``split`` is filled with where the time went since ``started`` (``time.monotonic()`` when
+    the checkpoint's read began; default: now).
     """
+    started = time.monotonic() if started is None else started
     update = SyncUpdate(list(checkpoint.entries.values()))
+    failed: list[str] = []
     with StateApplier(store, state=state) as applier:
+        records_read = time.monotonic()
         applier.prefetch(update)
         try:
             applier.apply(namespace, update)
@@ -2142,5 +2168,9 @@ def restore_namespace(
             for name, reason in exc.failures.items():
                 log.error("checkpoint restore of kernel %s: %r not restored: %s",
                           checkpoint.kernel_id, name, reason)
-            return sorted(exc.failures)
-    return []
+            failed = sorted(exc.failures)
+        read_until = max(records_read, applier.last_fetch_done)
+    if split is not None:
+        split.read_s = read_until - started
+        split.apply_s = time.monotonic() - read_until
+    return failed
