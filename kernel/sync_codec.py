@@ -973,6 +973,9 @@ class StateEncoder:
         self.threshold_bytes = threshold_bytes
         self.state = state or SyncState()
         self._known_objects: set[str] = set()  # store keys known to exist
+        # tokens whose bytes this encode has hashed already: a large array the cell names is
+        # checked once, not once by ``_recheck`` and again when its name is pickled
+        self._hashed_in_encode: set[str] = set()
         self._upload_threads = upload_threads
         self._view_roots: dict[int, Any] = {}  # this encode's (see ``_shared_array_memory``)
 
@@ -1015,6 +1018,7 @@ class StateEncoder:
         tokens_of: dict[str, frozenset[str]] = {}
         entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
         with self.state.lock, _cyclic_gc_paused():
+            self._hashed_in_encode = set()
             self._recheck(uploads, changed_tokens)
             # Three queues, taken in this order: the names to check (and entries to refresh);
             # roots holding an object that has just become shared (until pickled again they still
@@ -1374,15 +1378,20 @@ class StateEncoder:
         state = self.state
         token = state.token_for(tensor)
         record = state.record(token)
+        if record is not None and token in self._hashed_in_encode:
+            return token, record  # hashed, and its record refreshed, earlier in this encode
         fingerprint = _fingerprint(tensor)
         parts: list[bytes | memoryview] | None = None
+        digest: str | None = None
         if record is not None and fingerprint is not None and record.fingerprint == fingerprint:
             same = True
             if verify and record.blob is not None:
                 same = _content_of(tensor) == record.content
             elif verify:
                 parts = _serialise_extracted(tensor)
-                same = _digest(*parts) == record.digest
+                digest = _digest(*parts)
+                same = digest == record.digest
+                self._hashed_in_encode.add(token)
             if same:
                 if record.store_key is not None and record.store_key not in self._known_objects:
                     # Known from an applied update or checkpoint: it is in the store already.
@@ -1394,7 +1403,9 @@ class StateEncoder:
                 return token, record
         if parts is None:
             parts = _serialise_extracted(tensor)
-        digest = _digest(*parts)
+        if digest is None:  # not hashed above
+            digest = _digest(*parts)
+        self._hashed_in_encode.add(token)
         if record is None or record.digest != digest:
             changed_tokens.add(token)
         if sum(memoryview(part).nbytes for part in parts) > TENSOR_INLINE_LIMIT:
