@@ -14,8 +14,13 @@ On a real loopback cluster (a Global Scheduler and three Local Schedulers, real 
   ``hibernated_replica_processes`` (its processes alive once hibernated: 0 is the target) and
   ``gs_cpu_ms_per_s_hibernated`` (the Global Scheduler's CPU over 5 s while it sleeps);
   ``wake_cell_s``: its next cell sent -> that cell's reply, with its state checked;
-  ``wake_replicas_s``: the scheduler's own wake time (replicas started and the checkpoint
-  restored); ``checkpoint_part_s`` = wake_replicas_s - fresh_start_s (reading and applying it);
+  ``wake_replicas_s``: the scheduler's own wake time (its replicas started and answering);
+  ``wake_split``: where the wake's cell spent its time, as the replica that ran it reports
+  (``metadata.notebookos.restore`` of its reply): ``start_s`` (its process handed the order ->
+  its kernel running), ``read_s`` (the checkpoint's records and large objects fetched),
+  ``apply_s`` (decoding left after the last fetch), ``agree_s`` (the Raft group ready and the
+  restore committed), ``rest_s`` (the remainder of wake_cell_s: scheduling, the election, the
+  cell, its reply and its state sync before ``idle``);
 - --notebooks small notebooks (a dict and a list each) hibernated one after another, then --wake
   of them woken at once by a cell each: ``mass_wake_s`` (all replies in), all values checked.
 
@@ -26,11 +31,13 @@ imports torch first: 2.3 s alone on the 2-core VM). --smoke: 8 MiB, 4 notebooks,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +74,29 @@ def plain_cold_start() -> float:
         manager.shutdown_kernel(now=True)
 
 
+@contextlib.contextmanager
+def cluster_folder(keep: str) -> Iterator[str]:
+    """``keep`` (made if missing, left in place) when given, else a temporary folder."""
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        yield folder
+
+
 def wait_hibernated(cluster: Cluster, kernel_id: str, timeout: float = 120) -> None:
     cluster.wait(lambda: cluster.kernel(kernel_id).state == HIBERNATED
                  and not cluster.kernel(kernel_id).replicas, timeout, f"{kernel_id} hibernated")
+
+
+def wake_split(woke: dict[str, Any], wake_cell_s: float) -> dict[str, float] | None:
+    """The woken cell's split as its executor reported it, and the rest of ``wake_cell_s``."""
+    metadata = woke["reply"].get("metadata") or {}
+    split = (metadata.get("notebookos") or {}).get("restore")
+    if not split:
+        return None
+    return {**split, "rest_s": round(wake_cell_s - sum(split.values()), 4)}
 
 
 def cpu_ms_per_s(pid: int, window: float) -> float:
@@ -90,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", default="", metavar="MODULES",
                         help="local_scheduler.preload_modules of the hosts (e.g. torch: the "
                              "replicas a wake starts find torch imported)")
+    parser.add_argument("--logs", default="", metavar="DIR",
+                        help="run the cluster in DIR and keep it (its daemons' and replicas' "
+                             "logs) instead of a temporary folder")
     args = smoke.parse_args(parser, argv, mib=8, notebooks=4, wake=2)
     results: dict[str, Any] = {"mib": args.mib, "notebooks": args.notebooks, "woken": args.wake,
                                "preload": args.preload}
     results["plain_cold_start_s"] = plain_cold_start()
     credentials = install_session_credentials()  # TLS files for the cluster, as the tests do
-    with tempfile.TemporaryDirectory() as folder:
+    with cluster_folder(args.logs) as folder:
         cluster = Cluster(Path(folder), {"NOTEBOOKOS_GLOBAL_SCHEDULER_HIBERNATE_AFTER_S": "2",
                                          "NOTEBOOKOS_GLOBAL_SCHEDULER_REPLICA_START_TIMEOUT_S":
                                          "300",
@@ -140,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             message = cluster.kernel(kernel_id).message
             results["wake_replicas_s"] = float(message.split(" in ")[-1].split(" s")[0]) \
                 if "woke from hibernation in" in message else None
-            if results["wake_replicas_s"] is not None:
-                results["checkpoint_part_s"] = results["wake_replicas_s"] - results["fresh_start_s"]
+            results["wake_split"] = wake_split(woke, results["wake_cell_s"])
 
             small = []
             for i in range(args.notebooks):

@@ -59,6 +59,19 @@ DIVERGED_EXIT_CODE = 75
 # wake-ups and 0.1 ms/s of its CPU (issue 36).
 APPLY_SAFETY_WAKE_S = 60.0
 ANSWERS_KEPT = 512  # recent execute_replies kept to answer a request that comes again
+# When the process became this replica (wall clock, time.time()): a prewarmed or forked process
+# is told in its order (prewarm_main.run_order); else the process's own start.
+LAUNCHED_AT_ENV = "NOTEBOOKOS_REPLICA_LAUNCHED_AT"
+
+
+def launched_at() -> float:
+    """When this process became a replica (time.time())."""
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        import psutil
+
+        return psutil.Process().create_time()
 
 
 class _NoShellChannelThread:
@@ -210,6 +223,9 @@ class ReplicaKernel(IPythonKernel):
         self._resync_failures = 0  # failed re-syncs in all (never reset: see ``_wait_turn``)
         self._resync_streak = 0  # failed re-syncs since the last success (the backoff)
         self.restore_notes: list[str] = []
+        # where a restore from the checkpoint spent its time, told in the reply metadata of the
+        # first cell this replica runs after it (``metadata.notebookos.restore``)
+        self._restore_report: dict[str, float] | None = None
         self._restoring = bool(self.restore_from_checkpoint)
         # whether the namespace holds the store checkpoint a rebuilt group starts from: founders
         # of a rebuilt group load it at start; a replacement that joins one, before its updates
@@ -258,8 +274,9 @@ class ReplicaKernel(IPythonKernel):
         self._loop = asyncio.get_running_loop()
         self._drain_task = self._loop.create_task(self._drain_applies())
         if self.restore_from_checkpoint:
+            started_s = time.time() - launched_at()
             try:
-                await self._restore_from_store()
+                await self._restore_from_store(started_s)
             finally:
                 self._restoring = False
                 self._notify()
@@ -619,7 +636,9 @@ class ReplicaKernel(IPythonKernel):
             self._tend_open_elections()
             await self._wait_for(change, 0.02)
 
-    async def _restore_from_store(self) -> None:
+    async def _restore_from_store(self, started_s: float) -> None:
+        """Load the store's checkpoint, then agree with the group where counting resumes.
+        ``started_s``: how long this replica took to start (``launched_at`` to its loop)."""
         figures = PyplotSettle()
         try:
             count, failed = await asyncio.to_thread(
@@ -636,6 +655,7 @@ class ReplicaKernel(IPythonKernel):
         finally:
             figures.settle()
         self.log.info("restored the namespace of cell %d from the checkpoint", count)
+        restored = time.monotonic()
         await self._wait_raft_ready(30.0)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
@@ -646,6 +666,7 @@ class ReplicaKernel(IPythonKernel):
             ),
         )
         await done  # cells wait until every replica agrees where counting resumes
+        self._restore_report = self._restore_split(started_s, time.monotonic() - restored)
         # The first committed Restored is the group's state: names it lost are lost here too;
         # names only this replica failed to restore leave it behind until it re-syncs.
         with self.raft.lock:
@@ -653,6 +674,16 @@ class ReplicaKernel(IPythonKernel):
         self.sync.forget_names(self.shell.user_ns, set(agreed) - set(failed))
         self._mark_diverged(self._unagreed({name: "not restored from the checkpoint"
                                             for name in failed}), "the rebuild from checkpoint")
+
+    def _restore_split(self, started_s: float, agree_s: float) -> dict[str, float]:
+        """``metadata.notebookos.restore`` of the first cell after a restore (seconds): the
+        replica's start, the checkpoint's read and apply (``RestoreSplit``), and the group's
+        agreement on it (Raft ready, ``Restored`` committed)."""
+        split = self.sync.last_restore
+        return {"start_s": round(started_s, 4),
+                "read_s": round(split.read_s, 4) if split else 0.0,
+                "apply_s": round(split.apply_s, 4) if split else 0.0,
+                "agree_s": round(agree_s, 4)}
 
     async def _wait_raft_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -918,6 +949,9 @@ class ReplicaKernel(IPythonKernel):
         reply["execution_count"] = count
         reply_metadata = replies.role_metadata("executor", self.replica_id, election)
         reply_metadata["started"] = started
+        if self._restore_report is not None:
+            reply_metadata["notebookos"]["restore"] = self._restore_report
+            self._restore_report = None
         self._send_execute_reply(stream, ident, parent, (reply, reply_metadata))
         self._replied.add(election.election_id)
         with self._waiting_for_group():  # the group waits for this cell's Completion: never abandon it

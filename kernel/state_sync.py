@@ -16,9 +16,12 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:  # sync_codec is imported when the sync is set up (it pulls in cloudpickle)
+    from .sync_codec import RestoreSplit
 
 class StateSync:
     def __init__(
@@ -49,6 +52,7 @@ class StateSync:
         self._generation = 0
         self._generation_written = 0
         self._store_warming = False
+        self.last_restore: RestoreSplit | None = None  # the split of the last restore_checkpoint
         if not store_url:
             self.disabled_reason = "the replica was started without --store-url"
             return
@@ -344,14 +348,18 @@ class StateSync:
     def restore_checkpoint(self, namespace: MutableMapping[str, Any]) -> tuple[int, list[str]]:
         """Load the store's checkpoint into ``namespace``.
 
-        Returns its execution_count and the names that could not be restored.
+        Returns its execution_count and the names that could not be restored; where the time
+        went is then in ``last_restore`` (``RestoreSplit``).
         """
         if self._applier is None or self.store is None:
             raise RuntimeError(f"cannot restore: {self.disabled_reason}")
-        from .sync_codec import read_checkpoint, restore_namespace
+        from .sync_codec import RestoreSplit, read_checkpoint, restore_namespace
 
+        started = time.monotonic()
         checkpoint = read_checkpoint(self.store, self.kernel_id)
-        failed = restore_namespace(self.store, checkpoint, namespace, state=self._state)
+        self.last_restore = RestoreSplit()
+        failed = restore_namespace(self.store, checkpoint, namespace, state=self._state,
+                                   split=self.last_restore, started=started)
         self._learn_modules(checkpoint.modules)
         return int(checkpoint.execution_count), failed
 

@@ -50,6 +50,7 @@ import re
 import struct
 import sys
 import threading
+import time
 import types
 import uuid
 import weakref
@@ -972,6 +973,9 @@ class StateEncoder:
         self.threshold_bytes = threshold_bytes
         self.state = state or SyncState()
         self._known_objects: set[str] = set()  # store keys known to exist
+        # tokens whose bytes this encode has hashed already: a large array the cell names is
+        # checked once, not once by ``_recheck`` and again when its name is pickled
+        self._hashed_in_encode: set[str] = set()
         self._upload_threads = upload_threads
         self._view_roots: dict[int, Any] = {}  # this encode's (see ``_shared_array_memory``)
 
@@ -1014,6 +1018,7 @@ class StateEncoder:
         tokens_of: dict[str, frozenset[str]] = {}
         entries: dict[str, SyncEntry] = {}  # root -> its new entry (absent: unchanged)
         with self.state.lock, _cyclic_gc_paused():
+            self._hashed_in_encode = set()
             self._recheck(uploads, changed_tokens)
             # Three queues, taken in this order: the names to check (and entries to refresh);
             # roots holding an object that has just become shared (until pickled again they still
@@ -1373,15 +1378,20 @@ class StateEncoder:
         state = self.state
         token = state.token_for(tensor)
         record = state.record(token)
+        if record is not None and token in self._hashed_in_encode:
+            return token, record  # hashed, and its record refreshed, earlier in this encode
         fingerprint = _fingerprint(tensor)
         parts: list[bytes | memoryview] | None = None
+        digest: str | None = None
         if record is not None and fingerprint is not None and record.fingerprint == fingerprint:
             same = True
             if verify and record.blob is not None:
                 same = _content_of(tensor) == record.content
             elif verify:
                 parts = _serialise_extracted(tensor)
-                same = _digest(*parts) == record.digest
+                digest = _digest(*parts)
+                same = digest == record.digest
+                self._hashed_in_encode.add(token)
             if same:
                 if record.store_key is not None and record.store_key not in self._known_objects:
                     # Known from an applied update or checkpoint: it is in the store already.
@@ -1393,7 +1403,9 @@ class StateEncoder:
                 return token, record
         if parts is None:
             parts = _serialise_extracted(tensor)
-        digest = _digest(*parts)
+        if digest is None:  # not hashed above
+            digest = _digest(*parts)
+        self._hashed_in_encode.add(token)
         if record is None or record.digest != digest:
             changed_tokens.add(token)
         if sum(memoryview(part).nbytes for part in parts) > TENSOR_INLINE_LIMIT:
@@ -1629,6 +1641,16 @@ def _code_globals(code: types.CodeType) -> set[str]:
 # ---------------------------------------------------------------------------------- applier
 
 
+@dataclass
+class RestoreSplit:
+    """Where a checkpoint restore's time went (seconds): ``read_s`` until its last byte was in
+    (the checkpoint's records and every large object fetched, in parallel with decoding what
+    had arrived), ``apply_s`` the decoding left after that."""
+
+    read_s: float = 0.0
+    apply_s: float = 0.0
+
+
 class StateApplier:
     """Applies updates on a standby; fetches large objects in the background."""
 
@@ -1639,6 +1661,7 @@ class StateApplier:
         self.state = state or SyncState()
         self._pool = ThreadPoolExecutor(fetch_threads, thread_name_prefix="nbos-prefetch")
         self._fetches: dict[str, Future[bytes]] = {}
+        self.last_fetch_done = 0.0  # time.monotonic() when the latest fetch ended
         self._fetch_lock = threading.Lock()
         self._closed = False
 
@@ -1677,6 +1700,13 @@ class StateApplier:
             return future
 
     def _get(self, key: str, tensor: bool) -> Any:
+        """The blob under ``key`` (``_fetch_blob``); notes when the fetch ended."""
+        try:
+            return self._fetch_blob(key, tensor)
+        finally:
+            self.last_fetch_done = max(self.last_fetch_done, time.monotonic())
+
+    def _fetch_blob(self, key: str, tensor: bool) -> Any:
         """A tensor's or array's blob lands in a tensor's own memory when torch is loaded, so
         loading it makes no copy (raw_tensor.py); anything else is bytes."""
         if tensor and "torch" in sys.modules:
@@ -2128,13 +2158,20 @@ def restore_namespace(
     namespace: MutableMapping[str, Any],
     *,
     state: SyncState | None = None,
+    split: RestoreSplit | None = None,
+    started: float | None = None,
 ) -> list[str]:
     """Load a checkpoint into ``namespace``; return the names that could not be restored.
 
-    Pass the replica's ``SyncState`` so that its encoder continues from the restored state.
+    Pass the replica's ``SyncState`` so that its encoder continues from the restored state;
+    ``split`` is filled with where the time went since ``started`` (``time.monotonic()`` when
+    the checkpoint's read began; default: now).
     """
+    started = time.monotonic() if started is None else started
     update = SyncUpdate(list(checkpoint.entries.values()))
+    failed: list[str] = []
     with StateApplier(store, state=state) as applier:
+        records_read = time.monotonic()
         applier.prefetch(update)
         try:
             applier.apply(namespace, update)
@@ -2142,5 +2179,9 @@ def restore_namespace(
             for name, reason in exc.failures.items():
                 log.error("checkpoint restore of kernel %s: %r not restored: %s",
                           checkpoint.kernel_id, name, reason)
-            return sorted(exc.failures)
-    return []
+            failed = sorted(exc.failures)
+        read_until = max(records_read, applier.last_fetch_done)
+    if split is not None:
+        split.read_s = read_until - started
+        split.apply_s = time.monotonic() - read_until
+    return failed

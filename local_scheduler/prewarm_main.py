@@ -36,6 +36,9 @@ START_IMPORTS = ("psutil", "sqlite3", "pdb", "IPython.core.debugger", "IPython.c
                  "unicodedata", "notebookos.kernel.checkpoint_log", "notebookos.kernel.iostream",
                  "notebookos.store.file_store", "notebookos.kernel.module_warmup")
 PRELOAD_ENV = "NOTEBOOKOS_PRELOAD_MODULES"
+# when the process became a replica: its start-up is timed from here (kernel/replica.py, the
+# same name there: this module is imported by the Local Scheduler, which never loads a kernel)
+LAUNCHED_AT_ENV = "NOTEBOOKOS_REPLICA_LAUNCHED_AT"
 USAGE = "usage: python -m notebookos.local_scheduler.prewarm_main [--order-file PATH] MODULE"
 
 
@@ -86,6 +89,7 @@ def run_order(order: dict, module: str) -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.environ.update(order.get("env", {}))
+    os.environ[LAUNCHED_AT_ENV] = repr(time.time())
     become_replica()
     sys.argv = [module, *order["argv"]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

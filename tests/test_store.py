@@ -92,6 +92,19 @@ def test_get_into_fills_the_callers_buffer_and_still_checks_the_mac(
             store.get_into(key, bytearray)
 
 
+def test_file_get_into_reads_straight_into_the_buffer(tmp_path, monkeypatch) -> None:
+    """A wake's restore fetches each replica's large objects with ``get_into``: the file store
+    reads the file into the caller's buffer (one copy, hashing beside the reads), not into
+    bytes that are then copied (``get``, the default)."""
+    from notebookos.store.file_store import FileStore
+
+    store = open_store(f"file://{tmp_path}/store", HMAC_KEY)
+    data = payload(3 * BLOCK_SIZE + 7, seed=5)
+    store.put("wake/objects/x", data)
+    monkeypatch.setattr(FileStore, "get", lambda self, key: pytest.fail("get_into went via get"))
+    assert store.get_into("wake/objects/x", bytearray) == data
+
+
 def test_get_into_refuses_a_buffer_of_the_wrong_size(store: LargeObjectStore) -> None:
     store.put("short/x", b"12345")
     with pytest.raises(ValueError, match="allocate"):

@@ -17,18 +17,21 @@ import io
 import os
 import struct
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 from notebookos.store.base import (
     CHUNK_SIZE,
     AuthenticatedStore,
+    Buffer,
     KeyNotFound,
     Value,
+    allocated,
     iter_value,
     validate_key,
 )
-from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE
+from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE, block_digest_later
 
 MAGIC_STEM = b"NBOSOBJ"  # + the value's format digit: the header names the format
 HEADER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
@@ -119,6 +122,22 @@ class FileStore(AuthenticatedStore):
         self._check_mac(key, mac, expected)
         return data
 
+    def get_into(self, key: str, allocate: Callable[[int], Buffer]) -> Buffer:
+        """Read the file straight into the caller's buffer, each ``BLOCK_SIZE`` block hashed on
+        the hash threads as soon as it has landed: hashing overlaps the reading and the value is
+        copied once, from the page cache (the default ``get_into`` read it into bytes, hashed
+        it, then copied it: a wake's 100 MiB array twice in every replica)."""
+        handle, fmt, length, expected = self._open(key)
+        with handle:
+            buffer, view = allocated(allocate, length)
+            digests = _read_hashing_blocks(handle, view, fmt)
+        if digests is None:
+            raise self._integrity_error(key, "file shrank while reading")
+        mac = self._new_mac(key, fmt)
+        mac.add_block_digests(digests, length)
+        self._check_mac(key, mac, expected)
+        return buffer
+
     def get_stream(self, key: str) -> Iterator[bytes]:
         handle, fmt, length, expected = self._open(key)
         if length <= CHUNK_SIZE:
@@ -148,6 +167,32 @@ class FileStore(AuthenticatedStore):
 
     def exists(self, key: str) -> bool:
         return self.path_of(key).is_file()
+
+
+def _read_hashing_blocks(handle: io.FileIO, view: memoryview, fmt: int) -> list[bytes] | None:
+    """Fill ``view`` from ``handle``; the digest of each of its blocks (format ``fmt``), each
+    hashed on the hash threads once read, or None when the file ended early."""
+    pending: list[Future[bytes]] = []
+    try:
+        for start in range(0, len(view), BLOCK_SIZE):
+            block = view[start:start + BLOCK_SIZE]
+            if not _read_exactly(handle, block):
+                return None
+            pending.append(block_digest_later(block, fmt))
+    finally:
+        digests = [future.result() for future in pending]  # no hashing left over the buffer
+    return digests
+
+
+def _read_exactly(handle: io.FileIO, view: memoryview) -> bool:
+    """Fill ``view`` from ``handle``; False when the file ends first."""
+    position = 0
+    while position < len(view):
+        got = handle.readinto(view[position:])
+        if not got:
+            return False
+        position += got
+    return True
 
 
 def _closing(blocks: Iterator[bytes], handle: io.FileIO) -> Iterator[bytes]:

@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import textwrap
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from notebookos.kernel import rng_state
 from notebookos.kernel.ast_effects import CellEffects, analyze_cell
 from notebookos.kernel.sync_codec import (
     Checkpoint,
+    RestoreSplit,
     StateApplier,
     StateEncoder,
     SyncApplyError,
@@ -384,6 +386,23 @@ def test_restore_reports_what_it_could_not_restore(pair: Pair,
     failed = restore_namespace(file_store, read_checkpoint(file_store, pair.kernel_id), rebuilt)
     assert failed == ["lost"]
     assert rebuilt["keep"] == 1
+
+
+def test_restore_tells_how_long_reading_and_applying_took(pair: Pair,
+                                                          file_store: LargeObjectStore) -> None:
+    """The split a wake reports (benchmarks/hibernate.py): until the last large object was
+    fetched, then the decoding left after it."""
+    pair.run("import numpy as np\nbig = np.arange(3_000_000)\nsmall = {'a': 1}")
+    write_checkpoint(file_store, pair.kernel_id, pair.encoder.snapshot_entries(), 3)
+    started = time.monotonic()
+    split = RestoreSplit()
+    rebuilt = new_namespace()
+    assert restore_namespace(file_store, read_checkpoint(file_store, pair.kernel_id), rebuilt,
+                             split=split, started=started) == []
+    took = time.monotonic() - started
+    assert int(rebuilt["big"].sum()) == int(numpy.arange(3_000_000).sum())
+    assert split.read_s > 0 and split.apply_s >= 0
+    assert split.read_s + split.apply_s <= took
 
 
 # ----------------------------------------------------------------------- real remote stores

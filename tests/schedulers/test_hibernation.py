@@ -81,12 +81,17 @@ def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(m
     assert stream_text(woke, "stdout") == _expected()
     notes = stream_text(woke, "stderr")
     assert "hibernated" in notes and "woke from hibernation in" in notes, notes
+    # where the wake went, as the replica that ran the cell tells it (benchmarks/hibernate.py)
+    split = woke["reply"]["metadata"]["notebookos"]["restore"]
+    assert set(split) == {"start_s", "read_s", "apply_s", "agree_s"}, split
+    assert all(0 <= value < 120 for value in split.values()), split
     status = cluster.kernel(kernel_id)
     assert status.state in (common_pb2.KERNEL_STATE_IDLE, common_pb2.KERNEL_STATE_BUSY)
     assert len(status.replicas) == 3 and not set(pids) & {r.pid for r in status.replicas}
     # the next cell is an ordinary one
     again = run_seen(kc, "alias.append(3)\nprint(rows)")
     assert stream_text(again, "stdout") == "{'a': [1, 2, 3]}\n"
+    assert "restore" not in again["reply"]["metadata"]["notebookos"]
     assert "woke" not in stream_text(again, "stderr")
 
 
