@@ -14,7 +14,7 @@ Modes, each in its own cluster, run in alternating blocks so that each sees the 
 - ``empty``: as shipped, a namespace with a counter only (the floor: election and routing).
 
 Usage: ``python benchmarks/failover.py [--kills 6] [--blocks 2] [--settle 8] [--modes warm,cold]
-[--no-torch] [--json]``.
+[--no-torch] [--json] [--keep DIR]``.
 """
 
 from __future__ import annotations
@@ -105,6 +105,11 @@ async def main_async(args: argparse.Namespace) -> dict:
     samples: dict[str, list[float]] = {mode: [] for mode in modes}
     for block in range(args.blocks):
         for mode in modes if block % 2 == 0 else reversed(modes):
+            if args.keep:
+                workdir = Path(args.keep) / f"{mode}-{block}"
+                workdir.mkdir(parents=True, exist_ok=True)
+                samples[mode] += await run_mode(mode, args, workdir)
+                continue
             with tempfile.TemporaryDirectory(prefix=f"nbos-failover-{mode}-") as tmp:
                 samples[mode] += await run_mode(mode, args, Path(tmp))
     result = {mode: _summary(values) for mode, values in samples.items()}
@@ -124,6 +129,7 @@ def main() -> int:
     parser.add_argument("--big-mib", type=int, default=16)
     parser.add_argument("--no-torch", dest="torch", action="store_false")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", metavar="DIR", help="run in DIR/<mode>-<block>, keep the logs")
     args = smoke.parse_args(parser, kills=1, blocks=1, settle=1.0, modes="warm", big_mib=1,
                             torch=False)
     result = asyncio.run(main_async(args))
