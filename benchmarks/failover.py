@@ -13,8 +13,11 @@ Modes, each in its own cluster, run in alternating blocks so that each sees the 
 - ``cold``: ``NOTEBOOKOS_WARM_IMPORTS=0`` (standbys import only what applying the state needs);
 - ``empty``: as shipped, a namespace with a counter only (the floor: election and routing).
 
+With ``--nofault`` each kill is preceded by the same cell without a kill (and ``--settle`` seconds
+more), timed the same way: what the cell costs anyway, the floor of the figure after a kill.
+
 Usage: ``python benchmarks/failover.py [--kills 6] [--blocks 2] [--settle 8] [--modes warm,cold]
-[--no-torch] [--json]``.
+[--no-torch] [--nofault] [--json] [--keep DIR]``.
 """
 
 from __future__ import annotations
@@ -48,12 +51,23 @@ async def _whole(cluster: UpCluster, kernel_id: str, timeout: float = 300) -> No
         await asyncio.sleep(0.1)
 
 
-async def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> list[float]:
-    """One cluster in ``mode``; the seconds from each kill to the next cell's reply."""
+async def _timed_cell_without_fault(notebook: Notebook, code: str, verifier: Verifier) -> float:
+    t0 = time.monotonic()
+    verdict, note = verifier.record(await notebook.execute(code))
+    if verdict != "intact":
+        raise RuntimeError(f"a cell without a fault: {verdict} {note}")
+    return time.monotonic() - t0
+
+
+async def run_mode(mode: str, args: argparse.Namespace,
+                   workdir: Path) -> tuple[list[float], list[float]]:
+    """One cluster in ``mode``; the seconds from each kill to the next cell's reply and idle,
+    and (``--nofault``) those of the same cell without a kill."""
     os.environ["NOTEBOOKOS_WARM_IMPORTS"] = "0" if mode == "cold" else "1"
     cluster = UpCluster(workdir, args.hosts)
     notebook: Notebook | None = None
     samples: list[float] = []
+    floor: list[float] = []
     try:
         await asyncio.to_thread(cluster.wait_up)
         notebook = Notebook(cluster.base, cluster.token)
@@ -68,12 +82,15 @@ async def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> list[f
             raise RuntimeError(f"setup failed: {first.error} {first.stderr[-1000:]}")
         verifier.accept(first.execution_count, match.group(2))
         for _ in range(3):
-            verdict, note = verifier.record(await notebook.execute(code))
-            if verdict != "intact":
-                raise RuntimeError(f"a cell without a fault: {verdict} {note}")
+            await _timed_cell_without_fault(notebook, code, verifier)
         for _ in range(args.kills):
             await _whole(cluster, notebook.kernel_id)
             await asyncio.sleep(args.settle)
+            if args.nofault:
+                floor.append(await _timed_cell_without_fault(notebook, code, verifier))
+                print(f"  {mode}: the cell without a kill {floor[-1]:.2f} s", file=sys.stderr,
+                      flush=True)
+                await asyncio.sleep(args.settle)
             status = await asyncio.to_thread(cluster.kernel, notebook.kernel_id)
             assert status is not None
             executor = next(r for r in status.replicas
@@ -86,7 +103,7 @@ async def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> list[f
             if verdict != "intact":
                 raise RuntimeError(f"{mode}: the cell after the kill: {verdict} {note}")
             print(f"  {mode}: next cell {samples[-1]:.2f} s", file=sys.stderr, flush=True)
-        return samples
+        return samples, floor
     finally:
         if notebook is not None:
             await notebook.close()
@@ -103,11 +120,21 @@ def _summary(samples: list[float]) -> dict:
 async def main_async(args: argparse.Namespace) -> dict:
     modes = args.modes.split(",")
     samples: dict[str, list[float]] = {mode: [] for mode in modes}
+    floors: dict[str, list[float]] = {mode: [] for mode in modes}
     for block in range(args.blocks):
         for mode in modes if block % 2 == 0 else reversed(modes):
-            with tempfile.TemporaryDirectory(prefix=f"nbos-failover-{mode}-") as tmp:
-                samples[mode] += await run_mode(mode, args, Path(tmp))
+            if args.keep:
+                workdir = Path(args.keep) / f"{mode}-{block}"
+                workdir.mkdir(parents=True, exist_ok=True)
+                after_kill, without = await run_mode(mode, args, workdir)
+            else:
+                with tempfile.TemporaryDirectory(prefix=f"nbos-failover-{mode}-") as tmp:
+                    after_kill, without = await run_mode(mode, args, Path(tmp))
+            samples[mode] += after_kill
+            floors[mode] += without
     result = {mode: _summary(values) for mode, values in samples.items()}
+    if args.nofault:
+        result.update({f"{mode}_nofault": _summary(values) for mode, values in floors.items()})
     if "warm" in result and "cold" in result:
         result["warm_over_cold_p50"] = round(result["warm"]["p50_s"] / result["cold"]["p50_s"], 3)
     return result
@@ -123,7 +150,10 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--big-mib", type=int, default=16)
     parser.add_argument("--no-torch", dest="torch", action="store_false")
+    parser.add_argument("--nofault", action="store_true",
+                        help="before each kill, time the same cell without one (the floor)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", metavar="DIR", help="run in DIR/<mode>-<block>, keep the logs")
     args = smoke.parse_args(parser, kills=1, blocks=1, settle=1.0, modes="warm", big_mib=1,
                             torch=False)
     result = asyncio.run(main_async(args))
@@ -134,6 +164,10 @@ def main() -> int:
             row = result[mode]
             print(f"{mode:6s} n={row['n']:3d}  next cell p50 {row['p50_s']:.2f} s  "
                   f"p99 {row['p99_s']:.2f} s")
+            if f"{mode}_nofault" in result:
+                row = result[f"{mode}_nofault"]
+                print(f"{mode:6s} without a kill: p50 {row['p50_s']:.2f} s  "
+                      f"p99 {row['p99_s']:.2f} s")
         if "warm_over_cold_p50" in result:
             print(f"warm / cold p50: {result['warm_over_cold_p50']}")
     return 0

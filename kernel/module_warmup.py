@@ -13,8 +13,10 @@ length check when nothing was imported: the trivial cell's path). ``ModuleWarmer
 received from the executor on one background worker, in the executor's order, ignoring any that
 fail (the cell that needs one imports it again and reports its own error).
 
-Only library modules travel: those whose file lies under the interpreter's standard library or
-its site-packages. A module of the user's own (``import mytrain`` from the notebook's folder) may
+Only library modules travel: those whose file lies under the interpreter's standard library, its
+site-packages or a folder that a site directory's ``.pth`` file adds (a venv layered on another
+one's packages: before, torch found that way did not count, and the first cell after a failover
+imported torch._dynamo while the user waited, 3 s of a 3.9 s failover). A module of the user's own (``import mytrain`` from the notebook's folder) may
 do work at import and is imported by the standby only when a cell asks for it, as before.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import site
 import sys
 import sysconfig
 import time
@@ -33,11 +36,48 @@ log = logging.getLogger(__name__)
 
 
 def library_roots() -> tuple[str, ...]:
-    """The folders of the standard library and of installed packages, each ending in a slash."""
+    """The folders of the standard library and of installed packages, each ending in a slash:
+    the interpreter's own site-packages, every other site directory (``site``'s, the user's),
+    and the folders their ``.pth`` files add (a virtual environment layered on another one's
+    packages, a distribution's dist-packages): torch found through one of those is as much a
+    library as torch in the venv's own site-packages."""
     paths = sysconfig.get_paths()
-    roots = {os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib")
-             if paths.get(key)}
+    folders = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
+               if paths.get(key)]
+    site_dirs = [*folders, *_site_directories()]
+    folders += site_dirs
+    for site_dir in site_dirs:
+        folders += pth_folders(site_dir)
+    roots = {os.path.realpath(folder) for folder in folders if os.path.isdir(folder)}
     return tuple(sorted(root.rstrip(os.sep) + os.sep for root in roots))
+
+
+def _site_directories() -> list[str]:
+    folders = list(getattr(site, "getsitepackages", list)())
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    return folders
+
+
+def pth_folders(site_dir: str) -> list[str]:
+    """The folders that ``site`` adds to ``sys.path`` for the ``.pth`` files in ``site_dir``
+    (one path a line, relative to ``site_dir``; comments and ``import`` lines skipped)."""
+    try:
+        names = sorted(name for name in os.listdir(site_dir) if name.endswith(".pth"))
+    except OSError:
+        return []
+    folders = []
+    for name in names:
+        try:
+            with open(os.path.join(site_dir, name), encoding="utf-8") as pth:
+                lines = pth.read().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            line = line.strip()
+            if line and not line.startswith(("#", "import ", "import\t")):
+                folders.append(os.path.join(site_dir, line))
+    return folders
 
 
 # computed once, at import (a forked replica inherits it from the fork server's preload)

@@ -39,6 +39,48 @@ def test_library_imports_lists_new_stdlib_and_site_packages_modules_but_not_the_
     assert out == ["['colorsys', 'yaml']", "[]"], out
 
 
+def test_packages_of_a_venv_layered_on_another_venvs_site_packages_count_as_libraries(
+    tmp_path: Path,
+) -> None:
+    # A virtual environment whose packages come from another one's site-packages through a
+    # .pth file (how this project's worktrees are set up): torch found that way is a library,
+    # and torch._dynamo, imported lazily at the first optimizer step, must travel to the
+    # standbys (before, it did not: the first cell after a failover imported it, 3 s).
+    import yaml
+
+    outer_site = Path(yaml.__file__).resolve().parent.parent
+    layered = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(layered)], check=True,
+                   timeout=120)
+    python = layered / "bin" / "python"
+    site_dir = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    Path(site_dir, "outer-site.pth").write_text(f"# the outer venv\n{outer_site}\n")
+    warmup = Path(__file__).resolve().parents[2] / "kernel" / "module_warmup.py"
+    script = textwrap.dedent(f"""
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("module_warmup", {str(warmup)!r})
+        module_warmup = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module_warmup)
+        imports = module_warmup.LibraryImports()
+        import yaml
+        print("yaml" in imports.new())
+    """)
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=tmp_path).stdout
+    assert out == "True\n", out
+
+
+def test_pth_folders_reads_paths_and_skips_comments_and_imports(tmp_path: Path) -> None:
+    from notebookos.kernel.module_warmup import pth_folders
+
+    (tmp_path / "a.pth").write_text("# a comment\nimport os\n../elsewhere\n\n/abs/dir\n")
+    (tmp_path / "not-a-pth.txt").write_text("/ignored\n")
+    assert pth_folders(str(tmp_path)) == [str(tmp_path / "../elsewhere"), "/abs/dir"]
+    assert pth_folders(str(tmp_path / "missing")) == []
+
+
 def test_a_sync_update_carries_module_names_and_older_records_still_decode() -> None:
     update = SyncUpdate([], [], ["colorsys", "torch._dynamo"])
     assert SyncUpdate.from_bytes(update.to_bytes()).modules == ["colorsys", "torch._dynamo"]
