@@ -248,16 +248,24 @@ def test_a_survivor_writes_its_state_as_the_checkpoint_to_rebuild_from(tmp_path:
         assert again["checkpoint_count"] == 0, again  # the store's is as recent: not rewritten
     finally:
         first.stop()
-    second = ReplicaGroup(tmp_path / "b", store_url=shared, kernel_id=first.kernel_id,
+    result = _run_in_a_group_rebuilt_from_replica_2(tmp_path, shared, first,
+                                                    "print(note, items)")
+    assert result.stdout() == "kept! [1, 2, 3]\n", result.summary()
+    assert (f"checkpoint of cell [{count}], which holds every cell replica 2, its most "
+            "up-to-date survivor, had applied") in result.stderr()
+    assert "lost." not in result.stderr()
+    assert result.executor_reply()["content"]["execution_count"] == count + 1
+
+
+def _run_in_a_group_rebuilt_from_replica_2(tmp_path: Path, store_url: str,
+                                           first: ReplicaGroup, code: str):  # noqa: ANN202
+    """Start a fresh group from the store's checkpoint, as the Global Scheduler rebuilds one
+    from its survivor replica 2's state, and run ``code`` there."""
+    second = ReplicaGroup(tmp_path / "b", store_url=store_url, kernel_id=first.kernel_id,
                           key=first.key)
     try:
         second.start("--restore-from-checkpoint", "--restored-from-survivor=replica 2")
-        result = second.execute("print(note, items)", target=3)
-        assert result.stdout() == "kept! [1, 2, 3]\n", result.summary()
-        assert (f"checkpoint of cell [{count}], which holds every cell replica 2, its most "
-                "up-to-date survivor, had applied") in result.stderr()
-        assert "lost." not in result.stderr()
-        assert result.executor_reply()["content"]["execution_count"] == count + 1
+        return second.execute(code, target=3)
     finally:
         second.stop()
 
@@ -335,11 +343,5 @@ def test_a_survivor_applies_the_completion_it_had_not_learned_was_committed(tmp_
         assert reply["tail_applied"] >= 1 and reply["checkpoint_count"] == count, reply
     finally:
         first.stop()
-    second = ReplicaGroup(tmp_path / "b", store_url=shared, kernel_id=first.kernel_id,
-                          key=first.key)
-    try:
-        second.start("--restore-from-checkpoint", "--restored-from-survivor=replica 2")
-        result = second.execute("print(items)", target=3)
-        assert result.stdout() == f"{list(range(attempt + 1))}\n", result.summary()
-    finally:
-        second.stop()
+    result = _run_in_a_group_rebuilt_from_replica_2(tmp_path, shared, first, "print(items)")
+    assert result.stdout() == f"{list(range(attempt + 1))}\n", result.summary()
