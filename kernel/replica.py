@@ -686,10 +686,11 @@ class ReplicaKernel(IPythonKernel):
                 "agree_s": round(agree_s, 4)}
 
     async def _wait_raft_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not self._raft_ready.is_set() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return self._raft_ready.is_set()
+        """Until pysyncobj's tick thread says the group is ready (``on_ready``), or ``timeout``:
+        waited on the event in a worker thread, not by looking every 10 ms."""
+        if self._raft_ready.is_set():
+            return True
+        return await asyncio.to_thread(self._raft_ready.wait, timeout)
 
     # ---- the election ------------------------------------------------------------------------
     def _election(self, election_id: str) -> Election | None:
