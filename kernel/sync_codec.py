@@ -413,14 +413,26 @@ class SyncState:
 # ---------------------------------------------------------------------------- serialisation
 
 
+# A tensor computed with autograd (``grad_fn`` set: a loss, an activation) travels as its
+# values under this key; its graph, C++ nodes of the process that ran the forward pass, cannot.
+GRAPH_LOST_KEY = "notebookos_autograd_graph_lost"
+GRAPH_LOST_MESSAGE = (
+    "NotebookOS: this tensor's autograd graph was lost when the replica that computed it failed "
+    "(a graph cannot be replicated); run the cell that computes it (the forward pass) again, "
+    "then call backward()")
+
+
 def _serialise_tensor(tensor: Any) -> memoryview:
     """``torch.save`` bytes, as a view of the buffer (no copy of a large tensor's bytes)."""
     torch = _torch()
     assert torch is not None
-    if tensor._base is not None:  # a view: save only its elements, not the whole base storage
-        tensor = tensor.detach().clone().requires_grad_(tensor.requires_grad)
+    payload: Any = tensor
+    if tensor.grad_fn is not None:
+        payload = {GRAPH_LOST_KEY: tensor.detach()}
+    elif tensor._base is not None:  # a view: save only its elements, not the whole base storage
+        payload = tensor.detach().clone().requires_grad_(tensor.requires_grad)
     buffer = io.BytesIO()
-    torch.save(tensor, buffer)
+    torch.save(payload, buffer)
     return buffer.getbuffer()
 
 
@@ -430,8 +442,34 @@ def _deserialise_tensor(blob: Any) -> Any:
     if raw_tensor.is_raw(blob):
         return raw_tensor.load(torch, blob)
     # weights_only: the tensor loader cannot run code, whatever the bytes say.
-    return torch.load(io.BytesIO(raw_tensor.as_bytes(blob)), map_location="cpu",
-                      weights_only=True)
+    loaded = torch.load(io.BytesIO(raw_tensor.as_bytes(blob)), map_location="cpu",
+                        weights_only=True)
+    if isinstance(loaded, dict) and GRAPH_LOST_KEY in loaded:
+        return _with_lost_graph(torch, loaded[GRAPH_LOST_KEY])
+    return loaded
+
+
+def _with_lost_graph(torch: Any, values: Any) -> Any:
+    """``values`` as a tensor that requires grad and whose ``backward()`` says that its graph
+    was lost, instead of a leaf that silently takes a gradient of ones for itself (a loss
+    computed before a failover: its parameters' ``.grad`` stayed None, and training went on
+    from wrong gradients without a word; the notebook corpus, llm-appendix-a cell 17)."""
+    anchor = torch.zeros((), requires_grad=True)
+    return _graph_lost_function(torch).apply(values, anchor)
+
+
+@functools.cache
+def _graph_lost_function(torch: Any) -> Any:
+    class AutogradGraphLost(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, values: Any, anchor: Any) -> Any:  # noqa: ARG004
+            return values.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:  # noqa: ARG004
+            raise RuntimeError(GRAPH_LOST_MESSAGE)
+
+    return AutogradGraphLost
 
 
 def _serialise_array(array: Any) -> list[bytes | memoryview]:

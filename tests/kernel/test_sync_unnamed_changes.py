@@ -81,6 +81,31 @@ def test_grad_is_replicated_and_cleared(pair: Pair) -> None:
     assert pair.standby["W"].grad is None
 
 
+@pytest.mark.usefixtures("torch_installed")
+def test_a_loss_whose_graph_stayed_with_the_executor_says_so_on_backward(pair: Pair) -> None:
+    """A loss computed in one cell and ``backward()`` in the next (llm-appendix-a cell 17 of the
+    notebook corpus): after a failover the new executor holds the loss's values, not its graph
+    (C++ nodes of the process that ran the forward pass). It used to be a leaf that took a
+    gradient of ones for itself, the parameters' ``.grad`` stayed None, and the cell printed
+    None without a word. Now ``backward()`` raises and says what to do; the values are right."""
+    import torch
+
+    pair.run("import torch\nb = torch.tensor([0.5], requires_grad=True)\n"
+             "loss = (b * 3.0 - 1.0).pow(2).sum()")
+    lost = pair.standby["loss"]
+    assert float(lost.detach()) == pytest.approx(float(pair.executor["loss"].detach()))
+    assert lost.requires_grad
+    with pytest.raises(RuntimeError, match="autograd graph was lost"):
+        lost.backward()
+    assert pair.standby["b"].grad is None
+    pair.executor["loss"].backward()  # the executor still holds the graph
+    assert pair.executor["b"].grad is not None
+    # a forward pass on the standby makes a new graph, as the message says
+    fresh = (pair.standby["b"] * 3.0 - 1.0).pow(2).sum()
+    fresh.backward()
+    assert torch.equal(pair.standby["b"].grad, pair.executor["b"].grad)
+
+
 def test_an_array_written_by_a_function_the_cell_does_not_name(pair: Pair) -> None:
     pair.run("""
         import numpy as np
