@@ -78,6 +78,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a simulator setting, e.g. container_start_s=20 (docs/simulator.md)")
     parser.add_argument("--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
                         help="a policy parameter, e.g. tiresias.thresholds=[3600,36000]")
+    parser.add_argument("--config", default=None, metavar="PATH",
+                        help="simulate under the scheduling profile a live Global Scheduler "
+                             "configured by this NotebookOS config file runs: its policy "
+                             "(the default for --policy), queue order, post-filters and scale "
+                             "plug-ins with their sections (global_scheduler.plugin_config), "
+                             "and its hibernate_after_s; --set, --policy-param and "
+                             "--hibernate-after-s take precedence")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -91,11 +98,54 @@ def _value(text: str) -> object:
         return text
 
 
-def build_config(args: argparse.Namespace):  # noqa: ANN201
+def _live_profile(args: argparse.Namespace) -> dict | None:
+    """``--config``: the profile spec the live Global Scheduler runs under that file (the same
+    function as its daemon's), with the live settings the simulator mirrors under ``settings``.
+    A bad file or setting raises ``ValueError`` (``ConfigError``) with the file's own message."""
+    if getattr(args, "config", None) is None:
+        return None
+    from notebookos.config import load_config
+    from notebookos.policies.profile import profile_spec
+
+    path = Path(args.config)
+    if not path.exists():
+        raise ValueError(f"--config {args.config}: no such file")
+    try:
+        config = load_config(path)
+    except ValueError as exc:  # ConfigError: the file's own message
+        raise ValueError(f"--config {args.config}: {exc}") from exc
+    gs = config.global_scheduler
+    return {**profile_spec(config),
+            "settings": {"cell_order": gs.cell_order, "hibernate_after_s": gs.hibernate_after_s}}
+
+
+def _profiles(live: dict | None, names: list[str], config) -> dict:  # noqa: ANN001
+    """The ``Profile`` to run each policy under: the live one for the live policy (with the
+    queue order the simulator's settings name), none (the policy's own) for the others."""
+    if live is None:
+        return {}
+    from notebookos.policies.profile import Profile
+    from notebookos.replay.compare import simulated_profile
+
+    spec = {k: v for k, v in live.items() if k != "settings"}
+    if spec["policy"] not in names:
+        return {}
+    spec = simulated_profile(spec, {"cell_order": config.cell_order})
+    params = config.policy_params.get(spec["policy"])
+    if params:  # --policy-param over the file's section
+        sections = dict(spec.get("config") or {})
+        sections["policy"] = {**sections.get("policy", {}), **params}
+        spec = {**spec, "config": sections}
+    return {spec["policy"]: Profile.load(spec)}
+
+
+def build_config(args: argparse.Namespace, live: dict | None = None):  # noqa: ANN201
+    """The simulator's settings: ``--config``'s live settings (``live``), then ``--set``,
+    ``--hibernate-after-s``, ``--placement-slowdown`` and ``--policy-param`` over them."""
     from notebookos.simulator.config import SimConfig, parse_cluster
 
     hosts, gpus = parse_cluster(args.cluster)
-    settings: dict[str, object] = {}
+    settings: dict[str, object] = dict((live or {}).get("settings", {}))
     known = {f.name for f in dataclasses.fields(SimConfig)} - {"policy_params"}
     for item in args.set:
         key, sep, raw = item.partition("=")
@@ -127,25 +177,28 @@ def run(args: argparse.Namespace) -> int:
     from notebookos.workload.model import TraceError
     from notebookos.workload.readers import read_trace
 
-    names = [n.strip() for n in (args.compare or args.policy or DEFAULT_POLICY).split(",")
-             if n.strip()]
     try:
-        config = build_config(args)
+        live = _live_profile(args)
+        default = live["policy"] if live is not None else DEFAULT_POLICY
+        names = [n.strip() for n in (args.compare or args.policy or default).split(",")
+                 if n.strip()]
+        config = build_config(args, live)
         for name in names:
             get_policy(name, **config.policy_params.get(name, {}))
+        profiles = _profiles(live, names, config)
         workload = read_trace(args.trace, args.format, args.time_unit)
         if args.job_types != "trace":
             from notebookos.workload.job_types import assign_types
 
             workload = assign_types(workload, args.job_types, args.seed)
-    except (ValueError, TypeError, TraceError) as exc:
+    except (ValueError, TypeError, TraceError, OSError) as exc:
         print(f"notebookos simulate: {exc}", file=sys.stderr)
         return 2
     summaries, records = [], {}
     for name in names:
         bar = ProgressBar(f"{name:>12}", enabled=False if args.quiet else None)
         try:
-            summary, record = simulate(workload, name, config, bar)
+            summary, record = simulate(workload, name, config, bar, profile=profiles.get(name))
         finally:
             bar.close()
         summaries.append(summary)

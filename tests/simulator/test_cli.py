@@ -182,3 +182,49 @@ def test_the_subscription_plot_is_drawn_only_for_policies_that_replicate(trace, 
                  "--compare", "reservation,batch", "--out", str(out), "--quiet"]) == 0
     assert {p.name for p in out.glob("*.png")} == {
         "cdf_interactivity_tct.png", "gpu_timeline.png", "cost.png"}
+
+
+def _summary(capsys) -> dict:
+    summary = json.loads(capsys.readouterr().out)
+    summary.pop("wall_s")
+    return summary
+
+
+def test_config_simulates_the_live_schedulers_profile(trace, tmp_path, capsys):
+    """``--config`` runs what a Global Scheduler started with that file would decide: its policy
+    with the parameters the daemon derives (``policies.live.policy_params``), its hibernation
+    and queue order; not the policy's own defaults (issue 35)."""
+    from notebookos.config import load_config
+    from notebookos.policies.live import policy_params
+
+    config = tmp_path / "cluster.toml"
+    config.write_text('[cluster]\npolicy = "notebookos"\nmax_subscription_ratio = 0.5\n'
+                      '[global_scheduler]\nhibernate_after_s = 3600\n')
+    base = ["simulate", "--trace", str(trace), "--format", "template", "--cluster", "3x8",
+            "--quiet", "--json"]
+    assert main([*base, "--config", str(config)]) == 0
+    live = _summary(capsys)
+    assert live["policy"] == "notebookos" and live["hibernations"] > 0
+
+    spelled = [f"--policy-param=notebookos.{key}={json.dumps(value)}"
+               for key, value in policy_params(load_config(config)).items()]
+    assert main([*base, "--policy", "notebookos", *spelled, "--hibernate-after-s", "3600"]) == 0
+    assert _summary(capsys) == live
+    assert main([*base, "--policy", "notebookos"]) == 0
+    assert _summary(capsys) != live  # the policy's own defaults decide otherwise
+
+    assert main([*base, "--config", str(config), "--set", "hibernate_after_s=0"]) == 0
+    assert _summary(capsys)["hibernations"] == 0  # the command line over the file
+
+
+def test_a_bad_config_file_gets_a_clear_message(trace, tmp_path, capsys):
+    base = ["simulate", "--trace", str(trace), "--format", "template"]
+    assert main([*base, "--config", str(tmp_path / "none.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[global_scheduler]\nhibernate_after_s = "soon"\n')
+    assert main([*base, "--config", str(bad)]) == 2
+    assert f"--config {bad}: " in capsys.readouterr().err
+    bad.write_text('[cluster]\npolicy = "gandiva"\n')
+    assert main([*base, "--config", str(bad)]) == 2
+    assert "unknown policy 'gandiva'" in capsys.readouterr().err
