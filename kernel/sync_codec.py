@@ -125,10 +125,19 @@ def checkpoint_key(kernel_id: str) -> str:
 DIGEST_PREFIX = "b3-"  # a content digest: "b3-" + BLAKE3-256 hex
 
 
+# From this many bytes a digest is computed on every core (BLAKE3's tree hash: the same digest
+# whatever the thread count). Below it, the threads' start costs more than they save.
+PARALLEL_DIGEST_BYTES = 4 * 1024 * 1024
+
+
 def _digest(*parts: bytes | memoryview) -> str:
     """The content digest of serialised bytes: ``b3-`` and their BLAKE3-256 in hex (a quarter
-    of SHA-256's CPU a byte; every large object is hashed by its writer to name it)."""
-    digest = blake3.blake3()
+    of SHA-256's CPU a byte; every large object is hashed by its writer to name it). A large
+    object is hashed on every core: after every cell the executor hashes every large array and
+    tensor it holds (``StateEncoder._recheck``), so this is a cell's cost, not only a write's."""
+    size = sum(len(part) if isinstance(part, bytes) else part.nbytes for part in parts)
+    digest = (blake3.blake3(max_threads=blake3.blake3.AUTO) if size >= PARALLEL_DIGEST_BYTES
+              else blake3.blake3())
     for part in parts:
         digest.update(part)
     return DIGEST_PREFIX + digest.hexdigest()

@@ -873,3 +873,21 @@ def test_a_prefetch_waits_for_a_torch_import_under_way(tmp_path: Path) -> None:
                           timeout=120)
     assert done.returncode == 0 and done.stdout.split() == ["Tensor", "1000"], (
         done.returncode, done.stdout, done.stderr[-2000:])
+
+
+def test_a_large_objects_digest_is_the_same_on_every_core_as_on_one():
+    """Large objects are hashed on every core (``PARALLEL_DIGEST_BYTES``): the digest names the
+    object in the store and in older checkpoints, so it must be BLAKE3's one-thread digest."""
+    import blake3
+
+    from notebookos.kernel import sync_codec
+
+    data = numpy.random.default_rng(1).integers(0, 255, 3 * sync_codec.PARALLEL_DIGEST_BYTES,
+                                                dtype=numpy.uint8)
+    parts = [memoryview(data)[:12345], b"header", memoryview(data)[12345:]]
+    one = blake3.blake3(max_threads=1)
+    for part in parts:
+        one.update(part)
+    assert sync_codec._digest(*parts) == sync_codec.DIGEST_PREFIX + one.hexdigest()
+    assert sync_codec._digest(b"small") == (sync_codec.DIGEST_PREFIX
+                                           + blake3.blake3(b"small").hexdigest())
