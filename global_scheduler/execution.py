@@ -318,10 +318,21 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 else "")
         sharing = (self._sharing_view(entry, kernel)
                    if profile.shares and not share_refused else None)
-        snapshot = Snapshot(self.cluster, dict(refused), change, sharing, share_refused)
+        snapshot = Snapshot(self.cluster, {**self._on_draining_hosts(entry), **refused}, change,
+                            sharing, share_refused)
         result = run_cycle(snapshot, kernel, request, profile)
         self._record_cycle(snapshot, kernel.kernel_id, request, result)
         return result
+
+    def _on_draining_hosts(self, entry: KernelEntry) -> dict[int, str]:
+        """The kernel's replicas on hosts that are draining (host_drain.py), as refused: a
+        cell runs on another replica where there is one, so that the drain is not kept
+        waiting by cell after cell. Nothing when every replica is on one (the cluster is
+        stopping). Lock held."""
+        draining = {rid: f"its host {r.host_id} is draining"
+                    for rid, r in entry.replicas.items()
+                    if (link := self.hosts.get(r.host_id)) is not None and link.draining}
+        return draining if len(draining) < len(entry.replicas) else {}
 
     def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec
                    ) -> tuple[tuple[int, list[int]] | None, str, bool]:
@@ -421,6 +432,12 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         entry.gpu_commits[msg_id] = (time.monotonic(), len(device_ids))
 
     def release_execute(self, kernel_id: str, msg_id: str) -> None:
+        try:
+            self._release_execute(kernel_id, msg_id)
+        finally:
+            self._kernel_changed()  # a drain waiting for the cell to end moves the replica now
+
+    def _release_execute(self, kernel_id: str, msg_id: str) -> None:
         with self.lock:
             entry = self.kernels.get(kernel_id)
             held = entry.executions.pop(msg_id, None) if entry is not None else None

@@ -34,6 +34,7 @@ from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.front_sockets import SpareFrontSockets
 from notebookos.global_scheduler.hibernation import HibernationMixin
+from notebookos.global_scheduler.host_drain import HostDrainMixin
 from notebookos.global_scheduler.host_registry import HostRegistryMixin
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernel_modes import kernel_mode_for
@@ -57,8 +58,8 @@ log = logging.getLogger(__name__)
 FRONT_REBIND_WAIT_S = 10.0
 
 
-class GlobalSchedulerService(HostRegistryMixin, KernelLifecycleMixin, ReplicaStarterMixin,
-                             ExecutionMixin, RecoveryMixin, CellContainerMixin, HibernationMixin,
+class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleMixin,
+                             ReplicaStarterMixin, ExecutionMixin, RecoveryMixin, CellContainerMixin, HibernationMixin,
                              StatusMixin, gs_grpc.GlobalSchedulerServicer):
     def __init__(
         self,

@@ -97,6 +97,7 @@ class LocalSchedulerDaemon:
                 gpu_device_ids=[] if virtual else [g.device_id for g in gpus],
                 pass_env=[n.strip() for n in ls.docker_pass_env.split(",") if n.strip()])
 
+        self.drain_timeout_s = ls.drain_timeout_s
         self.pool = PrewarmPool(self._start_prewarmed, ls.prewarm_pool_size)
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
@@ -129,12 +130,17 @@ class LocalSchedulerDaemon:
         log.info("Local Scheduler %s listening on %s with %d %s GPU(s)", self.host_id,
                  self.address, len(gpus), "virtual" if self.service.host.virtual_gpus else "real")
 
-    def stop(self, reason: str = "shutdown", deregister: bool = True) -> None:
+    def stop(self, reason: str = "shutdown", deregister: bool = True, drain: bool = False) -> None:
         """Stop once: a second caller (SIGTERM while the Global Scheduler asked for it) waits
-        for the first to finish rather than racing it through the launcher's close."""
+        for the first to finish rather than racing it through the launcher's close. With
+        ``drain`` (a SIGTERM: the host is going away), the Global Scheduler first moves the
+        replicas to other hosts (``local_scheduler.drain_timeout_s``), while this daemon still
+        serves the calls that takes."""
         with self._stop_lock:
             if self._stopped.is_set():
                 return
+            if drain:
+                self.link.drain(self.drain_timeout_s)
             self.service.draining = True
             self.service.release_watchers()
             self.service.stop_all()
@@ -152,7 +158,9 @@ class LocalSchedulerDaemon:
 def run(config: Config, host_id: str = "") -> int:
     daemon = LocalSchedulerDaemon(config, host_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: threading.Thread(target=daemon.stop, daemon=True).start())
+        signal.signal(sig, lambda *_: threading.Thread(target=daemon.stop,
+                                                       kwargs={"drain": True},
+                                                       daemon=True).start())
     daemon.start()
     print(f"notebookos local-scheduler {daemon.host_id} listening on {daemon.address}",
           flush=True)

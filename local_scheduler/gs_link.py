@@ -75,6 +75,26 @@ class GlobalSchedulerLink:
         event.sequence = next(self._event_seq)
         self._events.put(event)
 
+    def drain(self, timeout_s: float) -> None:
+        """Ask the Global Scheduler to move this host's replicas elsewhere before it stops
+        (``DrainHost``), waiting up to ``timeout_s``. Best effort: a scheduler that cannot be
+        reached or refuses leaves the replicas to stop with the host, as without a drain."""
+        if timeout_s <= 0 or not self._registered.is_set():
+            return
+        try:
+            response = self.stub.DrainHost(global_scheduler_pb2.DrainHostRequest(
+                host_id=self.service.host.host_id, instance_id=self.instance_id,
+                deadline_s=timeout_s), timeout=timeout_s + 5, metadata=self._metadata())
+        except grpc.RpcError as exc:
+            log.warning("drain: the Global Scheduler did not move the replicas (%s); they stop "
+                        "with this host", exc.details())
+            return
+        except SecurityError as exc:
+            log.warning("drain: %s", exc)
+            return
+        log.info("drain: %d replica(s) moved to other hosts, %d stayed%s", response.moved,
+                 response.stayed, f" ({response.detail})" if response.detail else "")
+
     def close(self, deregister: bool, reason: str = "shutdown") -> None:
         self._stop.set()
         self._events.put(None)

@@ -306,6 +306,12 @@ class LocalSchedulerSettings:
         "notebookos.kernel", "Python module a replica process runs (`python -m MODULE -f FILE`).")
     stop_grace_period_s: float = setting(
         5.0, "Seconds a stopped replica gets between SIGTERM and SIGKILL.", _at_least(0.0))
+    drain_timeout_s: float = setting(
+        45.0, "On SIGTERM (a Swarm drain, a maintenance stop), the longest this Local Scheduler "
+        "waits for the Global Scheduler to migrate its replicas to other hosts (each once its "
+        "running cell has finished) before it stops what is left; keep it below the "
+        "orchestrator's grace period (docker-compose.yml: 60 s). 0: no drain, the replicas stop "
+        "with the host and are replaced afterwards.", _at_least(0.0))
     launcher: str = setting(
         "process", "How replicas run: `process` (a child process of this Local Scheduler) or "
         "`docker` (a container per replica, made through the Docker engine of this host; see "

@@ -93,6 +93,10 @@ class Child:
     healthy: bool = False  # this start became ready or stayed up healthy_after_s
     restart_at: float | None = None  # monotonic time of the pending restart, if one is pending
     last_exit: str = ""  # how it last exited, e.g. "killed by SIGKILL after 3.2 s"
+    # children started one after another with the same stop group are stopped together: one
+    # SIGTERM each, then the waits (Local Schedulers: one stopping alone drains its replicas
+    # onto the others, host_drain.py; stopped together they move nothing)
+    stop_group: str = ""
 
     def tail(self, lines: int = 20) -> str:
         try:
@@ -118,6 +122,17 @@ class Child:
         if self.restart_at is None or self.restart_at == float("inf"):
             return "exited" if self.restart_at is None or self.restart is None else "stopped"
         return "restarting"
+
+
+def _stop_batches(children: list[Child]) -> list[list[Child]]:
+    """``children`` in order, adjacent ones of one non-empty ``stop_group`` batched."""
+    batches: list[list[Child]] = []
+    for child in children:
+        if batches and child.stop_group and batches[-1][-1].stop_group == child.stop_group:
+            batches[-1].append(child)
+        else:
+            batches.append([child])
+    return batches
 
 
 def _say_on_stderr(line: str) -> None:
@@ -147,15 +162,17 @@ class Supervisor:
         essential: bool = True,
         restart: RestartPolicy | None = None,
         ready: Callable[[], bool] | None = None,
+        stop_group: str = "",
     ) -> Child:
         """Start ``argv`` as child ``name``; with ``restart``, ``supervise()`` restarts it.
         ``ready`` (e.g. ``port_probe``) says when a start became healthy before
-        ``healthy_after_s``."""
+        ``healthy_after_s``. Adjacent children of one ``stop_group`` stop together."""
         child_env = dict(os.environ if env is None else env)
         child_env[MARKER_VAR] = self.marker
         log_path = self.log_dir / f"{name}.log"
         child = Child(name, self._spawn(list(argv), child_env, log_path), log_path, essential,
-                      argv=list(argv), env=child_env, restart=restart, ready=ready)
+                      argv=list(argv), env=child_env, restart=restart, ready=ready,
+                      stop_group=stop_group)
         self.children.append(child)
         self.write_state()
         return child
@@ -287,15 +304,18 @@ class Supervisor:
         for child in reversed(self.children):
             child.restart_at = float("inf")  # no restart from here on
         self.write_state()
-        for child in reversed(self.children):
-            _signal_group(child.proc, signal.SIGTERM)
-            try:
-                child.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(child.proc, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.proc.wait(timeout=5)
-            _signal_group(child.proc, signal.SIGKILL)  # the rest of its group, if any
+        for together in _stop_batches(list(reversed(self.children))):
+            for child in together:
+                _signal_group(child.proc, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for child in together:
+                try:
+                    child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(child.proc, signal.SIGKILL)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.proc.wait(timeout=5)
+                _signal_group(child.proc, signal.SIGKILL)  # the rest of its group, if any
         leftovers = marked_processes(self.marker)
         for pid in leftovers:
             with contextlib.suppress(ProcessLookupError, PermissionError):

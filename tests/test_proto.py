@@ -92,7 +92,7 @@ def test_generated_modules_import_each_other_through_the_package() -> None:
 # ---- the protocol covers the life cycle the components need ---------------------------------
 
 GS_RPCS = {
-    "RegisterHost", "Heartbeat", "DeregisterHost", "ReportReplicaEvent",
+    "RegisterHost", "Heartbeat", "DeregisterHost", "DrainHost", "ReportReplicaEvent",
     "StartKernel", "StopKernel", "InterruptKernel", "RestartKernel", "GetKernelStatus", "WakeKernel",
     "ListKernels", "GetClusterStatus", "MigrateReplica",
 }

@@ -259,3 +259,40 @@ def test_a_dead_supervisors_state_file_is_not_read(tmp_path: Path) -> None:
     path.write_text(json.dumps({"supervisor_pid": os.getpid(), "daemons": []}))
     assert read_state(path) == {"supervisor_pid": os.getpid(), "daemons": []}
     assert read_state(tmp_path / "absent.json") is None
+
+
+def _slow_to_stop(marks: Path, name: str) -> list[str]:
+    """A daemon that, on SIGTERM, notes when it got it and takes 1 s to stop."""
+    return [sys.executable, "-c", textwrap.dedent(f"""
+        import signal, sys, time
+        def stop(*_):
+            with open({str(marks)!r}, "a") as f:
+                f.write("{name} %f\\n" % time.time())
+            time.sleep(1)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        print("up", flush=True)
+        while True:
+            time.sleep(1)
+    """)]
+
+
+def test_children_of_one_stop_group_are_stopped_together_after_those_started_later(
+        tmp_path: Path) -> None:
+    """Local Schedulers stop together (one stopping alone drains its replicas onto the others,
+    global_scheduler/host_drain.py); the order between groups stays reverse start order."""
+    marks = tmp_path / "marks"
+    supervisor = Supervisor(tmp_path, say=lambda _line: None)
+    first = supervisor.start("global-scheduler", _slow_to_stop(marks, "gs"))
+    group = [supervisor.start(f"local-scheduler-{i}", _slow_to_stop(marks, f"ls{i}"),
+                              stop_group="local-schedulers") for i in range(3)]
+    for child in (first, *group):  # each has its SIGTERM handler in place
+        _supervise_until(supervisor, lambda c=child: "up" in c.tail())
+    started = time.monotonic()
+    supervisor.stop(grace_s=10)
+    took = time.monotonic() - started
+    got = dict(line.split() for line in marks.read_text().splitlines())
+    ls_times = [float(got[f"ls{i}"]) for i in range(3)]
+    assert max(ls_times) - min(ls_times) < 0.5, got  # not one after another (1 s each)
+    assert float(got["gs"]) >= max(ls_times) + 0.9, got  # after the group had stopped
+    assert took < 3.5, f"stopping took {took:.1f} s"

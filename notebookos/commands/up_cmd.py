@@ -190,7 +190,7 @@ def start_schedulers(config: Config, hosts: int, supervisor: Supervisor,
             *cli, "local-scheduler", "--host-id", f"host-{i}", "--host", "127.0.0.1",
             "--port", "0", "--global-scheduler", address,
             "--virtual-gpus", str(config.local_scheduler.virtual_gpus), "--state-dir", state_dir,
-        ], env=env, restart=restart_policy(config))
+        ], env=env, restart=restart_policy(config), stop_group="local-schedulers")
     if not wait_for_hosts(config, address, hosts, timeout=90, stop=stop, supervisor=supervisor):
         return None
     return env

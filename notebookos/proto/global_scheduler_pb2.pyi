@@ -109,6 +109,26 @@ class DeregisterHostResponse(_message.Message):
     replicas_lost: int
     def __init__(self, replicas_lost: _Optional[int] = ...) -> None: ...
 
+class DrainHostRequest(_message.Message):
+    __slots__ = ("host_id", "instance_id", "deadline_s")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    instance_id: str
+    deadline_s: float
+    def __init__(self, host_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+
+class DrainHostResponse(_message.Message):
+    __slots__ = ("moved", "stayed", "detail")
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    STAYED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    moved: int
+    stayed: int
+    detail: str
+    def __init__(self, moved: _Optional[int] = ..., stayed: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class ReplicaEvent(_message.Message):
     __slots__ = ("host_id", "kernel_id", "replica_id", "kind", "pid", "exit_code", "message", "sequence", "time_unix", "instance_id")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -51,6 +51,11 @@ class GlobalSchedulerStub:
                 request_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.DeregisterHostRequest.SerializeToString,
                 response_deserializer=notebookos_dot_proto_dot_global__scheduler__pb2.DeregisterHostResponse.FromString,
                 _registered_method=True)
+        self.DrainHost = channel.unary_unary(
+                '/notebookos.v1.GlobalScheduler/DrainHost',
+                request_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.DrainHostRequest.SerializeToString,
+                response_deserializer=notebookos_dot_proto_dot_global__scheduler__pb2.DrainHostResponse.FromString,
+                _registered_method=True)
         self.ReportReplicaEvent = channel.unary_unary(
                 '/notebookos.v1.GlobalScheduler/ReportReplicaEvent',
                 request_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.ReplicaEvent.SerializeToString,
@@ -132,6 +137,19 @@ class GlobalSchedulerServicer:
         """Removes a host (clean shutdown or scale-in). Replicas still listed for the host are treated
         as lost and replaced elsewhere.
         NOT_FOUND: host_id is not registered (callers may treat this as done).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainHost(self, request, context):
+        """Moves every replica off a host that is about to stop (its Local Scheduler got SIGTERM: a
+        Swarm drain, a maintenance stop), before it goes: the host takes no new replica and runs no
+        new cell; each replica is migrated to another host once its running cell (if any) has
+        finished. Returns when every replica has moved or deadline_s has passed (the replicas left
+        are then lost when the host deregisters, as without a drain). When every host asks at once
+        (the whole cluster is stopping), nothing is moved.
+        NOT_FOUND: host_id is not registered. INVALID_ARGUMENT: deadline_s not positive.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -259,6 +277,11 @@ def add_GlobalSchedulerServicer_to_server(servicer, server):
                     servicer.DeregisterHost,
                     request_deserializer=notebookos_dot_proto_dot_global__scheduler__pb2.DeregisterHostRequest.FromString,
                     response_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.DeregisterHostResponse.SerializeToString,
+            ),
+            'DrainHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainHost,
+                    request_deserializer=notebookos_dot_proto_dot_global__scheduler__pb2.DrainHostRequest.FromString,
+                    response_serializer=notebookos_dot_proto_dot_global__scheduler__pb2.DrainHostResponse.SerializeToString,
             ),
             'ReportReplicaEvent': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportReplicaEvent,
@@ -393,6 +416,33 @@ class GlobalScheduler:
             '/notebookos.v1.GlobalScheduler/DeregisterHost',
             notebookos_dot_proto_dot_global__scheduler__pb2.DeregisterHostRequest.SerializeToString,
             notebookos_dot_proto_dot_global__scheduler__pb2.DeregisterHostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/notebookos.v1.GlobalScheduler/DrainHost',
+            notebookos_dot_proto_dot_global__scheduler__pb2.DrainHostRequest.SerializeToString,
+            notebookos_dot_proto_dot_global__scheduler__pb2.DrainHostResponse.FromString,
             options,
             channel_credentials,
             insecure,

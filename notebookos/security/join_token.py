@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 METADATA_KEY = "notebookos-join-token"
 GS_SERVICE = "/notebookos.v1.GlobalScheduler/"
 HOST_METHODS = frozenset(GS_SERVICE + m for m in (
-    "RegisterHost", "Heartbeat", "DeregisterHost", "ReportReplicaEvent"))
+    "RegisterHost", "Heartbeat", "DeregisterHost", "DrainHost", "ReportReplicaEvent"))
 SETTINGS_HINT = ("security.join_token_file ($NOTEBOOKOS_SECURITY_JOIN_TOKEN_FILE) or "
                  "security.join_token ($NOTEBOOKOS_SECURITY_JOIN_TOKEN)")
 

@@ -1,0 +1,143 @@
+"""Moving a host's replicas off before the host stops (issue 37: a node drained for maintenance).
+
+A Local Scheduler that gets SIGTERM (``docker node update --availability drain``, a rolling
+update, an operator's ``systemctl stop``) calls ``DrainHost`` before it stops anything. The
+host then takes no new replica (``HostLink.draining``: the container cycle skips it) and runs
+no new cell where another replica of the kernel can (``execution._cycle`` refuses replicas on
+draining hosts), and each replica on it is migrated to another host (``migrate_replica``,
+placed by the container cycle) once the cell it runs, if any, has finished. Without the drain
+the host's replicas were stopped with it and replaced afterwards, and a cell running on one was
+failed and answered by the others' election.
+
+When every host asks at once the whole cluster is stopping (``notebookos up`` stopping, ``docker
+compose down``): after ``DRAIN_SETTLE_S`` no host is left to take a replica and the call returns
+at once, having moved nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from notebookos.global_scheduler.cycle_runner import REPLICAS
+from notebookos.global_scheduler.errors import StartError
+from notebookos.policies.cycle import Status
+from notebookos.proto import global_scheduler_pb2
+
+log = logging.getLogger(__name__)
+
+DRAIN_SETTLE_S = 1.0  # hosts that ask within this long are stopping together: none takes another's
+DRAIN_RECHECK_S = 1.0  # a replica that cannot move yet is looked at again this soon at the latest
+
+
+class HostDrainMixin:
+    def DrainHost(self, request, context):  # noqa: N802
+        if not request.deadline_s > 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"deadline_s must be positive, got {request.deadline_s}")
+        with self.lock:
+            link = self.hosts.get(request.host_id)
+            if link is None:
+                context.abort(grpc.StatusCode.NOT_FOUND,
+                              f"host {request.host_id!r} is not registered")
+            if request.instance_id and link.instance_id != request.instance_id:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"host {request.host_id!r} registered again since (instance "
+                              f"{link.instance_id}, not {request.instance_id})")
+        moved, stayed, detail = self.drain_host(
+            request.host_id, time.monotonic() + request.deadline_s,
+            still_wanted=context.is_active)
+        return global_scheduler_pb2.DrainHostResponse(moved=moved, stayed=stayed, detail=detail)
+
+    def drain_host(self, host_id: str, deadline: float, still_wanted=lambda: True  # noqa: ANN001
+                   ) -> tuple[int, int, str]:
+        """Migrate every replica off ``host_id`` by ``deadline`` (monotonic); returns (moved,
+        stayed, why some stayed). ``still_wanted()`` false (the caller went away) ends it."""
+        with self.lock:
+            link = self.hosts.get(host_id)
+            if link is None:
+                return 0, 0, f"host {host_id} is not registered"
+            link.draining = True
+        self._kernel_changed()  # cells waiting on the host's replicas look again
+        on_host = self._replicas_on(host_id)
+        log.info("host %s is draining: %d replica(s) to move", host_id, len(on_host))
+        if on_host:  # hosts stopping together ask within this long: none takes another's
+            self._stop.wait(max(0.0, min(DRAIN_SETTLE_S, deadline - time.monotonic())))
+        moved = 0
+        left: dict[tuple[str, int], str] = {}  # replicas that will not move, and why
+        while not self._stop.is_set() and still_wanted():
+            seen = self._kernel_changes
+            waiting = False
+            for kernel_id, replica_id in self._replicas_on(host_id):
+                if (kernel_id, replica_id) in left:
+                    continue
+                outcome = self._drain_one(kernel_id, replica_id, host_id)
+                if outcome is True:
+                    moved += 1
+                elif outcome is None:
+                    waiting = True
+                else:
+                    left[(kernel_id, replica_id)] = outcome
+            if not waiting or time.monotonic() >= deadline:
+                break
+            self._await_any_kernel_change(seen, min(deadline, time.monotonic() + DRAIN_RECHECK_S))
+        stayed = self._replicas_on(host_id)
+        reasons = sorted({left.get(r, "the deadline passed first") for r in stayed})
+        detail = "; ".join(reasons)
+        log.info("host %s drained: %d replica(s) moved, %d stayed%s", host_id, moved,
+                 len(stayed), f" ({detail})" if detail else "")
+        return moved, len(stayed), detail
+
+    def _replicas_on(self, host_id: str) -> list[tuple[str, int]]:
+        with self.lock:
+            return [(entry.kernel_id, rid) for entry in self.kernels.values()
+                    for rid, replica in entry.replicas.items() if replica.host_id == host_id]
+
+    def _drain_one(self, kernel_id: str, replica_id: int, host_id: str) -> bool | None | str:
+        """Move one replica: True when it moved, None when it cannot move yet (it runs a cell,
+        another change of the kernel's replicas is under way), else why it will not move."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None or replica_id not in entry.replicas:
+                return True  # gone meanwhile: nothing left to move
+            if self._not_movable_yet(kernel_id, replica_id):
+                return None
+            exclude = [r.host_id for r in entry.replicas.values()]
+            snapshot, result = self._decide_containers(kernel.request, 1, exclude=exclude)
+            if result.status is not Status.SUCCESS:
+                return f"no other host can take a replica of {kernel_id}: {result.reason}"
+            self._record_cycle(snapshot, kernel_id, kernel.request, result, REPLICAS)
+            target = result.hosts[0]
+        try:
+            self.migrate_replica(kernel_id, replica_id, target, reason="drain")
+        except StartError as exc:
+            with self.lock:
+                if exc.code is grpc.StatusCode.UNAVAILABLE or self._not_movable_yet(kernel_id,
+                                                                                    replica_id):
+                    return None  # a cell or another change got there first: again after it
+            return f"{kernel_id}: {exc}"
+        return True
+
+    def _not_movable_yet(self, kernel_id: str, replica_id: int) -> bool:
+        """The replica runs a cell, or another change of the kernel's replicas is under way
+        (a migration then would leave the group without a majority). Lock held."""
+        entry = self.kernels.get(kernel_id)
+        if entry is None:
+            return False
+        return (any(rid == replica_id for rid, _ in entry.executions.values())
+                or bool(self._short_of_replicas(entry)) or self.migration_running(kernel_id))
+
+    def _await_any_kernel_change(self, seen: int, until: float) -> None:
+        """Sleep until a kernel's record changes after ``seen`` changes, or ``until``."""
+        with self._kernels_changed:
+            while self._kernel_changes == seen and not self._stop.is_set():
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                self._kernels_changed.wait(left)
+
+
+__all__ = ["DRAIN_RECHECK_S", "DRAIN_SETTLE_S", "HostDrainMixin"]
