@@ -16,13 +16,14 @@ from pathlib import Path
 
 import grpc
 
-from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.providers import HostProvider
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.policies import ScalingView
 from notebookos.policies.forecast_scaling import ForecastScaling
 
 log = logging.getLogger(__name__)
+
+RELEASE_DRAIN_S = 10.0  # scale-in: how long a host's replicas may take to move off it
 
 
 class Autoscaler:
@@ -140,25 +141,22 @@ class Autoscaler:
             log.warning("autoscaler: could not keep the scaling history: %s", exc)
 
     def release(self, host_id: str) -> bool:
-        """Drain ``host_id``: move its replicas elsewhere, then give it back to the provider."""
+        """Drain ``host_id`` (host_drain.py: its replicas move elsewhere, placed by the
+        container cycle, each once its cell has ended), then give it back to the provider.
+        A host whose replicas cannot all move within ``RELEASE_DRAIN_S`` is kept."""
         svc = self.service
         with svc.lock:
             link = svc.hosts.get(host_id)
             if link is None:
                 return False
-            link.draining = True
-            on_host = [(k.kernel_id, r.replica_id) for k in svc.cluster.kernels.values()
-                       for r in k.live_replicas() if r.host_id == host_id]
-        log.info("autoscaler: scaling in host %s (%d replica(s) to move)", host_id, len(on_host))
-        for kernel_id, replica_id in on_host:
-            try:
-                target = self._target_for(kernel_id, host_id)
-                svc.migrate_replica(kernel_id, replica_id, target, reason="scale_in")
-            except StartError as exc:
-                log.info("autoscaler: keeping host %s: %s", host_id, exc)
-                with svc.lock:
-                    link.draining = False
-                return False
+        log.info("autoscaler: scaling in host %s", host_id)
+        _moved, stayed, detail = svc.drain_host(host_id, time.monotonic() + RELEASE_DRAIN_S,
+                                                reason="scale_in", settle=False)
+        if stayed:
+            log.info("autoscaler: keeping host %s: %s", host_id, detail)
+            with svc.lock:
+                link.draining = False
+            return False
         try:
             self.provider.release_host(host_id, link.address)  # the host stays draining
         except grpc.RpcError as exc:
@@ -168,15 +166,3 @@ class Autoscaler:
             return False
         svc.metrics.scale_events.labels(direction="in").inc()
         return True
-
-    def _target_for(self, kernel_id: str, leaving: str) -> str:
-        svc = self.service
-        with svc.lock:
-            kernel = svc.cluster.kernels[kernel_id]
-            exclude = [r.host_id for r in kernel.live_replicas()]
-            exclude += [h for h, link in svc.hosts.items() if link.draining or h == leaving]
-            hosts = svc.policy.choose_hosts(svc.cluster, kernel.request, 1, exclude=exclude)
-        if not hosts:
-            raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"no other host can take a replica of {kernel_id}")
-        return hosts[0].host_id

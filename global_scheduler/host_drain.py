@@ -51,10 +51,13 @@ class HostDrainMixin:
             still_wanted=context.is_active)
         return global_scheduler_pb2.DrainHostResponse(moved=moved, stayed=stayed, detail=detail)
 
-    def drain_host(self, host_id: str, deadline: float, still_wanted=lambda: True  # noqa: ANN001
-                   ) -> tuple[int, int, str]:
+    def drain_host(self, host_id: str, deadline: float, still_wanted=lambda: True,  # noqa: ANN001
+                   *, reason: str = "drain", settle: bool = True) -> tuple[int, int, str]:
         """Migrate every replica off ``host_id`` by ``deadline`` (monotonic); returns (moved,
-        stayed, why some stayed). ``still_wanted()`` false (the caller went away) ends it."""
+        stayed, why some stayed). ``still_wanted()`` false (the caller went away) ends it.
+        ``reason`` labels the migrations (drain, scale_in); ``settle``: wait
+        ``DRAIN_SETTLE_S`` for other hosts stopping at the same time (not for a scale-in,
+        which the scheduler itself decided)."""
         with self.lock:
             link = self.hosts.get(host_id)
             if link is None:
@@ -63,7 +66,7 @@ class HostDrainMixin:
         self._kernel_changed()  # cells waiting on the host's replicas look again
         on_host = self._replicas_on(host_id)
         log.info("host %s is draining: %d replica(s) to move", host_id, len(on_host))
-        if on_host:  # hosts stopping together ask within this long: none takes another's
+        if on_host and settle:  # hosts stopping together ask within this long
             self._stop.wait(max(0.0, min(DRAIN_SETTLE_S, deadline - time.monotonic())))
         moved = 0
         left: dict[tuple[str, int], str] = {}  # replicas that will not move, and why
@@ -73,7 +76,7 @@ class HostDrainMixin:
             for kernel_id, replica_id in self._replicas_on(host_id):
                 if (kernel_id, replica_id) in left:
                     continue
-                outcome = self._drain_one(kernel_id, replica_id, host_id)
+                outcome = self._drain_one(kernel_id, replica_id, reason)
                 if outcome is True:
                     moved += 1
                 elif outcome is None:
@@ -95,7 +98,7 @@ class HostDrainMixin:
             return [(entry.kernel_id, rid) for entry in self.kernels.values()
                     for rid, replica in entry.replicas.items() if replica.host_id == host_id]
 
-    def _drain_one(self, kernel_id: str, replica_id: int, host_id: str) -> bool | None | str:
+    def _drain_one(self, kernel_id: str, replica_id: int, reason: str) -> bool | None | str:
         """Move one replica: True when it moved, None when it cannot move yet (it runs a cell,
         another change of the kernel's replicas is under way), else why it will not move."""
         with self.lock:
@@ -112,7 +115,7 @@ class HostDrainMixin:
             self._record_cycle(snapshot, kernel_id, kernel.request, result, REPLICAS)
             target = result.hosts[0]
         try:
-            self.migrate_replica(kernel_id, replica_id, target, reason="drain")
+            self.migrate_replica(kernel_id, replica_id, target, reason=reason)
         except StartError as exc:
             with self.lock:
                 if exc.code is grpc.StatusCode.UNAVAILABLE or self._not_movable_yet(kernel_id,

@@ -333,7 +333,7 @@ class RecoveryMixin:
 
         The old replica leaves the Raft group and stops; the new one joins and catches up.
         Raises StartError (RESOURCE_EXHAUSTED when no host can take it now). ``reason``
-        (contention, scale_in, operator) labels the migration in the metrics."""
+        (contention, scale_in, drain, operator) labels the migration in the metrics."""
         guard = self._membership_guard(kernel_id)
         try:
             if not guard.acquire(timeout=MIGRATION_WAIT_S):
