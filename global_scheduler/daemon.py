@@ -31,6 +31,7 @@ from notebookos.policies.live import policy_params
 from notebookos.policies.profile import profile_from_config
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.security import (
+    KEEPALIVE_OPTIONS,
     JoinTokenInterceptor,
     add_secure_port,
     child_environment,
@@ -62,7 +63,7 @@ class GlobalSchedulerDaemon:
         # setting) before anything binds.
         ensure_cluster_credentials(config)
         interceptor = JoinTokenInterceptor(config)
-        connect = connector(config)
+        connect = connector(config, KEEPALIVE_OPTIONS)  # a host gone silent shows in seconds
         # The scheduling profile: a plug-in per extension point, each with its configuration
         # section (notebookos/policies/profile.py); the cycle runs it (policies/cycle.py).
         self.profile = profile_from_config(config)
@@ -83,6 +84,7 @@ class GlobalSchedulerDaemon:
             connect=connect,
         )
         self.service.migration_retries = gs.migration_retries
+        self.service.silent_host_timeout_s = gs.silent_host_timeout_s
         self.service.profile = self.profile
         if self.profile.shares:
             sharing = self.service.gpu_sharing
@@ -140,7 +142,8 @@ class GlobalSchedulerDaemon:
                  self.policy.name, self.metrics_server.url)
 
     def _monitor_hosts(self) -> None:
-        interval = max(0.2, min(1.0, self.service.heartbeat_timeout_s / 4))
+        interval = max(0.2, min(1.0, self.service.heartbeat_timeout_s / 4,
+                                self.service.silent_host_timeout_s or 1.0))
         while not self._stopped.wait(interval):
             try:
                 self.service.check_hosts()

@@ -232,13 +232,21 @@ class HostRegistryMixin:
         return lost
 
     def check_hosts(self) -> None:
-        """Declare hosts silent for longer than the heartbeat timeout dead."""
+        """Declare dead the hosts silent for longer than the heartbeat timeout, and those
+        that answered no keepalive ping for ``silent_host_timeout_s`` (hosts.py)."""
         now = time.time()
+        timeout = self.silent_host_timeout_s
         with self.lock:
-            silent = [h for h, link in self.hosts.items()
-                      if now - link.last_heartbeat > self.heartbeat_timeout_s]
-            for host_id in silent:
-                self._drop_host(host_id, f"missed heartbeats for {self.heartbeat_timeout_s:g}s")
+            silent = {}
+            for h, link in self.hosts.items():
+                if now - link.last_heartbeat > self.heartbeat_timeout_s:
+                    silent[h] = f"missed heartbeats for {self.heartbeat_timeout_s:g}s"
+                elif timeout > 0 and link.silent_since and now - link.silent_since >= timeout:
+                    silent[h] = (f"answered no keepalive ping for {now - link.silent_since:.1f}s "
+                                 "after the first went unanswered: its machine or network is "
+                                 "gone")
+            for host_id, why in silent.items():
+                self._drop_host(host_id, why)
         if silent and self.on_hosts_changed is not None:
             self.on_hosts_changed()
 

@@ -51,6 +51,11 @@ class HostLink:
     # the heartbeat timeout; a probe that waits for the channel clears it once it answers.
     # Event-driven: gRPC's completion queue reports both, nothing here wakes to look.
     unreachable_since: float = 0.0
+    # Since when the host answers nothing at all (0: it does, or it only refused): the held call
+    # failed for want of an answer to gRPC's keepalive pings ("ping timeout"), as when its
+    # machine or its network is gone; a daemon that exited closes its connection instead.
+    # check_hosts declares such a host lost after global_scheduler.silent_host_timeout_s.
+    silent_since: float = 0.0
     _watch_call: grpc.Future | None = None
     _closed: bool = False
 
@@ -90,6 +95,10 @@ class HostLink:
                 self.unreachable_since = time.time()
                 log.warning("host %s: its Local Scheduler at %s does not answer", self.host_id,
                             self.address)
+            if held and not self.silent_since and _unanswered(call.exception()):
+                self.silent_since = time.time()
+                log.warning("host %s answers no keepalive ping: its machine or its network may "
+                            "be gone", self.host_id)
             if not held:  # a probe failed (not for want of a connection): try again later
                 _release_timer().after(1.0, lambda: self._watch_call_start(held=False))
             else:
@@ -98,6 +107,7 @@ class HostLink:
         if self.unreachable_since:
             log.info("host %s: its Local Scheduler answers again", self.host_id)
         self.unreachable_since = 0.0
+        self.silent_since = 0.0
         self._watch_call_start(held=True)
 
     def _stop_watch(self) -> None:
@@ -106,6 +116,7 @@ class HostLink:
         if call is not None:
             call.cancel()
         self.unreachable_since = 0.0
+        self.silent_since = 0.0
 
     def readdress(self, address: str) -> None:
         """The host's Local Scheduler restarted (at a new address, or the same): calls go there
@@ -308,6 +319,16 @@ RELEASE_HOLD_S = 0.02
 COMMITS_KEPT = 1024  # commitments remembered per host (one per replica executing at most)
 
 _POOL: futures.ThreadPoolExecutor | None = None
+
+
+def _unanswered(exc: BaseException | None) -> bool:
+    """Whether a failed call failed for want of any answer (its keepalive ping timed out),
+    rather than because the peer closed or refused the connection."""
+    if not isinstance(exc, grpc.RpcError) or exc.code() is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (exc.details() or "").lower()
+    return "ping timeout" in details or "keepalive" in details
+
 _POOL_LOCK = threading.Lock()
 _TIMER: _DelayedCalls | None = None
 

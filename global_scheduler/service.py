@@ -89,6 +89,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.oversubscription = oversubscription
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.silent_host_timeout_s = 0.0  # the daemon sets its config's (host_registry.check_hosts)
         self.start_timeout_s = start_timeout_s
         # A kernel started behind its front (Jupyter's provisioner) starts its replicas once a
         # client attaches, or after this long (0: at once). See lifecycle._finish_start.

@@ -23,6 +23,7 @@ from notebookos.local_scheduler.service import HostInfo, LocalSchedulerService
 from notebookos.metrics import LocalSchedulerMetrics, MetricsServer
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 from notebookos.security import (
+    KEEPALIVE_SERVER_OPTIONS,
     JoinTokens,
     add_secure_port,
     check_credentials,
@@ -47,7 +48,8 @@ class LocalSchedulerDaemon:
         # TLS files and the join token must be usable before anything binds (SecurityError names
         # the settings); this daemon never creates them
         check_credentials(config, join_token=True)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16),
+                                  options=KEEPALIVE_SERVER_OPTIONS)
         try:
             port = add_secure_port(self.server, config, f"{ls.host}:{ls.grpc_port}")
         except OSError:

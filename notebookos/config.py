@@ -170,6 +170,13 @@ class GlobalSchedulerSettings:
         "Redis).", lambda v: None if v else "a non-empty key prefix")
     heartbeat_timeout_s: float = setting(
         10.0, "A Local Scheduler silent this long is declared dead.", _at_least(0.5))
+    silent_host_timeout_s: float = setting(
+        1.0, "A host that answers none of the Global Scheduler's keepalive pings (one a second, "
+        "each given 2 s: its machine or its network is gone, or it hangs) is declared lost this "
+        "long after the first unanswered one, about 4 s after it fell silent instead of "
+        "heartbeat_timeout_s; its replicas are replaced and its kernels' cells go on elsewhere. A "
+        "Local Scheduler that merely exited (its replicas live on) is not affected. 0: only the "
+        "heartbeat timeout.", _at_least(0.0))
     migration_retries: int = setting(
         3, "Failed migrations (a target host was chosen but moving the replica failed) before a "
         "waiting cell fails; a cell that merely finds no host free waits (cell_queue_timeout_s).",

@@ -15,6 +15,8 @@ See docs/security.md.
 """
 
 from notebookos.security.channels import (
+    KEEPALIVE_OPTIONS,
+    KEEPALIVE_SERVER_OPTIONS,
     Connect,
     add_secure_port,
     channel_credentials,
@@ -43,6 +45,8 @@ from notebookos.security.join_token import (
 from notebookos.security.metrics_tls import metrics_ssl_context
 
 __all__ = [
+    "KEEPALIVE_OPTIONS",
+    "KEEPALIVE_SERVER_OPTIONS",
     "Connect",
     "HOST_METHODS",
     "METADATA_KEY",

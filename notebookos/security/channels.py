@@ -86,6 +86,20 @@ def channel_credentials(config: Config) -> grpc.ChannelCredentials:
 # meanwhile: after a burst of Global Scheduler restarts a Local Scheduler's channel waited
 # longer than the heartbeat timeout to connect again, and the restarted scheduler removed the
 # healthy host with its replicas (benchmarks/chaos.py).
+# The Global Scheduler's channels to its Local Schedulers ping every second and give up on a
+# ping unanswered for 2 s: a host whose machine or network is gone sends nothing (no reset), and
+# without pings its held WatchHost call would wait for the heartbeat timeout. gRPC reports such
+# a failure as "ping timeout" (a daemon that exited: "Socket closed"); hosts.py tells them apart.
+KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 1000),
+                     ("grpc.keepalive_timeout_ms", 2000),
+                     ("grpc.http2.ping_timeout_ms", 2000),
+                     ("grpc.keepalive_permit_without_calls", 1),
+                     ("grpc.http2.max_pings_without_data", 0),
+                     ("grpc.http2.min_sent_ping_interval_without_data_ms", 1000))
+# What a Local Scheduler's server must allow for those pings (its default: one in 5 minutes).
+KEEPALIVE_SERVER_OPTIONS = (("grpc.http2.min_ping_interval_without_data_ms", 500),
+                            ("grpc.keepalive_permit_without_calls", 1),
+                            ("grpc.http2.max_ping_strikes", 0))
 RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 250),
                      ("grpc.min_reconnect_backoff_ms", 250),
                      ("grpc.max_reconnect_backoff_ms", 2000))
@@ -111,8 +125,9 @@ def secure_aio_channel(config: Config, target: str,
                                    options=channel_options(config, options))
 
 
-def connector(config: Config) -> Connect:
-    """``connect(target)`` -> a mutual TLS channel with ``config``'s credentials (what a daemon
-    hands to the parts of it that open channels). Checks the files now."""
+def connector(config: Config, options: ChannelOptions = ()) -> Connect:
+    """``connect(target)`` -> a mutual TLS channel with ``config``'s credentials and
+    ``options`` (what a daemon hands to the parts of it that open channels). Checks the files
+    now."""
     load_tls(config)
-    return functools.partial(secure_channel, config)
+    return functools.partial(secure_channel, config, options=options)

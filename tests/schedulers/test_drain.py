@@ -114,3 +114,41 @@ def test_drain_host_refuses_bad_requests(make_cluster):  # noqa: ANN001
             metadata=join_token_metadata())
     assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert len(cluster.status().hosts) == 1  # nothing drained
+
+
+def test_a_host_that_answers_nothing_is_declared_lost_in_seconds_not_at_the_heartbeat_timeout(
+        make_cluster):  # noqa: ANN001
+    """Issue 37: a host whose machine or network is gone sends nothing, not even a reset. The
+    Global Scheduler's keepalive pings find it within seconds (here: the host's Local Scheduler
+    and the executor frozen with SIGSTOP, under a 20 s heartbeat timeout); its replicas are
+    replaced and the next cell runs with the state the last one left."""
+    import os
+
+    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "20"})
+    cluster.start_gs()
+    for i in range(4):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(4)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
+    victim = _executor_host(cluster, kernel_id)
+    frozen = [cluster.ls[victim].pid, *(r.pid for r in cluster.kernel(kernel_id).replicas
+                                        if r.host_id == victim)]
+    started = time.monotonic()
+    for pid in frozen:
+        os.killpg(pid, signal.SIGSTOP)
+    try:
+        run = run_cell(kc, "data['b'] = 2\nsorted(data)", timeout=60)
+        took = time.monotonic() - started
+        assert result_text(run) == "['a', 'b']", run
+        cluster.wait(lambda: victim not in {h.host_id for h in cluster.status().hosts}, 30,
+                     "the silent host to be declared lost")
+        lost_after = time.monotonic() - started
+    finally:
+        for pid in frozen:
+            os.killpg(pid, signal.SIGCONT)
+    gs_log = cluster.log("gs")
+    assert f"host {victim} answers no keepalive ping" in gs_log, gs_log
+    assert lost_after < 12, f"declared lost after {lost_after:.1f} s (heartbeat timeout 20 s)"
+    assert took < 15, f"the next cell took {took:.1f} s"
+    print(f"next cell {took:.2f} s, host declared lost after {lost_after:.2f} s")
