@@ -91,12 +91,12 @@ class UpCluster:
 
     # -- processes ----------------------------------------------------------------------------
 
-    def _child(self, *words: str, wait_s: float = 30.0) -> psutil.Process:
+    def _child(self, *words: str, wait_s: float = 30.0, recursive: bool = False) -> psutil.Process:
         """The child of ``notebookos up`` whose command line has ``words``; one that is being
         restarted (up's backoff after a kill) is waited for up to ``wait_s``."""
         deadline = time.monotonic() + wait_s
         while True:
-            for child in psutil.Process(self.proc.pid).children():
+            for child in psutil.Process(self.proc.pid).children(recursive=recursive):
                 with contextlib.suppress(psutil.Error):
                     argv = child.cmdline()
                     if all(w in argv for w in words):
@@ -109,7 +109,10 @@ class UpCluster:
         return self._child("global-scheduler")
 
     def local_scheduler(self, host_id: str) -> psutil.Process:
-        return self._child("--host-id", host_id)
+        """The host's Local Scheduler: a child of ``notebookos up``, or one the Global
+        Scheduler's autoscaler started (``auto-...``, the scheduler's child)."""
+        return self._child("local-scheduler", "--host-id", host_id,
+                           recursive=host_id.startswith("auto-"))
 
     def host_processes(self, host_id: str) -> list[psutil.Process]:
         ls = self.local_scheduler(host_id)
@@ -125,16 +128,21 @@ class UpCluster:
             return None
 
     def host_count(self) -> int:
+        hosts = self.host_ids()
+        return -1 if hosts is None else len(hosts)
+
+    def host_ids(self) -> set[str] | None:
+        """The hosts registered with the Global Scheduler (None: it does not answer)."""
         try:
             status = self.stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(),
                                                 timeout=3)
         except grpc.RpcError:
-            return -1
-        return len(status.hosts)
+            return None
+        return {h.host_id for h in status.hosts}
 
     def whole(self, kernel_id: str) -> bool:
-        """Full redundancy: three live replicas on distinct hosts, the kernel idle, every host
-        registered."""
+        """Full redundancy: three live replicas on distinct hosts, the kernel idle, every host of
+        ``notebookos up`` registered (and any the autoscaler added while one was lost)."""
         status = self.kernel(kernel_id)
         if status is None or status.state != common_pb2.KERNEL_STATE_IDLE:
             return False
@@ -143,7 +151,8 @@ class UpCluster:
             return False
         if not all(p > 0 and psutil.pid_exists(p) and _running(p) for p in pids):
             return False
-        return self.host_count() == self.hosts
+        registered = self.host_ids()
+        return registered is not None and {f"host-{i}" for i in range(self.hosts)} <= registered
 
     def stop(self) -> None:
         if self._stopped:
