@@ -94,7 +94,10 @@ def one_fault(stack: MultiNodeStack, kernel_id: str, fault: str, counter: int,
               cut_s: float) -> dict:
     port, token = stack.jupyter_port, stack.token()
     node = victim(stack, kernel_id)
-    result: dict = {"fault": fault, "node": node.name}
+    executor = stack.kernel(kernel_id)["executor"]
+    result: dict = {"fault": fault, "node": node.name, "executor_there": any(
+        rid == executor and c["node"] == node.name
+        for rid, c in stack.replica_containers(kernel_id).items())}
     start = time.monotonic()
     if fault == "node_lost":
         stack.cluster.kill_node(node)
