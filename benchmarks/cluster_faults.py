@@ -108,6 +108,13 @@ def one_fault(stack: MultiNodeStack, kernel_id: str, fault: str, counter: int,
         start = time.monotonic()
     cell = asyncio.run(run_cells(port, token, kernel_id, ["n += 1\nn, len(xs)"]))
     result["next_cell_s"] = time.monotonic() - start
+    if fault == "node_lost":  # how the Global Scheduler learned of it
+        logs = stack.manager.run("service", "logs", "--tail", "80", f"{stack.project}_gs",
+                                 check=False, timeout=60)
+        result["gs_saw"] = [line.split(" - ", 1)[-1][-200:] for line in
+                            (logs.stdout + logs.stderr).splitlines()
+                            if any(w in line for w in ("keepalive", "does not answer",
+                                                       "removed (", "resubmit"))][-6:]
     result["nothing_lost"] = cell[0]["reply"]["status"] == "ok" and \
         output_text(cell[0]).strip() == f"({counter + 1}, 3)"
     if fault == "network_cut":

@@ -93,8 +93,8 @@ class HostLink:
         if failed:
             if not self.unreachable_since:
                 self.unreachable_since = time.time()
-                log.warning("host %s: its Local Scheduler at %s does not answer", self.host_id,
-                            self.address)
+                log.warning("host %s: its Local Scheduler at %s does not answer (%s)",
+                            self.host_id, self.address, _why(call.exception()))
             if held and not self.silent_since and _unanswered(call.exception()):
                 self.silent_since = time.time()
                 log.warning("host %s answers no keepalive ping: its machine or its network may "
@@ -319,6 +319,12 @@ RELEASE_HOLD_S = 0.02
 COMMITS_KEPT = 1024  # commitments remembered per host (one per replica executing at most)
 
 _POOL: futures.ThreadPoolExecutor | None = None
+
+
+def _why(exc: BaseException | None) -> str:
+    if isinstance(exc, grpc.RpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return repr(exc)
 
 
 def _unanswered(exc: BaseException | None) -> bool:
