@@ -38,6 +38,8 @@ class _Waits(ExecutionMixin):
 
     def __init__(self, order: CellOrder) -> None:
         self._placement_cv = _CountingCondition()
+        # on the placement condition's lock, as in the service (a stop notifies it too)
+        self._kernels_changed = threading.Condition(self._placement_cv._lock)
         self._cell_cv = threading.Condition()
         self._gpu_releases = 0
         self._withdrawn_cells: set[tuple[str, str]] = set()
