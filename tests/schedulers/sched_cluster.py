@@ -141,6 +141,16 @@ class Cluster:
                         os.killpg(pid, signal.SIGKILL)
 
 
+def wait_started(kc: BlockingKernelClient, msg_id: str, timeout: float = 30) -> None:
+    """Until the cell sent as ``msg_id`` publishes its execute_input (its code runs)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, "the cell never started"
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+            return
+
+
 def run_cell(kc: BlockingKernelClient, code: str, timeout: float = 60) -> dict[str, Any]:
     """Execute ``code``; returns {"reply", "outputs", "statuses"} as the client saw them."""
     outputs: list[dict] = []

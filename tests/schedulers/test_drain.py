@@ -14,6 +14,7 @@ from sched_cluster import (  # noqa: F401 - fixture
     make_cluster_fixture,
     result_text,
     run_cell,
+    wait_started,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,15 +35,6 @@ def _executor_host(cluster, kernel_id: str) -> str:  # noqa: ANN001
     return next(r.host_id for r in cluster.kernel(kernel_id).replicas if r.executor)
 
 
-def _until_started(kc, msg_id: str, timeout: float = 30) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while True:
-        assert time.monotonic() < deadline, "the cell never started"
-        msg = kc.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
-            return
-
-
 def test_a_drained_host_moves_its_replicas_first_and_the_cell_running_there_finishes(
         make_cluster):  # noqa: ANN001
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster, hosts=4)
@@ -53,7 +45,7 @@ def test_a_drained_host_moves_its_replicas_first_and_the_cell_running_there_fini
                         "    time.sleep(0.25)\n"
                         "data['b'] = 2\n"
                         "'done'")
-    _until_started(kc, msg_id)
+    wait_started(kc, msg_id)
     cluster.ls[victim].send_signal(signal.SIGTERM)  # as Swarm stops a drained node's daemon
 
     reply = kc.get_shell_msg(timeout=60)

@@ -18,6 +18,7 @@ from sched_cluster import (  # noqa: F401 - fixture
     run_cell,
     run_seen,
     stream_text,
+    wait_started,
 )
 
 from notebookos.ports import allocation_range, raft_port_range
@@ -41,16 +42,6 @@ def _cluster_with_kernel(make_cluster, hosts: int = 4, env: dict | None = None, 
 
 # replicas whose Local Scheduler was killed wait this long for its restart
 TAKEN_BACK = {"NOTEBOOKOS_LOCAL_SCHEDULER_ORPHAN_GRACE_S": "30"}
-
-
-def _wait_started(kc, msg_id: str, timeout: float = 30) -> None:  # noqa: ANN001
-    """Until the cell sent as ``msg_id`` publishes its execute_input (its code runs)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert time.monotonic() < deadline, "the cell never started"
-        msg = kc.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
-            return
 
 
 def _iopub_until_idle(kc, msg_id: str, timeout: float = 60) -> list[dict]:  # noqa: ANN001
@@ -106,7 +97,7 @@ def test_killing_the_executor_mid_cell_fails_that_cell_once_and_the_kernel_goes_
     before the failed cell."""
     cluster, kernel_id, kc = _cluster_with_kernel(make_cluster)
     msg_id = kc.execute("import time\ndata['z'] = 26\ntime.sleep(60)")
-    _wait_started(kc, msg_id)
+    wait_started(kc, msg_id)
     # The replica running it (usually the previous cell's executor, but not always: the
     # test once killed that one while another ran the cell, which then finished "ok").
     running = [r for r in cluster.kernel(kernel_id).replicas
@@ -129,7 +120,7 @@ def test_a_cell_whose_replicas_all_die_mid_run_is_not_run_again(make_cluster, tm
     runs = tmp_path / "runs"
     msg_id = kc.execute(f"import time\nwith open({str(runs)!r}, 'a') as f:\n    f.write('x')\n"
                         "time.sleep(60)")
-    _wait_started(kc, msg_id)
+    wait_started(kc, msg_id)
     # Killed once the cell has written its mark (killed between execute_input and the write,
     # the file was once found empty: a race of the test, not a second run).
     cluster.wait(lambda: runs.exists() and runs.read_text() == "x", 30, "the cell's mark")
