@@ -681,8 +681,8 @@ def main() -> int:
                         help="single faults only of these kinds, comma-separated (default all: "
                              + ", ".join(SINGLE_KINDS) + ")")
     parser.add_argument("--hibernate", type=int, default=0,
-                        help="faults drawn from the hibernation kinds (" + ", ".join(HIBERNATE_KINDS)
-                             + "), mixed in (default 0)")
+                        help="faults drawn from the hibernation kinds ("
+                             + ", ".join(HIBERNATE_KINDS) + "), mixed in (default 0)")
     parser.add_argument("--hibernate-after", type=float, default=None,
                         help="the cluster's global_scheduler.hibernate_after_s (default 3 with "
                              "--hibernate, else the cluster's own setting)")
