@@ -24,6 +24,26 @@ Faults, drawn at random (seeded) between cells:
   answers again plus 1-3 s (issue 33: a crash loop must never take JupyterLab down);
 - ``double``: two of the first five, on different hosts, the second 0.1-1 s after the first.
 
+With ``--hibernate N`` (the cluster runs with ``global_scheduler.hibernate_after_s`` =
+``--hibernate-after``, default 3 s), N more faults are drawn from the hibernation kinds (issue 34).
+Each first waits until the kernel is hibernated (no replica, state ``hibernated``; not within
+``hibernate_after_s`` + 120 s is an error: a kernel that never hibernates again); the next cell
+then wakes it from its checkpoint, and its digest must be the one the last cell left:
+
+- ``hibernate-wake``: no fault, the cell wakes it;
+- ``kill-global-scheduler-asleep`` / ``kill-local-scheduler-asleep``: SIGKILL of the Global
+  Scheduler / of a random host's Local Scheduler while the kernel sleeps, then the cell;
+- ``kill-global-scheduler-waking``: the cell is sent, the Global Scheduler is killed 0.1-1 s later
+  (mid-wake);
+- ``kill-local-scheduler-waking`` / ``kill-replica-waking``: the cell is sent; as soon as the
+  first woken replica has a pid, its Local Scheduler / the replica itself is killed;
+- ``kill-executor-after-wake``: the cell wakes it, then the executor is killed and one more cell
+  runs (judged like ``kill-executor``).
+
+With hibernation on, a kernel may also fall asleep while the campaign waits for full redundancy
+(a hibernated kernel counts as whole: its state is in its checkpoint); before any other fault it
+is woken by one cell, judged and reported as ``wake-before-fault`` only when it is not intact.
+
 Throughout, JupyterLab's ``/api/status`` is asked every 0.5 s: the summary says how many probes
 failed and the longest outage (JupyterLab must stay reachable whatever fails behind it).
 
@@ -36,7 +56,8 @@ redundancy (p50/p99).
 Usage::
 
     python benchmarks/chaos.py [--faults 100] [--double 30] [--seed 1] [--hosts 4]
-        [--big-mib 16] [--no-torch] [--round-robin] [--json] [--keep DIR]
+        [--big-mib 16] [--no-torch] [--round-robin] [--hibernate N] [--hibernate-after S]
+        [--json] [--keep DIR]
     python benchmarks/chaos.py --table-of DIR
 
 ``--round-robin`` draws the single faults in turn instead of at random (every kind at least once in
@@ -71,7 +92,12 @@ from notebookos.testing.up_session import CellResult, Notebook, UpCluster
 DOUBLE_KINDS = ("kill-executor", "kill-standby", "kill-local-scheduler", "kill-global-scheduler",
                 "hang-host")
 SINGLE_KINDS = (*DOUBLE_KINDS, "burst-global-scheduler")
-KINDS = (*SINGLE_KINDS, "double")
+# faults around hibernation (``--hibernate N``): each waits until the kernel hibernated
+HIBERNATE_KINDS = ("hibernate-wake", "kill-global-scheduler-asleep", "kill-local-scheduler-asleep",
+                   "kill-global-scheduler-waking", "kill-local-scheduler-waking",
+                   "kill-replica-waking", "kill-executor-after-wake")
+KINDS = (*SINGLE_KINDS, "double", *HIBERNATE_KINDS, "wake-before-fault")
+HIBERNATE_TIMEOUT_S = 120.0  # beyond hibernate_after_s: "a kernel that never hibernates again"
 BURST_KILLS = 5
 LAB_PROBE_S = 0.5
 HANG_S = 10.0
@@ -396,12 +422,23 @@ async def run_campaign(args: argparse.Namespace, workdir: Path,
         injector = Injector(cluster, notebook.kernel_id, rng)
         plan = _plan(args, rng)
         for kind in plan:
-            outcome = await _one_fault(kind, cluster, notebook, injector, verifier, code,
-                                       setup_source, rng)
-            campaign.outcomes.append(outcome)
-            with open(workdir / "outcomes.jsonl", "a") as out:  # a cut-short run keeps its figures
-                out.write(json.dumps(asdict(outcome)) + "\n")
-            progress(outcome)
+            outcomes = []
+            if kind in HIBERNATE_KINDS:
+                outcomes.append(await _hibernation_fault(kind, cluster, notebook, injector,
+                                                         verifier, code, setup_source, rng,
+                                                         args.hibernate_after))
+            else:
+                if args.hibernate_after > 0:
+                    woken = await _wake_before(cluster, notebook, verifier, code, setup_source)
+                    if woken is not None:
+                        outcomes.append(woken)
+                outcomes.append(await _one_fault(kind, cluster, notebook, injector, verifier,
+                                                 code, setup_source, rng))
+            for outcome in outcomes:
+                campaign.outcomes.append(outcome)
+                with open(workdir / "outcomes.jsonl", "a") as out:  # a cut-short run keeps it
+                    out.write(json.dumps(asdict(outcome)) + "\n")
+                progress(outcome)
             await asyncio.sleep(args.gap)
         campaign.restarts = cluster.restarts()
         campaign.reconnects = notebook.reconnects
@@ -419,9 +456,11 @@ def _plan(args: argparse.Namespace, rng: random.Random) -> list[str]:
     kinds = args.kinds or SINGLE_KINDS
     if args.round_robin:
         singles = [kinds[i % len(kinds)] for i in range(args.faults)]
+        asleep = [HIBERNATE_KINDS[i % len(HIBERNATE_KINDS)] for i in range(args.hibernate)]
     else:
         singles = [rng.choice(kinds) for _ in range(args.faults)]
-    plan = singles + ["double"] * args.double
+        asleep = [rng.choice(HIBERNATE_KINDS) for _ in range(args.hibernate)]
+    plan = singles + ["double"] * args.double + asleep
     if not args.round_robin:
         rng.shuffle(plan)
     return plan
@@ -460,6 +499,117 @@ async def _one_fault(kind: str, cluster: UpCluster, notebook: Notebook, injector
                    round(redundancy_s, 3) if redundancy_s is not None else None, note)
 
 
+def _asleep(status: common_pb2.KernelStatus | None) -> bool:
+    return status is not None and status.state in (common_pb2.KERNEL_STATE_HIBERNATED,
+                                                    common_pb2.KERNEL_STATE_WAKING)
+
+
+async def _wake_before(cluster: UpCluster, notebook: Notebook, verifier: Verifier, code: str,
+                       setup: str) -> Outcome | None:
+    """The kernel fell asleep while the campaign waited: one cell wakes it before the next
+    fault (which needs its replicas); an outcome only when that cell was not intact."""
+    status = await asyncio.to_thread(cluster.kernel, notebook.kernel_id)
+    if not _asleep(status) and (status is None or status.replicas):
+        return None  # awake (a kernel going to sleep shows no replica once it stopped them)
+    t0 = time.monotonic()
+    result = await notebook.execute(code)
+    took = time.monotonic() - t0
+    verdict, note = verifier.record(result)
+    if verdict == "error":
+        verdict, note = await _after_error(result, note, notebook, verifier, setup)
+    whole = await _wait_whole(cluster, notebook.kernel_id, None, asleep_ok=False)
+    if verdict in ("intact", "rollback") and whole:
+        return None
+    return Outcome("wake-before-fault", "a cell woke the kernel", verdict, round(took, 3),
+                   round(time.monotonic() - t0, 3) if whole else None, note)
+
+
+async def _wait_state(cluster: UpCluster, kernel_id: str, check: Callable[[object], bool],
+                      timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check(await asyncio.to_thread(cluster.kernel, kernel_id)):
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def _hibernated(status: common_pb2.KernelStatus | None) -> bool:
+    return status is not None and status.state == common_pb2.KERNEL_STATE_HIBERNATED \
+        and not status.replicas
+
+
+def _woken_replica(status: common_pb2.KernelStatus | None) -> bool:
+    return status is not None and any(r.pid > 0 for r in status.replicas)
+
+
+async def _hibernation_fault(kind: str, cluster: UpCluster, notebook: Notebook,
+                             injector: Injector, verifier: Verifier, code: str, setup: str,
+                             rng: random.Random, after_s: float) -> Outcome:
+    """One of ``HIBERNATE_KINDS``: wait for the kernel to hibernate, fault, wake it by a cell."""
+    kid = notebook.kernel_id
+    if not await _wait_state(cluster, kid, _hibernated, after_s + HIBERNATE_TIMEOUT_S):
+        status = await asyncio.to_thread(cluster.kernel, kid)
+        state = common_pb2.KernelState.Name(status.state) if status is not None else "unknown"
+        return Outcome(kind, "not injected", "error", 0.0, None,
+                       f"the kernel never hibernated (state {state}, "
+                       f"{len(status.replicas) if status else '?'} replicas, "
+                       f"message {status.message if status else ''!r})")
+    t_fault = time.monotonic()
+    detail = "woken by a cell"
+    if kind == "kill-global-scheduler-asleep":
+        cluster.global_scheduler().send_signal(signal.SIGKILL)
+        detail = "global scheduler killed while the kernel slept"
+    elif kind == "kill-local-scheduler-asleep":
+        host = f"host-{rng.randrange(cluster.hosts)}"
+        ls = cluster.local_scheduler(host)
+        ls.send_signal(signal.SIGKILL)
+        detail = f"local scheduler of {host} (pid {ls.pid}) killed while the kernel slept"
+    if kind.endswith("-asleep"):
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+    cell = asyncio.create_task(notebook.execute(code))
+    if kind == "kill-global-scheduler-waking":
+        await asyncio.sleep(rng.uniform(0.1, 1.0))
+        cluster.global_scheduler().send_signal(signal.SIGKILL)
+        detail = "global scheduler killed mid-wake"
+    elif kind in ("kill-local-scheduler-waking", "kill-replica-waking"):
+        t_wake = time.monotonic()
+        if await _wait_state(cluster, kid, _woken_replica, 60):
+            status = await asyncio.to_thread(cluster.kernel, kid)
+            replica = rng.choice([r for r in status.replicas if r.pid > 0])
+            if kind == "kill-replica-waking":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(replica.pid, signal.SIGKILL)
+                detail = f"replica {replica.replica_id} on {replica.host_id} killed mid-wake"
+            else:
+                ls = cluster.local_scheduler(replica.host_id)
+                ls.send_signal(signal.SIGKILL)
+                detail = f"local scheduler of {replica.host_id} killed mid-wake"
+            detail += f" ({time.monotonic() - t_wake:.1f} s after the cell)"
+        else:
+            detail = "not injected: no woken replica within 60 s"
+    result = await cell
+    next_cell_s = time.monotonic() - t_fault
+    verdict, note = verifier.record(result)
+    if verdict == "error":
+        verdict, note = await _after_error(result, note, notebook, verifier, setup)
+    if verdict == "intact" and "woke" not in result.stderr + result.stdout:
+        note = "the cell's output did not say that the notebook woke"
+    if kind == "kill-executor-after-wake" and verdict in ("intact", "rollback"):
+        if await _wait_whole(cluster, kid, injector, asleep_ok=False):
+            after = await _one_fault("kill-executor", cluster, notebook, injector, verifier,
+                                     code, setup, rng)
+            detail = f"woke in {next_cell_s:.1f} s, then executor {after.detail}"
+            verdict, note = after.verdict, after.note
+            next_cell_s = after.next_cell_s
+        else:
+            verdict, note = "error", "never whole after the wake"
+    whole = await _wait_whole(cluster, kid, injector, asleep_ok=False)
+    redundancy_s = time.monotonic() - t_fault if whole else None
+    return Outcome(kind, detail, verdict, round(next_cell_s, 3),
+                   round(redundancy_s, 3) if redundancy_s is not None else None, note)
+
+
 async def _after_error(result: CellResult, note: str, notebook: Notebook, verifier: Verifier,
                        setup: str) -> tuple[str, str]:
     """A cell after a fault failed, or ran without its output reaching the client: classify it
@@ -485,17 +635,25 @@ async def _after_error(result: CellResult, note: str, notebook: Notebook, verifi
     return verdict, note
 
 
-async def _wait_whole(cluster: UpCluster, kernel_id: str, injector: Injector | None) -> bool:
+async def _wait_whole(cluster: UpCluster, kernel_id: str, injector: Injector | None,
+                      asleep_ok: bool = True) -> bool:
+    """Full redundancy; a hibernated kernel counts (its state is in its checkpoint) unless
+    ``asleep_ok`` is False."""
     deadline = time.monotonic() + WHOLE_TIMEOUT_S
     while time.monotonic() < deadline:
         hung = injector is not None and injector.hung()
         if not hung and await asyncio.to_thread(cluster.whole, kernel_id):
+            return True
+        if not hung and asleep_ok and _HIBERNATION[0] and _hibernated(
+                await asyncio.to_thread(cluster.kernel, kernel_id)) \
+                and await asyncio.to_thread(cluster.host_count) == cluster.hosts:
             return True
         await asyncio.sleep(0.1)
     return False
 
 
 _ACTIVE: list[UpCluster] = []
+_HIBERNATION = [False]  # the campaign runs with hibernate_after_s > 0
 
 
 def _stop_and_exit(signum: int, _frame: object) -> None:
@@ -526,6 +684,12 @@ def main() -> int:
     parser.add_argument("--kinds", type=lambda v: tuple(v.split(",")), default=None,
                         help="single faults only of these kinds, comma-separated (default all: "
                              + ", ".join(SINGLE_KINDS) + ")")
+    parser.add_argument("--hibernate", type=int, default=0,
+                        help="faults drawn from the hibernation kinds ("
+                             + ", ".join(HIBERNATE_KINDS) + "), mixed in (default 0)")
+    parser.add_argument("--hibernate-after", type=float, default=None,
+                        help="the cluster's global_scheduler.hibernate_after_s (default 3 with "
+                             "--hibernate, else the cluster's own setting)")
     parser.add_argument("--gap", type=float, default=0.0,
                         help="seconds between faults (notebookos up never gives up on a "
                              "daemon, but waits 1 s, 2 s, 4 s ... before restarting one that "
@@ -535,7 +699,8 @@ def main() -> int:
     parser.add_argument("--table-of", metavar="DIR",
                         help="only print the table of the run kept in DIR (its outcomes.jsonl, "
                              "also of a run cut short)")
-    args = smoke.parse_args(parser, faults=2, double=0, hosts=4, big_mib=1, torch=False)
+    args = smoke.parse_args(parser, faults=2, double=0, hosts=4, big_mib=1, torch=False,
+                            hibernate=1, hibernate_after=2.0)
     if args.table_of:
         lines = (Path(args.table_of) / "outcomes.jsonl").read_text().splitlines()
         print(Campaign([Outcome(**json.loads(line)) for line in lines if line]).markdown())
@@ -546,14 +711,21 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown fault kind(s) {', '.join(sorted(unknown))}; "
                      f"known: {', '.join(SINGLE_KINDS)}")
-    if args.faults < 0 or args.double < 0:
-        parser.error("--faults and --double must be >= 0")
+    if args.faults < 0 or args.double < 0 or args.hibernate < 0:
+        parser.error("--faults, --double and --hibernate must be >= 0")
+    if args.hibernate_after is None:
+        args.hibernate_after = 3.0 if args.hibernate else 0.0
+    if args.hibernate and args.hibernate_after <= 0:
+        parser.error("--hibernate needs --hibernate-after > 0 (a kernel that never hibernates)")
+    if args.hibernate_after > 0:  # `notebookos up` and its daemons read it from the environment
+        os.environ["NOTEBOOKOS_GLOBAL_SCHEDULER_HIBERNATE_AFTER_S"] = str(args.hibernate_after)
+        _HIBERNATION[0] = True
     args.torch = args.torch and _torch_available()
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop the cluster, whatever the loop is doing
         signal.signal(sig, _stop_and_exit)
 
     bar = None
-    total = args.faults + args.double
+    total = args.faults + args.double + args.hibernate
     if sys.stderr.isatty() and not args.json:
         from tqdm import tqdm
 
@@ -585,7 +757,8 @@ def main() -> int:
         bar.close()
     result = {
         "seed": args.seed, "hosts": args.hosts, "big_mib": args.big_mib, "torch": args.torch,
-        "round_robin": args.round_robin, "elapsed_s": round(elapsed, 1),
+        "round_robin": args.round_robin, "hibernate_after_s": args.hibernate_after,
+        "elapsed_s": round(elapsed, 1),
         "setup_s": round(campaign.setup_s, 1), "daemon_restarts": campaign.restarts,
         "websocket_reconnects": campaign.reconnects, "table": campaign.table(),
         "jupyterlab": campaign.lab.summary() if campaign.lab else None,

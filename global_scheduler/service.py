@@ -217,6 +217,10 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         entry.front.start()
         self.kernels[kernel_id] = entry
         self.mode.restored(entry)
+        if entry.state != "hibernated":
+            # the idle clock starts over: armed only by a cell, it never was in this process,
+            # and a notebook left alone after the restart would never hibernate (chaos.py)
+            self._active(entry)
 
     def _rebind_front(self, entry: KernelEntry, ports: dict[str, int] | None) -> KernelFront:
         """The kernel's front on the ports its clients know. A port still held (ZMQ closes a

@@ -118,3 +118,20 @@ def test_a_hibernated_notebook_survives_a_scheduler_restart_and_wakes_on_request
         global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id), timeout=10).waking
     woke = run_seen(kc, CHECK, timeout=60)
     assert stream_text(woke, "stdout") == _expected()
+
+
+def test_an_awake_notebook_hibernates_after_a_scheduler_restart_without_a_cell(make_cluster):  # noqa: ANN001
+    """Found by the fault campaign (chaos.py --hibernate): a Global Scheduler restarted while a
+    kernel was awake never armed its idle clock (only a cell did), so a notebook left alone
+    after the restart never hibernated again."""
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    cluster.start_gs()
+    cluster.wait(lambda: cluster.kernel(kernel_id) is not None
+                 and len(cluster.kernel(kernel_id).replicas) == 3, 30,
+                 "the restarted scheduler to know the kernel")
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60,
+                 "the kernel to hibernate without a cell after the restart")
+    woke = run_seen(kc, CHECK, timeout=60)
+    assert stream_text(woke, "stdout") == _expected()
