@@ -75,10 +75,10 @@ class CellContainerMixin(CycleRunnerMixin):
         hosts = self.policy.choose_hosts(self.cluster, request, 1)
         if hosts:
             return hosts[0].host_id
-        draining = {h for h, link in self.hosts.items() if link.draining}
+        unavailable = self._unavailable_hosts()
         for host in placement.most_idle_first(self.cluster, min_idle=0,
                                               limit=self.policy.candidate_limit):
-            if host.host_id not in draining and host.can_subscribe(request):
+            if host.host_id not in unavailable and host.can_subscribe(request):
                 return host.host_id
         return None
 

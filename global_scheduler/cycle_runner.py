@@ -71,17 +71,21 @@ class CycleRunnerMixin:
             self.cycle_recorder(CycleRecord(copy.deepcopy(snapshot), kernel_id, request,
                                             result, kind, count))
 
-    def _draining_hosts(self) -> frozenset[str]:
-        """Hosts that take no new container. Lock held."""
-        return frozenset(h for h, link in self.hosts.items() if link.draining)
+    def _unavailable_hosts(self) -> frozenset[str]:
+        """Hosts that take no new container: draining (host_drain.py), or whose Local
+        Scheduler does not answer now (``HostLink.unreachable_since``: killed and not back
+        yet, hung): a replica placed there failed to start, and a wake tried it again and again
+        (issue 34's fault campaign). Lock held."""
+        return frozenset(h for h, link in self.hosts.items()
+                         if link.draining or link.unreachable_since)
 
     def _decide_containers(self, request: ResourceSpec, count: int = 1, *,
                            exclude: Sequence[str] = (), replica_change: str = ""
                            ) -> tuple[Snapshot, CycleResult]:
-        """The container cycle on the cluster model, draining hosts unavailable: where
+        """The container cycle on the cluster model, unavailable hosts skipped: where
         ``count`` new containers for ``request`` start. Lock held."""
         snapshot = Snapshot(self.cluster, replica_change=replica_change,
-                            unavailable_hosts=self._draining_hosts())
+                            unavailable_hosts=self._unavailable_hosts())
         return snapshot, run_container_cycle(snapshot, request, self.profile, count=count,
                                              exclude=exclude)
 

@@ -69,7 +69,7 @@ class ReplicaStarterMixin(CycleRunnerMixin):
                 hosts, reserve = self._decide_replica_hosts(kernel_id, kernel.request, count,
                                                             occupied)
             if hosts is None:
-                unavailable = len(occupied) + len(self._draining_hosts())
+                unavailable = len(set(occupied) | self._unavailable_hosts())
                 raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  self._why_no_hosts(kernel.request, count, unavailable))
             plan = []

@@ -213,6 +213,7 @@ class _FakeLink:
     def __init__(self, cluster: Cluster, host_id: str) -> None:
         self.cluster, self.host_id, self.gpus = cluster, host_id, []
         self.draining = False  # as HostLink's: not being drained
+        self.unreachable_since = 0.0  # and answering
 
     def commit_gpus(self, kernel_id, replica_id, request_id, gpus, *, shareable=False):  # noqa: ANN001, ANN201
         host = self.cluster.hosts[self.host_id]

@@ -135,3 +135,30 @@ def test_an_awake_notebook_hibernates_after_a_scheduler_restart_without_a_cell(m
                  "the kernel to hibernate without a cell after the restart")
     woke = run_seen(kc, CHECK, timeout=60)
     assert stream_text(woke, "stdout") == _expected()
+
+
+def test_a_wake_skips_a_host_whose_local_scheduler_was_just_killed(make_cluster):  # noqa: ANN001
+    """Issue 34's fault campaign: a Local Scheduler killed while the notebook slept, then a
+    cell. The wake placed a replica on that host (still registered: its heartbeat timeout had
+    not passed), each of the cell's three wake tries failed there within 70 ms, and the cell
+    failed. A host whose Local Scheduler does not answer now takes no new replica."""
+    cluster = make_cluster({**FAST, "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "30"})
+    cluster.start_gs()
+    for i in range(6):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(6)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    dead = ("host-0", "host-1", "host-2")  # a wake that ignores them picks one 19 times in 20
+    for victim in dead:
+        cluster.ls[victim].send_signal(signal.SIGKILL)
+        cluster.ls[victim].wait(timeout=10)
+    cluster.wait(lambda: sum(h.unreachable_since_unix > 0 for h in cluster.status().hosts) == 3,
+                 10, "the dead Local Schedulers to be seen")
+    run = run_seen(kc, CHECK)
+    assert run["reply"]["content"]["status"] == "ok", run
+    assert stream_text(run, "stdout").endswith(_expected()), run
+    hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
+    assert hosts == {"host-3", "host-4", "host-5"}, hosts
+    assert "could not wake" not in cluster.log("gs"), cluster.log("gs")
