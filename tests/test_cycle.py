@@ -458,10 +458,12 @@ def test_the_container_cycle_places_reserves_or_says_why_not():
 
 
 class _HostLinkStandIn:
-    """What the placement reads of a host link: its host, address, whether it drains."""
+    """What the placement reads of a host link: its host, address, whether it drains, whether
+    its Local Scheduler answers."""
 
     def __init__(self, host_id: str) -> None:
         self.host_id, self.ip, self.draining = host_id, "127.0.0.1", False
+        self.unreachable_since = 0.0
 
 
 class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
