@@ -53,7 +53,9 @@ class LocalProcessProvider(HostProvider):
         self.gs_address = gs_address
         self.connect = connect
         # the Local Schedulers it starts use the Global Scheduler's credentials
-        self.env = {**os.environ, **(env or {})}
+        # no drain on SIGTERM (host_drain.py): the autoscaler drains a host before it releases
+        # it, and close() stops them all with the Global Scheduler, when nothing is to move
+        self.env = {**os.environ, **(env or {}), "NOTEBOOKOS_LOCAL_SCHEDULER_DRAIN_TIMEOUT_S": "0"}
         self.state_dir = Path(state_dir)
         self.gpus_per_host = gpus_per_host
         self.prewarm_pool_size = prewarm_pool_size
