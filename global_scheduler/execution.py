@@ -440,7 +440,13 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
     def _release_execute(self, kernel_id: str, msg_id: str) -> None:
         with self.lock:
             entry = self.kernels.get(kernel_id)
-            held = entry.executions.pop(msg_id, None) if entry is not None else None
+            if entry is None:
+                return
+            # The cell has ended (or was given up): it no longer waits to start, also when it
+            # never started (its executor was lost first and it was resubmitted under another
+            # id). A leftover arrival kept the kernel busy to hibernation for ever.
+            entry.cell_arrived.pop(msg_id, None)
+            held = entry.executions.pop(msg_id, None)
             if held is None:
                 return
             committed = entry.gpu_commits.pop(msg_id, None)

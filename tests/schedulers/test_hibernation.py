@@ -5,6 +5,7 @@ with every variable, saying so in its output."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -162,3 +163,32 @@ def test_a_wake_skips_a_host_whose_local_scheduler_was_just_killed(make_cluster)
     hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
     assert hosts == {"host-3", "host-4", "host-5"}, hosts
     assert "could not wake" not in cluster.log("gs"), cluster.log("gs")
+
+
+def test_a_notebook_hibernates_after_a_cell_resubmitted_past_a_lost_executor(make_cluster):  # noqa: ANN001
+    """Found by the fault campaign (chaos.py --hibernate, kill-executor): a cell sent to an
+    executor that died before starting it is resubmitted under a new id; the first id stayed
+    among the cells waiting to start, so the notebook never hibernated again."""
+    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_HIBERNATE_AFTER_S": "4"})
+    cluster.start_gs()
+    for i in range(4):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(4)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, "x = 1")["reply"]["content"]["status"] == "ok"
+    status = cluster.kernel(kernel_id)
+    executor = next(r.pid for r in status.replicas if r.replica_id == status.executor_replica_id)
+    os.kill(executor, signal.SIGSTOP)  # it takes the next cell and never starts it
+    try:
+        msg_id = kc.execute("x += 1")
+        time.sleep(1.0)
+    finally:
+        os.kill(executor, signal.SIGKILL)
+    while True:
+        reply = kc.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "resubmitting" in cluster.log("gs"), cluster.log("gs")
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 40, "the kernel to hibernate")
+    assert stream_text(run_seen(kc, "print(x)"), "stdout") == "2\n"
