@@ -289,7 +289,7 @@ class KernelFront(StartGate, ExecuteRouter, ReplyMerger, IOPubMerger, ReplicaLin
         self._pending[msg_id] = _Pending(channel, idents, msg_type, source, asked=set(targets),
                                          client_msg=msg, frames=list(msg_list))
         for rid in targets:
-            getattr(self._replicas[rid], channel).send_multipart([b"<IDS|MSG>", *msg_list])
+            self._replica_socket(rid, channel).send_multipart([b"<IDS|MSG>", *msg_list])
 
     # -- stdin ------------------------------------------------------------------------------
 
@@ -305,8 +305,12 @@ class KernelFront(StartGate, ExecuteRouter, ReplyMerger, IOPubMerger, ReplicaLin
             self._sockets["stdin"].send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
 
     def _input_reply(self, msg: dict, msg_list: list[bytes]) -> None:
-        """The client's answer: to the replica that asked."""
-        rid = self._input_source.get(msg["parent_header"].get("msg_id", ""))
-        target = self._replicas.get(rid) if rid is not None else None
-        if target is not None:
-            target.stdin.send_multipart([b"<IDS|MSG>", *msg_list])
+        """The client's answer: to the replica that asked. jupyter_client's ``input()`` (the
+        console, ``execute_interactive``) sends it without a parent header, so an answer naming
+        no request goes to the replica that asked last (one cell asks at a time)."""
+        parent_id = msg["parent_header"].get("msg_id", "")
+        rid = self._input_source.get(parent_id)
+        if rid is None and not parent_id and self._input_source:
+            rid = next(reversed(self._input_source.values()))
+        if rid is not None and rid in self._replicas:
+            self._replica_socket(rid, "stdin").send_multipart([b"<IDS|MSG>", *msg_list])

@@ -274,6 +274,8 @@ class ExecuteRouter:
         self._pending[msg_id] = pending
         if msg_id not in self._source_seen:  # a resent cell that already runs keeps its source
             self._remember(self._iopub_source, msg_id, executor)
+        if (msg.get("content") or {}).get("allow_stdin"):
+            self._replica_socket(executor, "stdin")  # its input_request has a way back
         self.session.send(self._replicas[executor].shell,
                           self._elected_copy(msg, msg_id, executor, device_ids, self._epoch))
         pending.held_yields = standbys

@@ -77,8 +77,8 @@ class SocketPump:
         for name in ("shell", "control", "stdin", "hb", "iopub"):
             wanted[self._sockets[name]] = (name, None)
         for rid, r in self._replicas.items():
-            for name in ("shell", "control", "stdin", "iopub"):
-                wanted[getattr(r, name)] = (f"replica-{name}", rid)
+            for name, sock in r.sockets():
+                wanted[sock] = (f"replica-{name}", rid)
         for sock in [s for s in self._watched if s not in wanted]:
             self._unwatch(sock)
         for sock, role in wanted.items():
@@ -163,6 +163,8 @@ class SocketPump:
             self._send_due_yields()
         if self._unrouted:
             self._unrouted.retry()
+        if self._lazy_links:
+            self._close_idle_lazy_links()
 
     def _next_duty(self) -> float | None:
         """When the front next has something timed to do (monotonic, the loop's clock)."""
@@ -172,6 +174,9 @@ class SocketPump:
         if self._deferred or (self.iopub_held and self._iopub_topics) or self._unrouted:
             soon = time.monotonic() + RETRY_S
             due = soon if due is None else min(due, soon)
+        lazy_due = self._lazy_links_due()
+        if lazy_due is not None:
+            due = lazy_due if due is None else min(due, lazy_due)
         return due
 
     def _schedule_tick(self) -> None:

@@ -1,6 +1,13 @@
 """A front's connections to its kernel's replicas: per replica, DEALER sockets to its shell,
 control and stdin and a SUB socket on its IOPub; ``set_replicas`` changes the set.
 
+Shell and IOPub are connected while the replica is in the set. Control and stdin are connected
+when a request needs them (a control request; an ``execute_request`` that allows stdin, to its
+executor only) and closed once they have gone unused for ``LAZY_LINK_IDLE_S`` with no request
+in flight: an idle kernel holds 6 connections, not 12 (each costs libzmq about 26 KB and two
+file descriptors in the Global Scheduler). A DEALER queues what is sent before its connection is
+up; a replica's ``input_request`` waits for the stdin connection (``kernel/app.py``).
+
 Mixed into ``KernelFront``. Changing the set runs on the front's loop, in order with the
 messages it routes: what a dropped replica already sent is routed first (``_drain``), requests
 it was asked are settled by the others (the reply merger), then its sockets are closed.
@@ -10,11 +17,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import zmq
 
 log = logging.getLogger(__name__)
+
+LAZY_CHANNELS = ("control", "stdin")
+# a replica's control and stdin connections are closed after this long unused (seconds)
+LAZY_LINK_IDLE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -28,22 +40,62 @@ class ReplicaEndpoint:
     host_id: str = ""  # where the replica runs (the executor's reply names it to the client)
 
 
-@dataclass
+@dataclass(eq=False)
 class _ReplicaSockets:
     endpoint: ReplicaEndpoint
     shell: zmq.Socket
-    control: zmq.Socket
-    stdin: zmq.Socket
     iopub: zmq.Socket
+    lazy: dict[str, zmq.Socket] = field(default_factory=dict)  # control, stdin while connected
+
+    def sockets(self) -> list[tuple[str, zmq.Socket]]:
+        return [("shell", self.shell), ("iopub", self.iopub), *self.lazy.items()]
 
     def close(self) -> None:
-        for s in (self.shell, self.control, self.stdin, self.iopub):
+        for _, s in self.sockets():
             s.close(linger=0)
+        self.lazy.clear()
 
 
 class ReplicaLinks:
     def _init_replicas(self) -> None:
         self._replicas: dict[int, _ReplicaSockets] = {}
+        self._lazy_links = 0  # control and stdin connections open, over all replicas
+        self._lazy_used_at = 0.0  # when one was last asked for (monotonic)
+        self.lazy_link_idle_s = LAZY_LINK_IDLE_S
+
+    def _replica_socket(self, rid: int, channel: str) -> zmq.Socket:
+        """Replica ``rid``'s socket for ``channel``, connected now if it is a lazy one."""
+        replica = self._replicas[rid]
+        if channel not in LAZY_CHANNELS:
+            return getattr(replica, channel)
+        self._lazy_used_at = time.monotonic()
+        sock = replica.lazy.get(channel)
+        if sock is None:
+            port = replica.endpoint.control_port if channel == "control" \
+                else replica.endpoint.stdin_port
+            sock = replica.lazy[channel] = self._dealer(replica.endpoint, port)
+            self._lazy_links += 1
+            self._watched_replicas = None  # the loop watches the new socket
+        return sock
+
+    def _lazy_links_due(self) -> float | None:
+        """When the lazy connections are next to be closed, if any is open and nothing is in
+        flight."""
+        if not self._lazy_links or self._pending:
+            return None
+        return self._lazy_used_at + self.lazy_link_idle_s
+
+    def _close_idle_lazy_links(self) -> None:
+        due = self._lazy_links_due()
+        if due is None or time.monotonic() < due:
+            return
+        for replica in self._replicas.values():
+            for sock in replica.lazy.values():
+                self._unwatch(sock)
+                sock.close(linger=0)
+            replica.lazy.clear()
+        self._lazy_links = 0
+        self._watched_replicas = None
 
     def set_replicas(self, endpoints: list[ReplicaEndpoint], wait: bool = False) -> None:
         """Connect to these replicas (and drop any other); runs on the front's loop, in order
@@ -79,7 +131,8 @@ class ReplicaLinks:
         """Stop watching a replica's sockets, then close them (a closed socket's fd number is
         reused at once: the loop must not hold it)."""
         replica = self._replicas.pop(rid)
-        for sock in (replica.shell, replica.control, replica.stdin, replica.iopub):
+        self._lazy_links -= len(replica.lazy)
+        for _, sock in replica.sockets():
             self._unwatch(sock)
         replica.close()
 
@@ -101,18 +154,17 @@ class ReplicaLinks:
                     log.exception("kernel %s: dropping a message of replica %d", self.kernel_id,
                                   rid)
 
-    def _connect(self, e: ReplicaEndpoint) -> _ReplicaSockets:
-        def dealer(port: int) -> zmq.Socket:
-            s = self.context.socket(zmq.DEALER)
-            s.linger = 0
-            s.setsockopt(zmq.IDENTITY, self.identity)
-            s.connect(f"tcp://{e.ip}:{port}")
-            return s
+    def _dealer(self, e: ReplicaEndpoint, port: int) -> zmq.Socket:
+        s = self.context.socket(zmq.DEALER)
+        s.linger = 0
+        s.setsockopt(zmq.IDENTITY, self.identity)
+        s.connect(f"tcp://{e.ip}:{port}")
+        return s
 
+    def _connect(self, e: ReplicaEndpoint) -> _ReplicaSockets:
         sub = self.context.socket(zmq.SUB)
         sub.linger = 0
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(f"tcp://{e.ip}:{e.iopub_port}")
-        return _ReplicaSockets(e, dealer(e.shell_port), dealer(e.control_port),
-                               dealer(e.stdin_port), sub)
+        return _ReplicaSockets(e, self._dealer(e, e.shell_port), sub)
 

@@ -130,7 +130,7 @@ class ReplyMerger:
                 pending.source = live[0]
                 pending.asked = {live[0]}
                 self._remember(self._iopub_source, msg_id, live[0])
-                sock = getattr(self._replicas[live[0]], pending.channel)
+                sock = self._replica_socket(live[0], pending.channel)
                 sock.send_multipart([b"<IDS|MSG>", *pending.frames])
                 return
             del self._pending[msg_id]

@@ -27,6 +27,7 @@ from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
 
 from .iopub import BufferedIOPubThread, set_dead_peer_timeouts
 from .replica import ReplicaKernel
+from .stdin_socket import make_patient
 
 ENV_OPTIONS = {
     "NOTEBOOKOS_REPLICA_ID": "replica-id",
@@ -61,6 +62,11 @@ class ReplicaKernelApp(IPKernelApp):
         # (a replica runs one elected cell at a time), and without the shell-channel thread a
         # message reaches the kernel's loop, and its reply the socket, one thread hop sooner.
         self.shell_channel_thread = None
+        # The Global Scheduler connects control and stdin only when a request needs them and
+        # closes them when idle (front_replicas.py): its reconnection must take its identity
+        # over (ipykernel sets this as well), and an input_request waits for the connection.
+        self.control_socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        make_patient(self.stdin_socket)
 
     def init_kernel(self) -> None:
         # IPython's input history stays in memory unless configured otherwise: a replica's own

@@ -25,6 +25,8 @@ class FakeReplica:
         self.ports = {}
         for name, sock in self.sockets.items():
             sock.linger = 0
+            if name != "iopub":  # as ipykernel's: a reconnecting peer keeps its identity
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self.ports[name] = sock.bind_to_random_port("tcp://127.0.0.1")
 
     def endpoint(self) -> ReplicaEndpoint:

@@ -135,7 +135,7 @@ def test_a_closed_front_stops_being_watched(standins) -> None:  # noqa: ANN001
     assert loop is not None
     time.sleep(0.2)  # the loop has taken the front
     watched = set(first._watched_fds.values())
-    assert len(watched) == 5 + 3 * 4
+    assert len(watched) == 5 + 3 * 2  # per replica shell and IOPub (control, stdin: on demand)
     first.close()
     assert not watched & set(loop.loop._selector.get_map())  # noqa: SLF001
     second = _open(key, ports, 1)
