@@ -9,7 +9,7 @@ replicas in one other process, speaking the replica's side of the protocol). For
 - ``threads``: this process's threads with N open fronts, and ``threads_before`` with none
   (the fronts' loop and the placement pool are the only threads fronts add);
 - ``idle_cpu_ms_per_s`` (the process, N idle fronts, over --window s) and its value per kernel;
-- ``rss_per_kernel_kb``: resident memory added per open front (its 17 ZMQ sockets, its maps);
+- ``rss_per_kernel_kb``: resident memory added per open front (its 11 ZMQ sockets while idle, its maps);
 - ``cell_ms`` p50/p99: a trivial cell through kernel 0's front (client -> front -> stand-in
   executor -> front -> client), against ``direct_ms``, the same request sent straight to the
   stand-in (alternating, same run); ``overhead_ms`` = their difference at p50 and p99;

@@ -1,8 +1,11 @@
 """Room for thousands of kernels: open files and ZMQ sockets.
 
-Each open kernel holds 17 ZMQ sockets in the Global Scheduler (5 bound for its clients, 4 per
-replica), each an fd for its mailbox plus its TCP connections. libzmq's default of 1,023 sockets
-per context and a soft ``RLIMIT_NOFILE`` of 1,024 would stop the scheduler at about 60 kernels.
+Each open kernel holds up to 17 ZMQ sockets in the Global Scheduler (5 bound for its clients;
+per replica shell and IOPub, and control and stdin while a request uses them: front_replicas.py),
+each an fd for its mailbox plus one per TCP connection or listener. An idle kernel holds 11
+sockets and 22 fds, and 5 fds more for each client attached (Jupyter Server's channels).
+libzmq's default of 1,023 sockets per context and a soft ``RLIMIT_NOFILE`` of 1,024 would stop
+the scheduler at about 45 kernels.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import zmq
 
 log = logging.getLogger(__name__)
 
-SOCKETS_PER_KERNEL = 17
+SOCKETS_PER_KERNEL = 17  # at most, with every replica's control and stdin connected
+FDS_PER_IDLE_KERNEL = 22  # 5 bound sockets (mailbox, listener), 6 replica links (mailbox, TCP)
 
 
 def raise_limits(kernels: int = 20_000) -> int:
     """Raise the soft open-file limit to the hard one and the process ZMQ context's socket cap
     to what ``kernels`` need (call before the context makes its first socket). Returns the
-    number of kernels the open-file limit leaves room for."""
+    number of idle kernels without clients the open-file limit leaves room for."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard > soft:
         try:
@@ -32,5 +36,5 @@ def raise_limits(kernels: int = 20_000) -> int:
     context = zmq.Context.instance()
     if context.get(zmq.MAX_SOCKETS) < wanted:
         context.set(zmq.MAX_SOCKETS, wanted)
-    room = soft // (SOCKETS_PER_KERNEL * 2) if soft != resource.RLIM_INFINITY else kernels
+    room = soft // FDS_PER_IDLE_KERNEL if soft != resource.RLIM_INFINITY else kernels
     return min(kernels, room)
