@@ -147,8 +147,9 @@ class ReplicaStarterMixin(CycleRunnerMixin):
             raise StartError(grpc.StatusCode.ABORTED,
                              f"kernel {kernel_id} was stopped before its replicas started")
         calls = {}
+        requests = {}
         for rid, link, raft in plan:
-            req = local_scheduler_pb2.StartReplicaRequest(
+            req = requests[rid] = local_scheduler_pb2.StartReplicaRequest(
                 kernel_id=kernel_id, replica_id=rid, raft_address=raft,
                 raft_peers=[p for p in peers if p.replica_id != rid], store_url=self.store_url,
                 key=entry.key, signature_scheme=entry.signature_scheme, resources=request_spec,
@@ -160,7 +161,16 @@ class ReplicaStarterMixin(CycleRunnerMixin):
         errors = []
         for rid, (link, raft, fut) in calls.items():
             try:
-                resp = fut.result()
+                try:
+                    resp = fut.result()
+                except grpc.RpcError as exc:
+                    # the host runs a replica of this kernel that this scheduler does not know
+                    # (one a wake or a replacement started just before the scheduler died):
+                    # it goes, and the start is tried again there
+                    if exc.code() != grpc.StatusCode.ALREADY_EXISTS \
+                            or not self._stop_strangers(link, kernel_id):
+                        raise
+                    resp = link.stub.StartReplica(requests[rid], timeout=60)
             except grpc.RpcError as exc:
                 errors.append(f"host {link.host_id}: {exc.details()}")
                 continue
@@ -256,6 +266,24 @@ class ReplicaStarterMixin(CycleRunnerMixin):
         return (f"need {count} more distinct host(s) for the request ({request}); "
                 f"{fit} of {total} host(s) could hold it but not within the subscription "
                 f"limits ({occupied} already hold a replica)")
+
+    def _stop_strangers(self, link, kernel_id: str) -> bool:  # noqa: ANN001 - a HostLink
+        """Stop the replicas of ``kernel_id`` that the host runs and this scheduler neither
+        knows nor has placed there; whether there were any."""
+        try:
+            status = link.stub.GetHostStatus(local_scheduler_pb2.GetHostStatusRequest(),
+                                             timeout=10)
+        except grpc.RpcError:
+            return False
+        with self.lock:
+            strangers = [r.replica_id for r in status.replicas if r.kernel_id == kernel_id
+                         and not self._placed_on(link.host_id, kernel_id, r.replica_id)]
+        for replica_id in strangers:
+            log.warning("kernel %s: host %s runs replica %d, which this scheduler did not "
+                        "place there (started before it restarted); stopping it to start "
+                        "another", kernel_id, link.host_id, replica_id)
+            self._stop_replica_quietly(link.host_id, kernel_id, replica_id)
+        return bool(strangers)
 
     def _stop_replica_quietly(self, host_id: str, kernel_id: str, replica_id: int) -> None:
         link = self.hosts.get(host_id)

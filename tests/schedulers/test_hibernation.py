@@ -17,8 +17,10 @@ from sched_cluster import (  # noqa: F401 - the fixture
     stream_text,
 )
 
-from notebookos.proto import common_pb2, global_scheduler_pb2
-from notebookos.testing.processes import pid_alive
+from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
+from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
+from notebookos.testing.credentials import connect
+from notebookos.testing.processes import free_port, pid_alive
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -192,3 +194,35 @@ def test_a_notebook_hibernates_after_a_cell_resubmitted_past_a_lost_executor(mak
     assert "resubmitting" in cluster.log("gs"), cluster.log("gs")
     cluster.wait(lambda: _hibernated(cluster, kernel_id), 40, "the kernel to hibernate")
     assert stream_text(run_seen(kc, "print(x)"), "stdout") == "2\n"
+
+
+def test_a_wake_stops_a_replica_the_scheduler_does_not_know_instead_of_failing(make_cluster):  # noqa: ANN001
+    """Found by the fault campaign (chaos.py --hibernate, kill-global-scheduler-waking): a
+    Global Scheduler killed mid-wake left the replicas it had started running, unknown to its
+    successor, whose wake then failed on those hosts ("already runs replica N of kernel"),
+    every try within milliseconds, and the cell failed. A stranger of the kernel on a host is
+    now stopped and the start tried again there."""
+    cluster = make_cluster({**FAST, "NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S": "5",
+                            "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "60"})
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}")
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    # a replica of the kernel this scheduler never placed, as a dead predecessor's wake left it
+    host = next(h for h in cluster.status().hosts if h.host_id == "host-0")
+    with connect(host.address) as channel:
+        started = ls_grpc.LocalSchedulerStub(channel).StartReplica(
+            local_scheduler_pb2.StartReplicaRequest(
+                kernel_id=kernel_id, replica_id=99, raft_address=f"127.0.0.1:{free_port()}",
+                key=kc.session.key.decode(), signature_scheme="hmac-sha256",
+                resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=128)),
+            timeout=60)
+    assert pid_alive(started.pid)
+    run = run_seen(kc, CHECK, timeout=120)
+    assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
+    assert stream_text(run, "stdout") == _expected()
+    assert "which this scheduler did not place there" in cluster.log("gs"), cluster.log("gs")
+    cluster.wait(lambda: not pid_alive(started.pid), 15, "the stranger to stop")
