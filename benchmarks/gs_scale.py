@@ -13,7 +13,9 @@ replicas in one other process, speaking the replica's side of the protocol). For
 - ``cell_ms`` p50/p99: a trivial cell through kernel 0's front (client -> front -> stand-in
   executor -> front -> client), against ``direct_ms``, the same request sent straight to the
   stand-in (alternating, same run); ``overhead_ms`` = their difference at p50 and p99;
-- ``loaded_cell_ms``: the same while --rate cells/s flow through the other fronts (round robin);
+- ``loaded_cell_ms``: the same while --rate cells/s flow through 200 other fronts (round robin);
+  the timed clients and the load run in a process of their own (as Jupyter Server's clients
+  do), not beside the fronts;
 - ``kernel_info_ms`` p50/p99 through the front;
 - ``open_s``: the time to open the N fronts (bind, connect, watch).
 
@@ -141,8 +143,7 @@ def measure(count: int, window: float, cells: int, rate: float) -> dict[str, Any
             fronts.append(front)
         open_s = time.perf_counter() - opened
         client = Client(context, key, fronts[0].ports["shell_port"], fronts[0].ports["iopub_port"])
-        direct = Client(context, key, ports["1"]["shell"])
-        clients += [client, direct]
+        clients.append(client)
         time.sleep(1.0)  # the IOPub subscription reaches the front
         client.request("execute_request", {"code": "0", "silent": False})  # first cell: all asked
         time.sleep(max(1.0, min(5.0, count / 500)))  # connections settle
@@ -151,13 +152,16 @@ def measure(count: int, window: float, cells: int, rate: float) -> dict[str, Any
         cpu0, t0 = _cpu_s(), time.monotonic()
         time.sleep(window)
         idle_cpu_ms_per_s = (_cpu_s() - cpu0) / (time.monotonic() - t0) * 1000
-        via_front: list[float] = []
-        straight: list[float] = []
-        for _ in range(cells):
-            via_front.append(client.request("execute_request", {"code": "1", "silent": False}))
-            straight.append(direct.request("execute_request", {"code": "1", "silent": False}))
-        info = [client.request("kernel_info_request", {}) for _ in range(max(10, cells // 3))]
-        loaded = _loaded(context, key, fronts, client, cells, rate, clients)
+        # The timed clients and the load run in a process of their own, as Jupyter Server's
+        # do: in this one they would share the fronts' GIL and the open-file limit.
+        client.close()
+        clients.remove(client)
+        timed = _drive({"key": key, "shell": fronts[0].ports["shell_port"],
+                        "iopub": fronts[0].ports["iopub_port"], "direct": ports["1"]["shell"],
+                        "others": [f.ports["shell_port"] for f in fronts[1:1 + LOAD_FRONTS]],
+                        "cells": cells, "rate": rate})
+        via_front, straight, info = timed["via_front"], timed["straight"], timed["info"]
+        loaded = timed["loaded"]
         ms = [v * 1000 for v in via_front]
         direct_ms = [v * 1000 for v in straight]
         return {
@@ -189,11 +193,48 @@ def measure(count: int, window: float, cells: int, rate: float) -> dict[str, Any
             standin.kill()
 
 
-def _loaded(context: zmq.Context, key: str, fronts: list[KernelFront], client: Client,
-            cells: int, rate: float, clients: list[Client]) -> dict[str, Any]:
+LOAD_FRONTS = 200  # the other fronts the load goes through, round robin
+
+
+def _drive(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run ``drive`` in a new process (``--drive``, the spec on its stdin); its result."""
+    done = subprocess.run([sys.executable, __file__, "--drive"], input=json.dumps(spec),
+                          capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the driver failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def drive(spec: dict[str, Any]) -> dict[str, Any]:
+    """The timed cells through kernel 0's front and straight to its stand-in (alternating),
+    kernel_info through the front, then kernel 0's cells while ``rate`` cells/s go round robin
+    through the other fronts. Times in seconds, the load's figures in ms."""
+    context = zmq.Context()
+    key, cells = spec["key"], spec["cells"]
+    client = Client(context, key, spec["shell"], spec["iopub"])
+    direct = Client(context, key, spec["direct"])
+    clients = [client, direct]
+    try:
+        time.sleep(1.0)  # the IOPub subscription reaches the front
+        client.request("execute_request", {"code": "0", "silent": False})
+        via_front: list[float] = []
+        straight: list[float] = []
+        for _ in range(cells):
+            via_front.append(client.request("execute_request", {"code": "1", "silent": False}))
+            straight.append(direct.request("execute_request", {"code": "1", "silent": False}))
+        info = [client.request("kernel_info_request", {}) for _ in range(max(10, cells // 3))]
+        others = [Client(context, key, port) for port in spec["others"]]
+        clients += others
+        loaded = _loaded(others, client, cells, spec["rate"])
+        return {"via_front": via_front, "straight": straight, "info": info, "loaded": loaded}
+    finally:
+        for c in clients:
+            c.close()
+        context.term()
+
+
+def _loaded(others: list[Client], client: Client, cells: int, rate: float) -> dict[str, Any]:
     """Kernel 0's cells while ``rate`` cells/s go round robin through the other fronts."""
-    others = [Client(context, key, f.ports["shell_port"]) for f in fronts[1:1 + min(200, len(fronts))]]
-    clients += others
     if not others or rate <= 0:
         return {}
     stop = threading.Event()
@@ -338,7 +379,11 @@ def main(argv: list[str] | None = None) -> int:
                              "the whole Global Scheduler daemon (e.g. 1,10,20)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="with --real: py-spy's stacks of the GS's idle window, to this dir")
+    parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     args = smoke.parse_args(parser, argv, kernels="3", window=0.5, cells=10, rate=20.0)
+    if args.drive:  # the clients' process (measure): the spec on stdin, the result on stdout
+        print(json.dumps(drive(json.loads(sys.stdin.read()))))
+        return 0
     try:  # as root, beyond the hard limit too (a daemon's unit or container sets it there)
         nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
         resource.setrlimit(resource.RLIMIT_NOFILE, (nr_open, nr_open))
