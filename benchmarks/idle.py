@@ -10,7 +10,12 @@ of the kernel and its children, summed over their threads' ``schedstat`` in ns) 
 Figures are per kernel (a NotebookOS kernel = its three replicas together):
 
 - ``plain_idle_cpu_ms_per_s`` / ``nbos_idle_cpu_ms_per_s`` and their ratio;
-- ``plain_rss_mb`` / ``nbos_rss_mb`` (MB = 10^6 bytes) and their ratio;
+- ``plain_rss_mb`` / ``nbos_rss_mb`` (MB = 10^6 bytes) and their ratio; ``plain_pss_mb`` /
+  ``nbos_pss_mb`` and ``pss_ratio``: the proportional set size (a page shared by k processes
+  counts 1/k in each: the three replicas share their libraries' pages, which RSS counts three
+  times, as it counts a plain kernel's pages shared with this benchmark's own interpreter);
+  ``plain_uss_mb`` / ``nbos_uss_mb`` and ``uss_ratio``: the unique set size (pages no other
+  process maps: what the kernel's end would give back);
 - ``plain_start_s`` / ``nbos_start_s``: launching the processes until the first cell's reply
   (the first kernel of the run, measured before the others start);
 - ``plain_cell_after_idle_ms`` / ``nbos_cell_after_idle_ms``: a trivial cell sent after the idle
@@ -25,6 +30,11 @@ Figures are per kernel (a NotebookOS kernel = its three replicas together):
 one kernel at a time, nothing else of the run alive: launch until the first cell's reply.
 Reported under ``starts``: every sample, the medians and the median ratio (one start is noisy on
 a shared machine: a single ``plain_start_s`` above ranged 0.3-1.4 s on the 2-core VM).
+
+``--no-hb``: no client pings a kernel's heartbeat socket (the harness clients ping every replica
+once a second otherwise, as jupyter_client's do; in a cluster nothing pings a replica's: the
+Global Scheduler's front answers the Jupyter client's heartbeat itself, ``front.py``). The plain
+kernel is then not pinged either.
 
 The Global and Local Schedulers are not counted (they serve every kernel of a cluster).
 """
@@ -60,7 +70,7 @@ from notebookos.testing import smoke  # noqa: E402
 
 
 class PlainKernel:
-    def __init__(self, cf: Path) -> None:
+    def __init__(self, cf: Path, heartbeat: bool = True) -> None:
         # ports claimed machine-wide (a port merely free now may be taken before ipykernel binds)
         shell, iopub, stdin, hb, control = free_ports(5)
         write_connection_file(str(cf), ip="127.0.0.1", key=b"plain-key", shell_port=shell,
@@ -73,7 +83,7 @@ class PlainKernel:
         )
         self.client = BlockingKernelClient(connection_file=str(cf))
         self.client.load_connection_file()
-        self.client.start_channels()
+        self.client.start_channels(hb=heartbeat)
         deadline = time.monotonic() + 60
         # Ready once a kernel_info is answered and its idle seen on IOPub. Asked again every
         # 0.1 s: an idle published before the SUB socket joined is never seen, and waiting a
@@ -130,6 +140,16 @@ def _task_cpu_ns(pid: int) -> int | None:
     return total
 
 
+def pss_bytes(pids: list[int], field: str = "pss") -> int:
+    total = 0
+    for p in _tree(pids):
+        try:
+            total += getattr(p.memory_full_info(), field)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            pass
+    return total
+
+
 def cpu_seconds(pids: list[int]) -> float:
     total = 0.0
     for p in _tree(pids):
@@ -173,7 +193,7 @@ def awake_group(workdir: Path) -> ReplicaGroup:
 
 
 def measure(workdir: Path, count: int, window: float, settle: float,
-            failover_too: bool, awake: bool) -> dict[str, Any]:
+            failover_too: bool, awake: bool, heartbeat: bool = True) -> dict[str, Any]:
     plains: list[PlainKernel] = []
     groups: list[ReplicaGroup] = []
     awakes: list[ReplicaGroup] = []
@@ -181,14 +201,15 @@ def measure(workdir: Path, count: int, window: float, settle: float,
     try:
         for i in range(count):
             t0 = time.perf_counter()
-            plain = PlainKernel(workdir / f"plain-{count}-{i}.json")
+            plain = PlainKernel(workdir / f"plain-{count}-{i}.json", heartbeat)
             plains.append(plain)
             plain.execute("x = 1")
             if i == 0:
                 out["plain_start_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             group = ReplicaGroup(workdir / f"group-{count}-{i}",
-                                 store_url=f"file://{workdir}/store-{count}-{i}")
+                                 store_url=f"file://{workdir}/store-{count}-{i}",
+                                 heartbeat=heartbeat)
             groups.append(group)
             group.start()
             group.execute("x = 1", target=1)
@@ -216,6 +237,10 @@ def measure(workdir: Path, count: int, window: float, settle: float,
             out["nbos_awake_idle_cpu_ms_per_s"] = sum(awake_cpu) / count
         plain_rss = [rss_bytes(p) / 1e6 for p in plain_pid_lists]
         nbos_rss = [rss_bytes(p) / 1e6 for p in group_pid_lists]
+        plain_pss = [pss_bytes(p) / 1e6 for p in plain_pid_lists]
+        nbos_pss = [pss_bytes(p) / 1e6 for p in group_pid_lists]
+        plain_uss = [pss_bytes(p, "uss") / 1e6 for p in plain_pid_lists]
+        nbos_uss = [pss_bytes(p, "uss") / 1e6 for p in group_pid_lists]
         plain_after, nbos_after = [], []
         for plain, group in zip(plains, groups, strict=True):
             t0 = time.perf_counter()
@@ -243,11 +268,17 @@ def measure(workdir: Path, count: int, window: float, settle: float,
             "nbos_idle_cpu_max_ms_per_s": max(nbos_cpu),
             "plain_rss_mb": sum(plain_rss) / count,
             "nbos_rss_mb": sum(nbos_rss) / count,
+            "plain_pss_mb": sum(plain_pss) / count,
+            "nbos_pss_mb": sum(nbos_pss) / count,
+            "plain_uss_mb": sum(plain_uss) / count,
+            "nbos_uss_mb": sum(nbos_uss) / count,
             "plain_cell_after_idle_ms": median(plain_after) * 1e3,
             "nbos_cell_after_idle_ms": median(nbos_after) * 1e3,
         })
         out["cpu_ratio"] = out["nbos_idle_cpu_ms_per_s"] / max(out["plain_idle_cpu_ms_per_s"], 1e-3)
         out["rss_ratio"] = out["nbos_rss_mb"] / out["plain_rss_mb"]
+        out["pss_ratio"] = out["nbos_pss_mb"] / max(out["plain_pss_mb"], 1e-3)
+        out["uss_ratio"] = out["nbos_uss_mb"] / max(out["plain_uss_mb"], 1e-3)
         out["start_ratio"] = out["nbos_start_s"] / out["plain_start_s"]
         if failover_too:
             time.sleep(settle)  # let the group rest again
@@ -297,6 +328,8 @@ def main() -> int:
                         help="also N groups with resting switched off, measured alongside")
     parser.add_argument("--starts", type=int, default=0,
                         help="also time N starts each way, alternating (see the docstring)")
+    parser.add_argument("--no-hb", action="store_true",
+                        help="no client pings a kernel's heartbeat socket (see the docstring)")
     args = smoke.parse_args(parser, kernels="1", window=2.0, settle=1.0, awake=False, starts=0)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     # NotebookOS compiled as the plain kernel's ipykernel is (as `make compile` and a wheel's
@@ -309,7 +342,7 @@ def main() -> int:
             results["starts"] = measure_starts(Path(tmp), args.starts)
         for count in (int(c) for c in args.kernels.split(",")):
             row = measure(Path(tmp), count, args.window, args.settle, failover_too=True,
-                          awake=args.awake)
+                          awake=args.awake, heartbeat=not args.no_hb)
             results[str(count)] = {k: round(v, 4) if isinstance(v, float) else v
                                    for k, v in row.items()}
     if args.json:

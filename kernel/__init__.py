@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .raft_crypto import keep_pysyncobj_off_cryptography
+
+# before anything here imports pysyncobj: its encryptor module would load `cryptography` (9 MB
+# of each replica's memory) for a password-derived Fernet that NotebookOS does not use
+keep_pysyncobj_off_cryptography()
+
 _USER_API = ("assigned_gpus", "assigned_device")
 
 

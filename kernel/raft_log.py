@@ -5,11 +5,11 @@ committed record is applied to the replica's ``ElectionBook`` on pysyncobj's tic
 to ``on_commit``, both under ``lock`` (so ``on_commit`` must only schedule work, never block).
 
 Configuration, on purpose (notes/ecosystem.md section 3):
-- Raft traffic encrypted and authenticated with a Fernet key derived from the kernel's HMAC key
-  (pysyncobj unpickles what it receives: without it anyone reaching the port runs code). The key
-  is one SHA-256 of the kernel key (``raft_fernet_key``), not pysyncobj's ``password``: that
-  stretches a password with 100,000 rounds of PBKDF2, 25-37 ms of CPU in every replica's start,
-  which buys nothing for a random 256-bit key;
+- Raft traffic encrypted and authenticated (ChaCha20-Poly1305, ``raft_crypto.py``) with a key
+  derived from the kernel's HMAC key (pysyncobj unpickles what it receives: without it anyone
+  reaching the port runs code). The key is one SHA-256 of the kernel key (``raft_key``), not
+  pysyncobj's ``password``: that stretches a password with 100,000 rounds of PBKDF2, 25-37 ms of
+  CPU in every replica's start, which buys nothing for a random 256-bit key;
 - no fork and no dump file: the log and snapshots stay in memory (``fullDumpFile=None``);
 - dynamic membership, so a replacement replica joins fresh and catches up (snapshot + log);
 - loopback-friendly timers, and the pipe notifier so a proposal is sent without waiting a tick.
@@ -17,8 +17,6 @@ Configuration, on purpose (notes/ecosystem.md section 3):
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
 import socket
@@ -27,11 +25,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cryptography.fernet import Fernet
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj import pickle as pysyncobj_pickle
 
 from .election import Applied, ElectionBook
+from .raft_crypto import RaftCipher, raft_key
 from .raft_random import keep_raft_off_the_users_generator
 from .raft_rest import RaftRest, RestingTransport, RestTimings
 from .raft_start import QuickStart
@@ -44,18 +42,11 @@ DEFAULT_REST = RestTimings()
 TRANSIENT = frozenset({"MISSING_LEADER", "NOT_LEADER", "LEADER_CHANGED", "DISCARDED", "QUEUE_FULL"})
 
 
-def raft_fernet_key(kernel_key: bytes | str) -> bytes:
-    """The Fernet key of Raft traffic, derived from the kernel key (never the key itself)."""
-    if isinstance(kernel_key, str):
-        kernel_key = kernel_key.encode()
-    return base64.urlsafe_b64encode(hashlib.sha256(b"notebookos-raft\0" + kernel_key).digest())
-
-
 class _KeyedSyncObj(SyncObj):
     """pysyncobj's SyncObj with a ready encryptor instead of one derived from a password (its
     transport asks ``encryptor`` for every connection; ``_getEncryptor`` is the same)."""
 
-    def __init__(self, *args, encryptor: Fernet, book_consumer: _BookConsumer,  # noqa: ANN002
+    def __init__(self, *args, encryptor: RaftCipher, book_consumer: _BookConsumer,  # noqa: ANN002
                  on_diverged: Callable[[str], None] | None = None,
                  **kwargs) -> None:  # noqa: ANN003
         # Set before SyncObj's init: it starts the tick thread, and an attribute added after it
@@ -67,10 +58,10 @@ class _KeyedSyncObj(SyncObj):
         super().__init__(*args, **kwargs)
 
     @property
-    def encryptor(self) -> Fernet:
+    def encryptor(self) -> RaftCipher:
         return self._keyed_encryptor
 
-    def _getEncryptor(self) -> Fernet:  # noqa: N802 - pysyncobj's name
+    def _getEncryptor(self) -> RaftCipher:  # noqa: N802 - pysyncobj's name
         return self._keyed_encryptor
 
     def _SyncObj__onMessageReceived(self, node, message) -> None:  # noqa: ANN001, N802
@@ -392,7 +383,7 @@ class RaftLog:
         transport = RestingTransport if rest is not None else None
         self._sync = _KeyedSyncObj(self_address, peer_addresses, conf,
                                    consumers=[self._consumer],
-                                   encryptor=Fernet(raft_fernet_key(kernel_key)),
+                                   encryptor=RaftCipher(raft_key(kernel_key)),
                                    book_consumer=self._consumer, on_diverged=on_diverged,
                                    **({"transportClass": transport} if transport else {}))
         # an idle group rests (raft_rest.py): almost no heartbeats while nothing is proposed

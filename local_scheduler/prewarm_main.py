@@ -24,8 +24,11 @@ import time
 
 from notebookos.local_scheduler.spawn import become_replica, die_with_parent
 
+# No "pysyncobj" before the replica's own package: notebookos.kernel stands in for pysyncobj's
+# encryptor module first, which would load `cryptography` (9 MB a replica, unused: issue 36);
+# notebookos.kernel.app imports pysyncobj after it.
 HEAVY_IMPORTS = ("zmq", "ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "cloudpickle",
-                 "pysyncobj", "numpy", "notebookos.kernel.app")  # the last: the replica itself
+                 "numpy", "notebookos.kernel.app")  # the last: the replica itself
 # What every replica imports while it starts, after the above (ipykernel and IPython import them
 # inside initialize(): psutil for jupyter_client's local interfaces, sqlite3 for the history,
 # pdb for the debugger; the replica its state sync and store). ~50 ms of CPU per replica, three

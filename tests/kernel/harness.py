@@ -108,7 +108,11 @@ class ReplicaGroup:
         key: str | None = None,
         extra_args: Iterable[str] = (),
         store_urls: dict[int, str] | None = None,
+        heartbeat: bool = True,
     ) -> None:
+        # heartbeat=False: no client pings the replicas' heartbeat sockets (in a cluster the
+        # Global Scheduler's front answers the Jupyter client's pings itself; benchmarks/idle.py)
+        self.heartbeat = heartbeat
         self.workdir = workdir
         self.store_urls = dict(store_urls or {})  # replica id -> its own store URL
         workdir.mkdir(parents=True, exist_ok=True)
@@ -154,7 +158,7 @@ class ReplicaGroup:
     def _connect(self, replica: Replica, timeout: float = 60.0) -> None:
         client = BlockingKernelClient(connection_file=str(replica.connection_file))
         client.load_connection_file()
-        client.start_channels()
+        client.start_channels(hb=self.heartbeat)
         replica.client = client
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import pytest
 
 from notebookos.kernel.app import argv_with_env
 from notebookos.kernel.peers import parse_peers
-from notebookos.kernel.raft_log import raft_fernet_key
+from notebookos.kernel.raft_crypto import raft_key
 
 
 def test_parse_peers():
@@ -31,9 +31,9 @@ def test_environment_fills_only_missing_options():
 
 
 def test_raft_key_depends_on_the_kernel_key_and_is_not_the_key():
-    assert raft_fernet_key(b"k1") != raft_fernet_key(b"k2")
-    assert b"k1" not in raft_fernet_key(b"k1")
-    assert raft_fernet_key("k1") == raft_fernet_key(b"k1")
+    assert raft_key(b"k1") != raft_key(b"k2")
+    assert b"k1" not in raft_key(b"k1")
+    assert raft_key("k1") == raft_key(b"k1")
 
 
 def test_missing_raft_address_fails_with_a_clear_message(tmp_path):

@@ -53,6 +53,20 @@ def test_a_preloaded_interpreter_makes_a_replica_without_new_imports(tmp_path: P
         "them, to LAZY_ON_PURPOSE here, saying why)")
 
 
+def test_a_preloaded_interpreter_does_not_load_cryptography() -> None:
+    """Raft's crypto is libsodium's (kernel/raft_crypto.py): importing pysyncobj before the
+    replica's package loaded `cryptography` through pysyncobj's encryptor (9 MB a replica)."""
+    code = ("import sys\n"
+            "from notebookos.local_scheduler.prewarm_main import preload\n"
+            "preload('notebookos.kernel')\n"
+            "assert 'pysyncobj' in sys.modules\n"
+            "print(sorted(m for m in sys.modules if m.startswith('cryptography')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
+
+
 def test_a_hosts_preload_modules_are_imported_in_every_replica_it_starts(make_cluster) -> None:  # noqa: ANN001
     """``local_scheduler.preload_modules`` (torch, for a wake without torch's import: issue 34)
     reaches the fork server and the pool: the pool's replica and a forked one have it."""
