@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -90,7 +91,8 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             until = min(deadline, time.monotonic() + REPLICA_WAIT_RECHECK_S)
             if not told and not asleep and front is not None:
                 until = min(until, started + 0.2)
-            self._await_kernel_change(kernel_id, msg_id, seen, until)
+            self._await_kernel_change(
+                seen, until, check=lambda: self._still_placing(kernel_id, msg_id))
 
     def _kernel_changed(self) -> None:
         """A kernel's record changed (its replicas, its state): cells waiting for replicas
@@ -99,16 +101,17 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             self._kernel_changes += 1
             self._kernels_changed.notify_all()
 
-    def _await_kernel_change(self, kernel_id: str, msg_id: str, seen: int,
-                             until: float) -> None:
-        """Sleep until a kernel's record changes after ``seen`` changes were counted, or
-        ``until`` (monotonic); raises PlacementFailed when the cell was withdrawn or the
-        scheduler stops."""
+    def _await_kernel_change(self, seen: int, until: float,
+                             check: Callable[[], None] | None = None) -> None:
+        """Sleep until a kernel's record changes after ``seen`` changes were counted, until
+        ``until`` (monotonic), or until the scheduler stops. ``check`` runs before each sleep
+        and ends the wait by raising (a withdrawn cell's PlacementFailed)."""
         with self._kernels_changed:
             while True:
-                self._still_placing(kernel_id, msg_id)
+                if check is not None:
+                    check()
                 left = until - time.monotonic()
-                if left <= 0 or self._kernel_changes != seen:
+                if left <= 0 or self._kernel_changes != seen or self._stop.is_set():
                     return
                 self._kernels_changed.wait(left)
 

@@ -85,7 +85,7 @@ class HostDrainMixin:
                     left[(kernel_id, replica_id)] = outcome
             if not waiting or time.monotonic() >= deadline:
                 break
-            self._await_any_kernel_change(seen, min(deadline, time.monotonic() + DRAIN_RECHECK_S))
+            self._await_kernel_change(seen, min(deadline, time.monotonic() + DRAIN_RECHECK_S))
         stayed = self._replicas_on(host_id)
         reasons = sorted({left.get(r, "the deadline passed first") for r in stayed})
         detail = "; ".join(reasons)
@@ -132,15 +132,6 @@ class HostDrainMixin:
             return False
         return (any(rid == replica_id for rid, _ in entry.executions.values())
                 or bool(self._short_of_replicas(entry)) or self.migration_running(kernel_id))
-
-    def _await_any_kernel_change(self, seen: int, until: float) -> None:
-        """Sleep until a kernel's record changes after ``seen`` changes, or ``until``."""
-        with self._kernels_changed:
-            while self._kernel_changes == seen and not self._stop.is_set():
-                left = until - time.monotonic()
-                if left <= 0:
-                    return
-                self._kernels_changed.wait(left)
 
 
 __all__ = ["DRAIN_RECHECK_S", "DRAIN_SETTLE_S", "HostDrainMixin"]

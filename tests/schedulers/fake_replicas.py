@@ -16,8 +16,9 @@ KEY = uuid.uuid4().hex
 class FakeReplica:
     """Bound sockets where a replica's would be; IOPub is an XPUB like ipykernel's."""
 
-    def __init__(self, context: zmq.Context, replica_id: int) -> None:
+    def __init__(self, context: zmq.Context, replica_id: int, ip: str = "127.0.0.1") -> None:
         self.replica_id = replica_id
+        self.ip = ip
         self.session = Session(key=KEY.encode(), username=f"replica-{replica_id}")
         self.sockets = {name: context.socket(zmq.ROUTER) for name in ("shell", "control",
                                                                       "stdin")}
@@ -27,11 +28,11 @@ class FakeReplica:
             sock.linger = 0
             if name != "iopub":  # as ipykernel's: a reconnecting peer keeps its identity
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            self.ports[name] = sock.bind_to_random_port("tcp://127.0.0.1")
+            self.ports[name] = sock.bind_to_random_port(f"tcp://{ip}")
 
     def endpoint(self) -> ReplicaEndpoint:
         p = self.ports
-        return ReplicaEndpoint(self.replica_id, "127.0.0.1", p["shell"], p["iopub"],
+        return ReplicaEndpoint(self.replica_id, self.ip, p["shell"], p["iopub"],
                                p["stdin"], p["control"])
 
     def wait_subscribed(self) -> None:

@@ -7,6 +7,7 @@ the links were closed. Real ZMQ sockets stand in for the replicas; the real repl
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 
@@ -59,7 +60,10 @@ class Client:
 @pytest.fixture
 def cluster() -> Iterator[tuple[KernelFront, FakeReplica, FakeReplica, Client]]:
     context = zmq.Context.instance()
-    executor, standby = FakeReplica(context, 1), FakeReplica(context, 2)
+    # on a loopback address of their own: only this test's front connects there (a socket
+    # another test left reconnecting to a port of 127.0.0.1 would be counted otherwise)
+    ip = f"127.0.{random.randint(1, 250)}.{random.randint(2, 250)}"
+    executor, standby = FakeReplica(context, 1, ip), FakeReplica(context, 2, ip)
     for r in (executor, standby):
         make_patient(r.sockets["stdin"])  # as a real replica's (kernel/app.py)
     front = KernelFront("k-lazy", KEY, "hmac-sha256", FrontHooks())
@@ -83,7 +87,8 @@ def connections_to(replica: FakeReplica, channel: str) -> int:
     runs in this process)."""
     port = replica.ports[channel]
     return sum(1 for c in psutil.Process().net_connections(kind="tcp")
-               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+               if c.raddr and (c.raddr.ip, c.raddr.port) == (replica.ip, port)
+               and c.status == psutil.CONN_ESTABLISHED)
 
 
 def wait_connections(replica: FakeReplica, channel: str, count: int, timeout_s: float = 5
