@@ -445,12 +445,14 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             entry = self.kernels.get(kernel_id)
             if entry is None:
                 return
-            # The cell has ended (or was given up): it no longer waits to start, also when it
-            # never started (its executor was lost first and it was resubmitted under another
-            # id). A leftover arrival kept the kernel busy to hibernation for ever.
-            entry.cell_arrived.pop(msg_id, None)
             held = entry.executions.pop(msg_id, None)
             if held is None:
+                # Given up without running here (its executor was lost first and the cell was
+                # resubmitted under another id, or it was never placed): it no longer waits to
+                # start. A leftover arrival kept the kernel busy to hibernation for ever. A cell
+                # that ran keeps its arrival until its execute_input is seen, which a short
+                # cell's reply can overtake (the interactivity delay is observed then).
+                entry.cell_arrived.pop(msg_id, None)
                 return
             committed = entry.gpu_commits.pop(msg_id, None)
             if committed is not None:  # the cell's GPU time: its GPUs x commit -> release

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .inet_ntop_guard import keep_socket_inet_ntop
 from .raft_crypto import keep_pysyncobj_off_cryptography
 
 # before anything here imports pysyncobj: its encryptor module would load `cryptography` (9 MB
 # of each replica's memory) for a password-derived Fernet that NotebookOS does not use
 keep_pysyncobj_off_cryptography()
+# ... and its Windows inet_ntop would replace the socket module's in the notebook's process
+keep_socket_inet_ntop()
 
 _USER_API = ("assigned_gpus", "assigned_device")
 

@@ -49,13 +49,15 @@ def _expected() -> str:
     return f"{int(np.arange(2_000_000).sum())} {{'a': [1, 2]}} True {draws.random()}\n"
 
 
-def _kernel_with_state(make_cluster):  # noqa: ANN001, ANN202
-    """A three-host cluster whose kernels hibernate after 2 s, and a kernel holding STATE."""
-    cluster = make_cluster(FAST)
+def _kernel_with_state(make_cluster, hosts: int = 3,  # noqa: ANN001, ANN202
+                       env: dict[str, str] | None = None):
+    """A cluster of ``hosts`` hosts whose kernels hibernate after 2 s (``env`` added to the
+    daemons' environment), and a kernel holding STATE."""
+    cluster = make_cluster({**FAST, **(env or {})})
     cluster.start_gs()
-    for i in range(3):
+    for i in range(hosts):
         cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(3)
+    cluster.wait_hosts(hosts)
     kernel_id, kc = cluster.start_kernel(gpus=1)
     assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
     return cluster, kernel_id, kc
@@ -145,13 +147,8 @@ def test_a_wake_skips_a_host_whose_local_scheduler_was_just_killed(make_cluster)
     cell. The wake placed a replica on that host (still registered: its heartbeat timeout had
     not passed), each of the cell's three wake tries failed there within 70 ms, and the cell
     failed. A host whose Local Scheduler does not answer now takes no new replica."""
-    cluster = make_cluster({**FAST, "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "30"})
-    cluster.start_gs()
-    for i in range(6):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(6)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    cluster, kernel_id, kc = _kernel_with_state(
+        make_cluster, hosts=6, env={"NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "30"})
     cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
     dead = ("host-0", "host-1", "host-2")  # a wake that ignores them picks one 19 times in 20
     for victim in dead:
@@ -202,14 +199,9 @@ def test_a_wake_stops_a_replica_the_scheduler_does_not_know_instead_of_failing(m
     successor, whose wake then failed on those hosts ("already runs replica N of kernel"),
     every try within milliseconds, and the cell failed. A stranger of the kernel on a host is
     now stopped and the start tried again there."""
-    cluster = make_cluster({**FAST, "NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S": "5",
-                            "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "60"})
-    cluster.start_gs()
-    for i in range(3):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(3)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, STATE)["reply"]["content"]["status"] == "ok"
+    cluster, kernel_id, kc = _kernel_with_state(
+        make_cluster, env={"NOTEBOOKOS_LOCAL_SCHEDULER_HEARTBEAT_INTERVAL_S": "5",
+                           "NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "60"})
     cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
     # a replica of the kernel this scheduler never placed, as a dead predecessor's wake left it
     host = next(h for h in cluster.status().hosts if h.host_id == "host-0")
