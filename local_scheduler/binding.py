@@ -40,7 +40,7 @@ class GpuBinder:
         self._all = tuple(device_ids)
         self._holders: dict[int, list[str]] = {i: [] for i in device_ids}  # device -> requests
         self._by_request: dict[str, _Hold] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified when GPUs are released
 
     @property
     def total(self) -> int:
@@ -134,6 +134,7 @@ class GpuBinder:
                 return ()
             for i in held.ids:
                 self._holders[i].remove(request_id)
+            self._lock.notify_all()
             return held.ids
 
     def release_owner(self, owner: str) -> tuple[int, ...]:
@@ -145,4 +146,12 @@ class GpuBinder:
                 for i in held.ids:
                     self._holders[i].remove(request_id)
                 freed.extend(held.ids)
+            if freed:
+                self._lock.notify_all()
             return tuple(freed)
+
+    def wait_released(self, owner: str, timeout: float) -> bool:
+        """Wait until ``owner`` holds no GPU (its cell ended); False after ``timeout``."""
+        with self._lock:
+            return self._lock.wait_for(
+                lambda: not any(h.owner == owner for h in self._by_request.values()), timeout)

@@ -146,6 +146,7 @@ class LocalSchedulerDaemon:
             self.service.draining = True
             self.service.release_watchers()
             self.service.stop_all()
+            self.service.close()
             self.pool.close()
             self.service.launcher.close()
             self.link.close(deregister=deregister, reason=reason)

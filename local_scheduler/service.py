@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from notebookos.local_scheduler.launcher import (
     replica_source,
 )
 from notebookos.local_scheduler.prewarm import PrewarmPool
+from notebookos.local_scheduler.ready_watch import ReadyWatcher
 from notebookos.local_scheduler.sharing import replica_environment
 from notebookos.metrics import HostSnapshot, LocalSchedulerMetrics
 from notebookos.ports import free_ports
@@ -50,6 +50,7 @@ class ReplicaEntry:
     stopping: bool = False
     last_cell_device_ids: list[int] = field(default_factory=list)
     launched_at: float = field(default_factory=time.monotonic)
+    gone: threading.Event = field(default_factory=threading.Event)  # no longer listed
 
     @property
     def spec(self) -> ReplicaSpec:
@@ -110,6 +111,7 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         self.instance_id = ""
         self._replicas: dict[tuple[str, int], ReplicaEntry] = {}
         self._lock = threading.RLock()
+        self._ready_watch = ReadyWatcher()  # one loop for every start in progress
         self._recover()
 
     def _recover(self) -> None:
@@ -252,7 +254,9 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
                 context.abort(grpc.StatusCode.INTERNAL, f"could not start the replica: {exc}")
             entry = ReplicaEntry(launched, resources)
             self._replicas[(spec.kernel_id, spec.replica_id)] = entry
-        threading.Thread(target=self._await_ready, args=(entry,), daemon=True).start()
+        self._ready_watch.watch(launched.ip, launched.ports["shell_port"],
+                                lambda: launched.process.poll() is not None,
+                                self.ready_timeout_s, lambda ready: self._started(entry, ready))
         log.info("started replica %s pid %d (prewarmed=%s)", spec.owner, launched.pid,
                  launched.from_prewarm_pool)
         return local_scheduler_pb2.StartReplicaResponse(
@@ -262,18 +266,12 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             raft_address=launched.raft_address,
         )
 
-    def _await_ready(self, entry: ReplicaEntry) -> None:
-        """A replica is ready once its shell socket accepts connections; report STARTED."""
+    def _started(self, entry: ReplicaEntry, ready: bool) -> None:
+        """The start's watch ended (ready_watch.py): its shell socket accepts connections, or
+        the replica exited (its watcher reports that) or never bound (the GS times out)."""
         launched = entry.launched
         source = replica_source(launched)
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline and launched.process.poll() is None:
-            try:
-                with socket.create_connection((launched.ip, launched.ports["shell_port"]), 0.5):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        else:  # exited (reported by the watcher) or never bound (the GS times out)
+        if not ready:
             self.metrics.replica_starts.labels(source=source, outcome="failed").inc()
             return
         self.metrics.replica_starts.labels(source=source, outcome="succeeded").inc()
@@ -291,6 +289,7 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             if entry is None or entry.launched is not launched:
                 return
             del self._replicas[key]
+            entry.gone.set()
         self.binder.release_owner(launched.spec.owner)
         self.metrics.replica_exits.labels(cause="stopped" if entry.stopping else "died").inc()
         if entry.stopping:
@@ -324,12 +323,7 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         code = self.stop_replica(entry, request.grace_period_s)
         # Answer once the host no longer lists it (its exit watcher forgets it right after the
         # exit): a replica of the same kernel may be started here next (per-cell containers).
-        key, deadline = (request.kernel_id, request.replica_id), time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._replicas.get(key) is not entry:
-                    break
-            time.sleep(0.01)
+        entry.gone.wait(2.0)
         return local_scheduler_pb2.StopReplicaResponse(exit_code=code)
 
     def InterruptReplica(self, request, context):  # noqa: N802
@@ -352,13 +346,10 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         timeout = request.timeout_s or 30.0
         previous = entry.state
         entry.state = RS.REPLICA_STATE_MIGRATING
-        deadline = time.monotonic() + timeout
-        while self.binder.committed_to(entry.spec.owner):
-            if time.monotonic() > deadline:
-                entry.state = previous
-                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                              f"replica {entry.spec.owner} still runs a cell after {timeout:g}s")
-            time.sleep(0.05)
+        if not self.binder.wait_released(entry.spec.owner, timeout):
+            entry.state = previous
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"replica {entry.spec.owner} still runs a cell after {timeout:g}s")
         return local_scheduler_pb2.PrepareReplicaToMigrateResponse()
 
     # -- GPUs -------------------------------------------------------------------------------
@@ -476,6 +467,10 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
             threading.Thread(target=self.on_shutdown, args=(request.reason or "shutdown",),
                              daemon=True).start()
         return local_scheduler_pb2.ShutdownResponse(replicas_stopped=len(entries))
+
+    def close(self) -> None:
+        """The daemon stops: no start is watched any more."""
+        self._ready_watch.close()
 
     def stop_all(self) -> None:
         with self._lock:

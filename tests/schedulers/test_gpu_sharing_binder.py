@@ -111,3 +111,25 @@ def test_mps_share_of_a_sharing_replica() -> None:
     assert replica_environment(None) == {}
     with pytest.raises(ValueError, match="1 to 100; got 0"):
         replica_environment(0)
+
+
+def test_a_migration_waits_for_the_release_not_a_timer() -> None:
+    """``PrepareReplicaToMigrate`` waits on the binder: woken by the release (either kind),
+    refused after its timeout while the GPUs stay held."""
+    import time
+
+    binder = GpuBinder([0, 1])
+    assert binder.commit("k/1", "cell-1", 2).committed
+    assert binder.wait_released("other/1", 0.0)  # holds nothing: at once
+    t0 = time.monotonic()
+    assert not binder.wait_released("k/1", 0.2)
+    assert time.monotonic() - t0 >= 0.19
+    timer = threading.Timer(0.2, binder.release, args=("cell-1",))
+    timer.start()
+    t0 = time.monotonic()
+    assert binder.wait_released("k/1", 10.0)
+    assert time.monotonic() - t0 < 2.0
+    assert binder.commit("k/1", "cell-2", 1).committed
+    threading.Timer(0.1, binder.release_owner, args=("k/1",)).start()
+    assert binder.wait_released("k/1", 10.0)
+    timer.join()

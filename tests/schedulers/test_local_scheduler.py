@@ -359,3 +359,29 @@ def test_held_host_watches_are_bounded_and_the_oldest_is_answered(host):
     finally:
         for f in held:
             f.cancel()
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_starts_in_progress_cost_the_host_no_thread_each(host):
+    """Issue 32: a start used to hold a thread of the Local Scheduler until its replica bound
+    its shell socket; now one loop watches every start (local_scheduler/ready_watch.py)."""
+    cluster, stub = host
+    pid = cluster.ls["solo"].pid
+    first = _start(stub, f"warm-{uuid.uuid4().hex[:6]}")  # brings up what starts lazily
+    assert _ready(first)
+    time.sleep(0.5)  # its start's report sent
+    before = _threads(pid)
+    many = [_start(stub, f"many-{i}-{uuid.uuid4().hex[:6]}") for i in range(5)]
+    during = _threads(pid)
+    starting = sum(1 for r in _host_status(stub).replicas
+                   if r.state == common_pb2.REPLICA_STATE_STARTING)
+    assert starting >= 2, "the replicas started too fast for this test to mean anything"
+    assert during <= before + 1, f"{during - before} more threads with {starting} starting"
+    assert all(_ready(r) for r in many)
+    deadline = time.monotonic() + 20
+    while any(r.state == common_pb2.REPLICA_STATE_STARTING for r in _host_status(stub).replicas):
+        assert time.monotonic() < deadline, "a ready replica still reported STARTING"
+        time.sleep(0.1)
