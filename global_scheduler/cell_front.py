@@ -110,20 +110,8 @@ class CellFront(KernelFront):
             self._cell = msg_id
         metadata = dict(msg.get("metadata") or {})
 
-        def place() -> None:
-            try:
-                result: Any = self.hooks.place_execute(self.kernel_id, msg_id, metadata)
-            except PlacementFailed as exc:
-                result = exc
-            except Exception as exc:  # noqa: BLE001 - the client must get an answer
-                log.exception("kernel %s: placing %s failed", self.kernel_id, msg_id)
-                result = PlacementFailed(f"placing the cell failed: {exc}")
-            self._run_on_loop(lambda: self._placed(idents, msg, msg_id, attempt, result))
-
-        if self._started:
-            self._placer.submit(place)
-        else:
-            place()
+        self._place(msg_id, metadata,
+                    lambda result: self._placed(idents, msg, msg_id, attempt, result))
 
     def _placed(self, idents: list[bytes], msg: dict, msg_id: str, attempt: int,
                 result: Any) -> None:

@@ -1,6 +1,8 @@
 """Running cells: which replica executes, GPU commit and release, migration when every replica's
 host is busy. Mixed into ``GlobalSchedulerService`` (it uses the service's lock, cluster model,
-host links and kernel entries); the kernel fronts call these hooks on their own threads."""
+host links and kernel entries). The fronts place a cell with ``place_execute_async``, a
+coroutine on their loop: its waits (for replicas, its turn, GPUs) hold no thread, and each try
+(which calls Local Schedulers) runs on a thread of the placement pool (loop_waits.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.cycle_runner import CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.hibernation import ASLEEP
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.global_scheduler.loop_waits import run_blocking
 from notebookos.global_scheduler.sharing import SharingMixin
 from notebookos.policies.cell_order import WaitingCell
 from notebookos.policies.cycle import Action, CycleResult, Snapshot, Status, run_cycle
@@ -36,10 +40,10 @@ WITHDRAWN = "the cell was withdrawn while it waited (the kernel was interrupted)
 
 
 class ExecutionMixin(SharingMixin, CycleRunnerMixin):
-    def _wait_for_replicas(self, kernel_id: str, msg_id: str) -> None:
+    async def _wait_for_replicas(self, kernel_id: str, msg_id: str) -> None:
         """A cell that arrives while the kernel has no replica because it is being rebuilt or
         its replacements are starting waits for them (up to the replica start timeout) instead
-        of failing at once. It wakes when the kernel's record changes (``_save_kernel``), when
+        of failing at once. A coroutine on the fronts' loop: no thread while it waits. It wakes when the kernel's record changes (``_save_kernel``), when
         the cell is withdrawn or the scheduler stops, and at 0.2 s to tell the user why it
         waits; at least every ``REPLICA_WAIT_RECHECK_S`` it looks again in any case (a change
         that bypassed ``_save_kernel`` then costs that much, not the whole timeout)."""
@@ -48,8 +52,9 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         told = False
         woke = False
         wakes = 0
+        signal = self._kernels_changed.signal
         while time.monotonic() < deadline:
-            seen = self._kernel_changes  # before the state is read: a change after it wakes us
+            changed = signal.future()  # before the state is read: a change after it wakes us
             with self.lock:
                 entry = self.kernels.get(kernel_id)
                 if entry is None or entry.state == "stopping":
@@ -91,8 +96,9 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             until = min(deadline, time.monotonic() + REPLICA_WAIT_RECHECK_S)
             if not told and not asleep and front is not None:
                 until = min(until, started + 0.2)
-            self._await_kernel_change(
-                seen, until, check=lambda: self._still_placing(kernel_id, msg_id))
+            with self._kernels_changed:
+                self._still_placing(kernel_id, msg_id)
+            await signal.wait(changed, max(0.0, until - time.monotonic()))
 
     def _kernel_changed(self) -> None:
         """A kernel's record changed (its replicas, its state): cells waiting for replicas
@@ -152,25 +158,31 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         if self._stop.is_set():
             raise PlacementFailed("the Global Scheduler is stopping")
 
-    def _placement_pause(self, kernel_id: str, msg_id: str, seconds: float,
-                         releases: int | None = None) -> None:
+    async def _placement_pause(self, kernel_id: str, msg_id: str, seconds: float,
+                               releases: int | None = None) -> None:
         """Sleep up to ``seconds``, less when GPUs are released (after ``releases`` were
         counted); raises PlacementFailed when the cell was withdrawn or the scheduler stops."""
         deadline = time.monotonic() + seconds
-        with self._placement_cv:
-            while True:
+        signal = self._placement_cv.signal
+        while True:
+            woken = signal.future()
+            with self._placement_cv:
                 self._still_placing(kernel_id, msg_id)
                 left = deadline - time.monotonic()
                 if left <= 0 or (releases is not None and self._gpu_releases != releases):
                     return
-                self._placement_cv.wait(left)  # woken by a release, a withdrawal, a stop
+            # woken by a release, a withdrawal, a stop
+            await signal.wait(woken, left)
 
     # -- placing a cell -----------------------------------------------------------------------
 
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+    async def place_execute_async(self, kernel_id: str, msg_id: str,
+                                  metadata: dict) -> tuple[int, list[int]]:
+        """The front's placement, as a coroutine on its loop (``FrontHooks``): it holds no
+        thread while the cell waits (for GPUs, its turn, its kernel's replicas)."""
         started = time.monotonic()
         try:
-            placed = self._place_execute(kernel_id, msg_id, metadata)
+            placed = await self.mode.place_execute_async(kernel_id, msg_id, metadata)
         except PlacementFailed:
             self.metrics.cell_failures.inc()
             raise
@@ -180,8 +192,10 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         self.metrics.cell_queue.observe(time.monotonic() - started)
         return placed
 
-    def _place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        return self.mode.place_execute(kernel_id, msg_id, metadata)
+    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
+        """``place_execute_async`` for a caller on a thread of its own: it waits."""
+        return FrontLoop.shared().spawn(
+            self.place_execute_async(kernel_id, msg_id, metadata)).result()
 
     def _place_in_cell_container(self, kernel_id: str, msg_id: str) -> tuple[int, list[int]]:
         """A per-cell container's cell: through the cluster-wide cell queue."""
@@ -194,10 +208,10 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             request = kernel.request
         return self.place_cell(kernel_id, msg_id, request)
 
-    def _place_on_replicas(self, kernel_id: str, msg_id: str) -> tuple[int, list[int]]:
+    async def _place_on_replicas(self, kernel_id: str, msg_id: str) -> tuple[int, list[int]]:
         """A long-running kernel's cell: the session's GPUs (reservation), or GPUs committed
         now on a replica's host (or one a replica migrates to), waiting while none can."""
-        self._wait_for_replicas(kernel_id, msg_id)
+        await self._wait_for_replicas(kernel_id, msg_id)
         with self.lock:
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
@@ -213,14 +227,15 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 entry.executions[msg_id] = (rid, host_id)
                 entry.last_cell_gpus[rid] = list(ids)
                 return rid, list(ids)
-        return self._wait_for_gpus(kernel_id, msg_id, request)
+        return await self._wait_for_gpus(kernel_id, msg_id, request)
 
-    def _wait_for_gpus(self, kernel_id: str, msg_id: str,
-                       request: ResourceSpec) -> tuple[int, list[int]]:
+    async def _wait_for_gpus(self, kernel_id: str, msg_id: str,
+                             request: ResourceSpec) -> tuple[int, list[int]]:
         """Commit the cell's GPUs on a replica's host, or on a host a replica migrates to; while
         neither can, the cell waits in the cell queue (told why, through its front), trying
         again in its turn (``cell_queue.py``) whenever GPUs are released and at least every few
-        seconds, and fails only after ``cell_queue_timeout_s`` with the reason."""
+        seconds, and fails only after ``cell_queue_timeout_s`` with the reason. Between tries
+        it holds no thread."""
         started = time.monotonic()
         deadline = started + self.cell_queue_timeout_s
         with self.lock:
@@ -237,8 +252,10 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             told = ""
             failed_migrations = 0
             for attempt in itertools.count():
-                releases = self._wait_turn(kernel_id, msg_id, cell, deadline)
-                placed, why, migration_failed = self._try_place(kernel_id, msg_id, request)
+                releases = await self._wait_turn(kernel_id, msg_id, cell, deadline)
+                # the try blocks (CommitGpus calls, a migration): on a thread, while it runs
+                placed, why, migration_failed = await run_blocking(
+                    lambda: self._try_place(kernel_id, msg_id, request))
                 with self._placement_cv:
                     self.cell_queue.tried(cell, releases, placed is not None)
                     self._placement_cv.notify_all()
@@ -262,8 +279,8 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                     with self._placement_cv:
                         queue_note = self.cell_queue.explain(cell)
                     self._tell_waiting(kernel_id, msg_id, request, f"{why}; {queue_note}")
-                self._placement_pause(kernel_id, msg_id, min(2.0, 0.25 * 2 ** attempt),
-                                      releases)
+                await self._placement_pause(kernel_id, msg_id, min(2.0, 0.25 * 2 ** attempt),
+                                            releases)
             raise AssertionError("unreachable")
         finally:
             if placed is None:
@@ -271,20 +288,23 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                     self.cell_queue.leave(cell)
                     self._placement_cv.notify_all()
 
-    def _wait_turn(self, kernel_id: str, msg_id: str, cell: WaitingCell,
-                   deadline: float) -> int:
+    async def _wait_turn(self, kernel_id: str, msg_id: str, cell: WaitingCell,
+                         deadline: float) -> int:
         """Wait until the cell queue says it is ``cell``'s turn to try; returns the release
         count its try starts from. A cell that is withdrawn, or whose deadline passes, stops
         waiting (PlacementFailed; its deadline is told by the caller after one more try)."""
-        with self._placement_cv:
-            while True:
+        signal = self._placement_cv.signal
+        while True:
+            woken = signal.future()
+            with self._placement_cv:
                 self._still_placing(kernel_id, msg_id)
                 releases = self._gpu_releases
                 now = time.monotonic()
                 if self.cell_queue.may_try(cell, releases) or now >= deadline:
                     return releases
-                # woken by a try or a leave of a cell ahead, a release, a withdrawal, a stop
-                self._placement_cv.wait(self.cell_queue.wait_s(deadline, now))
+                wait_s = self.cell_queue.wait_s(deadline, now)
+            # woken by a try or a leave of a cell ahead, a release, a withdrawal, a stop
+            await signal.wait(woken, wait_s)
 
     def _tell_waiting(self, kernel_id: str, msg_id: str, request: ResourceSpec,
                       why: str) -> None:

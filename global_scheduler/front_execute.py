@@ -1,8 +1,9 @@
 """The execute router: a front's ``execute_request`` from its arrival to its executor.
 
-``hooks.place_execute`` picks the executor and commits its GPUs. It runs on a thread of the
-placement pool (it may wait for GPUs, for CommitGpus, for a migration), one cell at a time and
-in order, so the loop keeps routing everything else meanwhile; an interrupt withdraws the cells
+``hooks.place_execute_async`` picks the executor and commits its GPUs: a task on the loop (it
+may wait for GPUs, for CommitGpus, for a migration; a stand-in's blocking ``place_execute``
+runs on a thread of the placement pool), one cell at a time and in order, so the loop keeps
+routing everything else meanwhile; an interrupt withdraws the cells
 not sent yet (an ``aborted`` reply each). The executor gets ``execute_request`` with
 ``metadata.gpu_device_ids``, every other replica gets ``yield_request``; each copy is re-signed
 with the kernel key. When the executor is the replica that ran the previous cell, its
@@ -18,10 +19,12 @@ Mixed into ``KernelFront``; what the replicas answer is the reply merger's (fron
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 from notebookos.global_scheduler.front_hooks import PlacementFailed, call_optional
@@ -160,20 +163,49 @@ class ExecuteRouter:
         log.debug("kernel %s: placing %s (attempt %d, %d queued behind)", self.kernel_id,
                   waiting.msg_id[:8], waiting.attempt, len(self._waiting))
 
+        self._place(waiting.msg_id, metadata,
+                    lambda result: self._placement_done(waiting, result))
+
+    def _place(self, msg_id: str, metadata: dict, deliver: Callable[[Any], None]) -> None:
+        """Place the cell ``msg_id``; ``deliver`` gets (executor, device ids) or the
+        PlacementFailed, on the loop. A service's ``place_execute_async`` runs as a task on
+        the loop and holds no thread while it waits; a stand-in's blocking ``place_execute``
+        runs on a thread of the placement pool."""
+        place_async = getattr(self.hooks, "place_execute_async", None)
+        if self._started and place_async is not None:
+            assert self._loop is not None
+            future = self._loop.spawn(place_async(self.kernel_id, msg_id, metadata))
+            future.add_done_callback(
+                lambda done: self._run_on_loop(lambda: deliver(self._outcome(msg_id, done))))
+            return
+
         def place() -> None:
             try:
-                result: Any = self.hooks.place_execute(self.kernel_id, waiting.msg_id, metadata)
+                result: Any = self.hooks.place_execute(self.kernel_id, msg_id, metadata)
             except PlacementFailed as exc:
                 result = exc
             except Exception as exc:  # noqa: BLE001 - the client must get an answer
-                log.exception("kernel %s: placing %s failed", self.kernel_id, waiting.msg_id)
+                log.exception("kernel %s: placing %s failed", self.kernel_id, msg_id)
                 result = PlacementFailed(f"placing the cell failed: {exc}")
-            self._run_on_loop(lambda: self._placement_done(waiting, result))
+            self._run_on_loop(lambda: deliver(result))
 
         if not self._started:
             place()  # no loop to keep free (a front used without start())
         else:
             self._placer.submit(place)
+
+    def _outcome(self, msg_id: str, done: concurrent.futures.Future) -> Any:
+        """What a finished placement task gives the front: its result, or a PlacementFailed
+        that says why."""
+        if done.cancelled():
+            return PlacementFailed("the Global Scheduler is stopping")
+        exc = done.exception()
+        if exc is None:
+            return done.result()
+        if isinstance(exc, PlacementFailed):
+            return exc
+        log.error("kernel %s: placing %s failed", self.kernel_id, msg_id, exc_info=exc)
+        return PlacementFailed(f"placing the cell failed: {exc}")
 
     def _placement_done(self, waiting: _Waiting, result: Any) -> None:
         if self._placing is waiting:

@@ -1,8 +1,9 @@
 """What the Global Scheduler gives a kernel's front: every hook the front calls, on one interface.
 
 The front (front.py) routes messages; deciding anything about the cluster is the service's. The
-front calls these hooks on its loop (never holding anything of its own), except
-``place_execute``, which runs on a thread of the placement pool because it may wait. The
+front calls these hooks on its loop (never holding anything of its own); placing a cell may
+wait, so it is ``place_execute_async``, a task on the loop (the service's), or a blocking
+``place_execute`` run on a thread of the placement pool (a stand-in's). The
 service (``GlobalSchedulerService``) implements all of them; a stand-in (tests, benchmarks) may
 leave out the optional ones, which the front then skips (``call_optional``).
 """
@@ -22,6 +23,9 @@ class FrontHooks(Protocol):
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
         """(executor replica id, committed GPU device ids); raises PlacementFailed. Called on
         a thread of its own: it may wait (for GPUs, a migration)."""
+
+    # A front prefers ``place_execute_async(kernel_id, msg_id, metadata)`` when the hooks have
+    # it: the same answer from a coroutine on the front's loop, holding no thread while it waits.
 
     def release_execute(self, kernel_id: str, msg_id: str) -> None:
         """The cell's GPUs go back: it was answered, withdrawn after placement, or its

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from notebookos.global_scheduler.cell_front import CellFront
 from notebookos.global_scheduler.front import KernelFront
+from notebookos.global_scheduler.loop_waits import run_blocking
 
 if TYPE_CHECKING:
     from notebookos.global_scheduler.kernels import KernelEntry
@@ -59,8 +60,10 @@ class KernelMode(ABC):
         """The front that clients connect to (on ``ports``, or new ones)."""
 
     @abstractmethod
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        """Where the cell ``msg_id`` runs: (replica id, committed GPU ids); may wait."""
+    async def place_execute_async(self, kernel_id: str, msg_id: str,
+                                  metadata: dict) -> tuple[int, list[int]]:
+        """Where the cell ``msg_id`` runs: (replica id, committed GPU ids); may wait. A
+        coroutine on the fronts' loop (execution.py)."""
 
     def cell_released(self, kernel_id: str) -> None:
         """A cell's GPUs were released."""
@@ -106,8 +109,9 @@ class ReplicatedKernels(KernelMode):
                            kernel_info=entry.kernel_info or s.kernel_info_seen,
                            bound=None if ports else s.spare_fronts.take())
 
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        return self.service._place_on_replicas(kernel_id, msg_id)
+    async def place_execute_async(self, kernel_id: str, msg_id: str,
+                                  metadata: dict) -> tuple[int, list[int]]:
+        return await self.service._place_on_replicas(kernel_id, msg_id)
 
     def withdraw_waiting(self, kernel_id: str, front: KernelFront | None) -> int:
         if front is not None:  # cells waiting for GPUs in the front are withdrawn
@@ -145,8 +149,11 @@ class CellContainers(KernelMode):
                          bound=None if ports else s.spare_fronts.take(),
                          on_interrupt_parked=lambda: s.cancel_waiting_cells(kernel_id))
 
-    def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        return self.service._place_in_cell_container(kernel_id, msg_id)
+    async def place_execute_async(self, kernel_id: str, msg_id: str,
+                                  metadata: dict) -> tuple[int, list[int]]:
+        # the cluster-wide cell queue's waits still block (cell_containers.py): a thread each
+        return await run_blocking(
+            lambda: self.service._place_in_cell_container(kernel_id, msg_id))
 
     def cell_released(self, kernel_id: str) -> None:
         self.service._cell_released(kernel_id)

@@ -40,6 +40,7 @@ from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernel_modes import kernel_mode_for
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.lifecycle import KernelLifecycleMixin
+from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
@@ -132,13 +133,14 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3
         # Cells waiting for GPUs (execution.py) wake on a release or when withdrawn.
+        # Both conditions also wake the coroutines that wait on them (loop_waits.py).
         placement_lock = threading.Lock()
-        self._placement_cv = threading.Condition(placement_lock)
+        self._placement_cv = SignallingCondition(placement_lock)
         self._gpu_releases = 0
         # Cells waiting for a kernel's replicas (a rebuild, replacements, a wake) wake when a
         # kernel's record changes (``_save_kernel``), or on a withdrawal or stop, as above: the
         # same lock, a condition of its own, so that the changes wake no GPU waiter.
-        self._kernels_changed = threading.Condition(placement_lock)
+        self._kernels_changed = SignallingCondition(placement_lock)
         self._kernel_changes = 0
         self._withdrawn_cells: set[tuple[str, str]] = set()
         # Whose turn it is among them (cell_queue.py), under _placement_cv's lock.

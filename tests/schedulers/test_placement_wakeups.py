@@ -8,6 +8,7 @@ use, with a condition variable that counts how often a waiter wakes.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -16,35 +17,29 @@ import pytest
 from notebookos.global_scheduler.cell_queue import ORDER_RECHECK_S, CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import PlacementFailed
+from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.policies.cell_order import ArrivalOrder, CellOrder, UserFairness
 
 IDLE_S = 1.5
 
 
-class _CountingCondition(threading.Condition):
-    def __init__(self, lock: threading.Lock | None = None) -> None:
-        super().__init__(lock)
-        self.wakeups = 0
-
-    def wait(self, timeout: float | None = None) -> bool:
-        try:
-            return super().wait(timeout)
-        finally:
-            self.wakeups += 1
-
-
 class _Waits(ExecutionMixin):
-    """The state the placement waits use, nothing else."""
+    """The state the placement waits use, nothing else; the conditions are the service's
+    kind (their notifications wake the coroutines), and ``wakeups`` counts the waits."""
 
     def __init__(self, order: CellOrder) -> None:
-        self._placement_cv = _CountingCondition()
+        self._placement_cv = SignallingCondition()
         # on the placement condition's lock, as in the service (a stop notifies it too)
-        self._kernels_changed = threading.Condition(self._placement_cv._lock)
+        self._kernels_changed = SignallingCondition(self._placement_cv._lock)
         self._cell_cv = threading.Condition()
         self._gpu_releases = 0
         self._withdrawn_cells: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self.cell_queue = CellQueue(order)
+
+    @property
+    def wakeups(self) -> int:
+        return self._placement_cv.signal.waits + self._kernels_changed.signal.waits
 
 
 def _join(w: _Waits, kernel_id: str) -> object:
@@ -57,11 +52,11 @@ def test_a_cell_waiting_for_its_turn_wakes_only_at_its_deadline() -> None:
     _join(w, "ahead")  # never tries: the cell behind it waits its whole deadline
     behind = _join(w, "behind")
     started = time.monotonic()
-    w._wait_turn("behind", "m", behind, started + IDLE_S)
+    asyncio.run(w._wait_turn("behind", "m", behind, started + IDLE_S))
     took = time.monotonic() - started
     assert IDLE_S - 0.05 <= took < IDLE_S + 1.5
     # polling every 0.25 s woke it 6 times; now once, at its deadline
-    assert w._placement_cv.wakeups <= 2, w._placement_cv.wakeups
+    assert w.wakeups <= 2, w.wakeups
 
 
 def test_a_try_of_the_cell_ahead_gives_the_next_one_its_turn_at_once() -> None:
@@ -69,8 +64,8 @@ def test_a_try_of_the_cell_ahead_gives_the_next_one_its_turn_at_once() -> None:
     ahead = _join(w, "ahead")
     behind = _join(w, "behind")
     done = threading.Event()
-    thread = threading.Thread(target=lambda: (w._wait_turn("behind", "m", behind,
-                                                          time.monotonic() + 30), done.set()))
+    thread = threading.Thread(target=lambda: (asyncio.run(w._wait_turn(
+        "behind", "m", behind, time.monotonic() + 30)), done.set()))
     thread.start()
     time.sleep(0.3)
     assert not done.is_set()
@@ -79,21 +74,21 @@ def test_a_try_of_the_cell_ahead_gives_the_next_one_its_turn_at_once() -> None:
         w._placement_cv.notify_all()
     assert done.wait(1.0)
     thread.join()
-    assert w._placement_cv.wakeups <= 2
+    assert w.wakeups <= 2
 
 
 def test_a_cell_waiting_for_gpus_sleeps_until_a_release_or_a_host() -> None:
     w = _Waits(ArrivalOrder())
     started = time.monotonic()
-    w._placement_pause("k", "m", IDLE_S, releases=0)
+    asyncio.run(w._placement_pause("k", "m", IDLE_S, releases=0))
     assert time.monotonic() - started >= IDLE_S - 0.05
-    assert w._placement_cv.wakeups <= 2, w._placement_cv.wakeups
+    assert w.wakeups <= 2, w.wakeups
 
-    w._placement_cv.wakeups = 0
+    w._placement_cv.signal.waits = 0
     timer = threading.Timer(0.2, w._capacity_added)  # a host joined
     timer.start()
     started = time.monotonic()
-    w._placement_pause("k", "m", 30, releases=w._gpu_releases)
+    asyncio.run(w._placement_pause("k", "m", 30, releases=w._gpu_releases))
     assert time.monotonic() - started < 2
     timer.join()
 
@@ -103,7 +98,7 @@ def test_a_waiting_cell_sees_a_withdrawal_and_a_stop_at_once() -> None:
     threading.Timer(0.2, w.cancel_execute, args=("k", "m")).start()
     started = time.monotonic()
     with pytest.raises(PlacementFailed):
-        w._placement_pause("k", "m", 30, releases=0)
+        asyncio.run(w._placement_pause("k", "m", 30, releases=0))
     assert time.monotonic() - started < 2
 
     w2 = _Waits(ArrivalOrder())
@@ -117,7 +112,7 @@ def test_a_waiting_cell_sees_a_withdrawal_and_a_stop_at_once() -> None:
     threading.Timer(0.2, stop).start()
     started = time.monotonic()
     with pytest.raises(PlacementFailed):
-        w2._wait_turn("behind", "m", behind, time.monotonic() + 30)
+        asyncio.run(w2._wait_turn("behind", "m", behind, time.monotonic() + 30))
     assert time.monotonic() - started < 2
 
 
@@ -127,8 +122,8 @@ def test_an_order_that_drifts_with_time_is_looked_at_again_now_and_then() -> Non
     w = _Waits(UserFairness())
     _join(w, "ahead")
     behind = _join(w, "behind")
-    w._wait_turn("behind", "m", behind, time.monotonic() + IDLE_S)
-    assert w._placement_cv.wakeups <= IDLE_S / ORDER_RECHECK_S + 2
+    asyncio.run(w._wait_turn("behind", "m", behind, time.monotonic() + IDLE_S))
+    assert w.wakeups <= IDLE_S / ORDER_RECHECK_S + 2
 
 
 # -- a cell waiting for its kernel's replicas (a rebuild, replacements, a wake) ----------------
@@ -151,8 +146,6 @@ class _ReplicaWaits(_Waits):
         self.kernels = {"k": _Entry()}
         self.start_timeout_s = 30.0
         self._kernel_changes = 0
-        # on the placement condition's lock, as in the service
-        self._kernels_changed = _CountingCondition(self._placement_cv._lock)
 
     def wake_kernel(self, kernel_id: str) -> bool:
         return False
@@ -163,7 +156,7 @@ def _wait_in_thread(w: _ReplicaWaits) -> tuple[threading.Thread, list]:
 
     def wait() -> None:
         try:
-            w._wait_for_replicas("k", "m")
+            asyncio.run(w._wait_for_replicas("k", "m"))
             outcome.append("ready")
         except PlacementFailed as exc:
             outcome.append(exc)
@@ -179,7 +172,7 @@ def test_a_cell_waiting_for_replicas_sleeps_until_the_kernel_changes() -> None:
     time.sleep(IDLE_S)
     assert not outcome
     # the 0.1 s poll woke it 15 times; now only the 1 s recheck
-    assert w._kernels_changed.wakeups <= 2, w._kernels_changed.wakeups
+    assert w.wakeups <= 2, w.wakeups
     started = time.monotonic()
     with w.lock:
         w.kernels["k"].replicas[1] = object()
@@ -247,3 +240,29 @@ def test_a_wake_that_keeps_failing_fails_the_cell_with_the_reason() -> None:
     thread.join(10)
     assert len(outcome) == 1 and "died while starting" in str(outcome[0]), outcome
     assert w.wakes == 3
+
+
+def test_cells_waiting_for_gpus_hold_no_thread_and_a_release_wakes_them_all() -> None:
+    """Issue 32: each waiting placement held a thread of the placement pool for its whole wait,
+    so threads grew with the cells waiting (most of them, on an oversubscribed cluster). The
+    waits are coroutines on one loop now: 40 cells wait on it, one release wakes them all."""
+    from notebookos.loop_thread import LoopThread
+
+    w = _Waits(ArrivalOrder())
+    loop = LoopThread("placement-test")
+    try:
+        before = threading.active_count()
+        waits = [loop.spawn(w._placement_pause(f"k{i}", "m", 30, releases=0))
+                 for i in range(40)]
+        time.sleep(0.5)
+        assert threading.active_count() == before, "a thread per waiting cell"
+        assert not any(f.done() for f in waits)
+        assert w.wakeups == 40  # each went to sleep once, nobody polls
+        started = time.monotonic()
+        w._gpus_released()  # from this thread, as a Local Scheduler's answer would come
+        for f in waits:
+            f.result(timeout=5)
+        assert time.monotonic() - started < 1.0
+        assert w.wakeups == 40
+    finally:
+        loop.close()
