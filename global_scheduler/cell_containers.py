@@ -30,13 +30,18 @@ import logging
 import time
 from dataclasses import dataclass
 
+import grpc
+
 from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.control import ControlError, control_request
-from notebookos.global_scheduler.cycle_runner import CELL_CONTAINER, CycleRunnerMixin
+from notebookos.global_scheduler.cycle_runner import (
+    CELL_CONTAINER,
+    FIRST_CONTAINER,
+    CycleRunnerMixin,
+)
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
-from notebookos.policies import placement
 from notebookos.policies.cell_order import WaitingCell
 from notebookos.policies.container_cycle import never_fits
 from notebookos.policies.cycle import CycleResult, Snapshot, Status
@@ -69,25 +74,26 @@ def _slot_owner(kernel_id: str, msg_id: str) -> str:
 class CellContainerMixin(CycleRunnerMixin):
     # -- starting a kernel ----------------------------------------------------------------------
 
-    def _host_for_first_container(self, request: ResourceSpec) -> str | None:
-        """The container that answers the first kernel_info needs no GPUs: any host that can
-        hold the subscription, the policy's choice first."""
-        hosts = self.policy.choose_hosts(self.cluster, request, 1)
-        if hosts:
-            return hosts[0].host_id
-        unavailable = self._unavailable_hosts()
-        for host in placement.most_idle_first(self.cluster, min_idle=0,
-                                              limit=self.policy.candidate_limit):
-            if host.host_id not in unavailable and host.can_subscribe(request):
-                return host.host_id
-        return None
+    def _host_for_first_container(self, kernel_id: str, request: ResourceSpec) -> str:
+        """The container that answers the first kernel_info needs no GPUs: the container
+        cycle's host for it (``ANSWER_ONLY``: a host the policy accepts for the request, else
+        any that can hold its subscription, the most idle first). Raises StartError when none
+        can. Lock held."""
+        snapshot, result = self._decide_first_container(request)
+        self._record_cycle(snapshot, kernel_id, request, result, FIRST_CONTAINER)
+        if result.placed:
+            return result.host_id
+        if result.status is Status.ERROR:
+            raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id}: {result.reason}")
+        raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         self._why_no_hosts(request, 1, len(snapshot.unavailable_hosts)))
 
     def _start_first_container(self, kernel_id: str) -> None:
         """Start one container so the kernel answers its first kernel_info (the reply is cached
         for the parked kernel); the caller parks it. Raises StartError."""
         with self.lock:
             request = self.cluster.kernels[kernel_id].request
-            host_id = self._host_for_first_container(request)
+            host_id = self._host_for_first_container(kernel_id, request)
         self._add_replicas(kernel_id, 1, join=False, on_host=host_id,
                            prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV)
 

@@ -2,7 +2,9 @@
 the snapshot the container cycle reads, and the record of every decision applied (for the
 decision-equality test). Mixed into ``GlobalSchedulerService``; the mixins that decide
 (``execution.py``: a cell on placed replicas; ``replicas.py``: a kernel's replicas;
-``cell_containers.py``: a cell's own container) run their cycle through it."""
+``cell_containers.py``: a cell's own container and a per-cell kernel's first one;
+``recovery.py``: the replica that binds a reservation's session GPUs after a replacement) run
+their cycle through it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from notebookos.policies.container_cycle import run_container_cycle
+from notebookos.cluster import Kernel
+from notebookos.policies.container_cycle import Purpose, run_container_cycle
 from notebookos.policies.cycle import CycleResult, Snapshot
 from notebookos.policies.profile import Profile
 from notebookos.resources import ResourceSpec
@@ -19,10 +22,14 @@ from notebookos.resources import ResourceSpec
 log = logging.getLogger(__name__)
 
 # What a recorded decision placed: a cell on a kernel's replicas (``cycle.run_cycle``), a
-# kernel's replicas, a cell's own container (``container_cycle.run_container_cycle``).
+# kernel's replicas, a cell's own container, a per-cell kernel's first container (no GPUs),
+# the replica that binds a reservation's session GPUs anew
+# (``container_cycle.run_container_cycle``).
 EXECUTE = "execute"
 REPLICAS = "replicas"
 CELL_CONTAINER = "cell_container"
+FIRST_CONTAINER = "first_container"
+SESSION_GPUS = "session_gpus"
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class CycleRecord:
     request: ResourceSpec
     result: CycleResult
     kind: str = EXECUTE
-    count: int = 1  # containers asked for (REPLICAS, CELL_CONTAINER)
+    count: int = 1  # containers asked for (REPLICAS, CELL_CONTAINER, FIRST_CONTAINER)
 
 
 class CycleRunnerMixin:
@@ -89,5 +96,22 @@ class CycleRunnerMixin:
         return snapshot, run_container_cycle(snapshot, request, self.profile, count=count,
                                              exclude=exclude)
 
+    def _decide_first_container(self, request: ResourceSpec) -> tuple[Snapshot, CycleResult]:
+        """The container cycle for a per-cell kernel's first container (it binds no GPUs and
+        only answers kernel_info): its host. Lock held."""
+        snapshot = Snapshot(self.cluster, unavailable_hosts=self._unavailable_hosts())
+        return snapshot, run_container_cycle(snapshot, request, self.profile,
+                                             purpose=Purpose.ANSWER_ONLY)
 
-__all__ = ["CELL_CONTAINER", "EXECUTE", "REPLICAS", "CycleRecord", "CycleRunnerMixin"]
+    def _decide_session_gpus(self, kernel: Kernel, new_ids: Sequence[int],
+                             refused: dict[int, str]) -> tuple[Snapshot, CycleResult]:
+        """The container cycle for a reservation's session GPUs after the replica holding them
+        was replaced: which live replica binds them (``new_ids`` first; ``refused``: replicas
+        whose host refused the commit since). Lock held."""
+        snapshot = Snapshot(self.cluster, refused=dict(refused), new_replicas=tuple(new_ids))
+        return snapshot, run_container_cycle(snapshot, kernel.request, self.profile,
+                                             purpose=Purpose.SESSION_GPUS, kernel=kernel)
+
+
+__all__ = ["CELL_CONTAINER", "EXECUTE", "FIRST_CONTAINER", "REPLICAS", "SESSION_GPUS",
+           "CycleRecord", "CycleRunnerMixin"]

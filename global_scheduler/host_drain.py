@@ -110,9 +110,9 @@ class HostDrainMixin:
                 return None
             exclude = [r.host_id for r in entry.replicas.values()]
             snapshot, result = self._decide_containers(kernel.request, 1, exclude=exclude)
+            self._record_cycle(snapshot, kernel_id, kernel.request, result, REPLICAS)
             if result.status is not Status.SUCCESS:
                 return f"no other host can take a replica of {kernel_id}: {result.reason}"
-            self._record_cycle(snapshot, kernel_id, kernel.request, result, REPLICAS)
             target = result.hosts[0]
         try:
             self.migrate_replica(kernel_id, replica_id, target, reason=reason)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import grpc
 
 from notebookos.global_scheduler.control import ControlError, control_request
+from notebookos.global_scheduler.cycle_runner import SESSION_GPUS, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry
@@ -27,7 +28,7 @@ RECOVERY_ATTEMPTS = 6  # a kernel with no replica left is declared failed after 
 RECOVERY_BACKOFF_MAX_S = 8.0
 
 
-class RecoveryMixin:
+class RecoveryMixin(CycleRunnerMixin):
     def _lose_replica(self, entry: KernelEntry, replica_id: int, why: str) -> None:
         """A replica or container is gone (died, or its host was lost): as the kernel mode says
         (a per-cell container is not replaced: cell_containers.py). Lock held."""
@@ -285,9 +286,11 @@ class RecoveryMixin:
 
     def _rebind_session_gpus(self, kernel_id: str, new_ids: list[int]) -> None:
         """Reservation (GPUs bound at placement): the replica holding the kernel's GPUs was
-        replaced, so its replacement commits them on its own host (another live replica if that
-        host cannot). The old commitment left the cluster model with the old replica; it is
-        released on the old Local Scheduler too when that one is still reachable."""
+        replaced, so another commits them: the one the container cycle chooses
+        (``SESSION_GPUS``: the replacement on its own host first, else another live replica
+        whose host can). A host that refuses the commit is passed over by the next cycle
+        (``Snapshot.refused``). The old commitment left the cluster model with the old replica;
+        it is released on the old Local Scheduler too when that one is still reachable."""
         if not self.binding.binds_at_placement:
             return
         with self.lock:
@@ -300,8 +303,6 @@ class RecoveryMixin:
                 return  # the holder is alive
             entry.session_gpus = None
             old_link = self.hosts.get(old_host)
-            candidates = [r for r in new_ids if r in entry.replicas]
-            candidates += sorted(set(entry.replicas) - set(candidates))
             spec = kernel.request
         if old_link is not None:
             try:
@@ -310,19 +311,30 @@ class RecoveryMixin:
             except grpc.RpcError as exc:  # NOT_FOUND: it went with the replica
                 log.debug("kernel %s: releasing the old session GPUs on %s: %s", kernel_id,
                           old_host, exc.details())
-        reasons = []
-        for rid in candidates:
-            try:
+        refused: dict[int, str] = {}
+        while True:
+            with self.lock:
+                kernel = self.cluster.kernels.get(kernel_id)
+                if kernel is None or self.kernels.get(kernel_id) is not entry:
+                    return  # stopped meanwhile
+                snapshot, result = self._decide_session_gpus(kernel, new_ids, refused)
+                self._record_cycle(snapshot, kernel_id, spec, result, SESSION_GPUS)
+                rid = result.replica_id
+                if result.placed and rid not in entry.replicas:  # not started: pass it over
+                    refused[rid] = f"replica {rid} is not running"
+                    continue
+            if not result.placed:
+                log.warning("kernel %s: no replica could take the session's GPUs (%s: %s)",
+                            kernel_id, result.status, result.reason)
+                break
+            try:  # the Local Scheduler's CommitGpus: outside the lock
                 self._bind_for_session(entry, spec, rid)
             except StartError as exc:
-                reasons.append(str(exc))
+                refused[rid] = str(exc)
                 continue
             log.info("kernel %s: session GPUs %s now committed to replica %d on %s",
                      kernel_id, entry.session_gpus[2], rid, entry.session_gpus[1])
             break
-        else:
-            log.warning("kernel %s: no replica could take the session's GPUs: %s; cells bind "
-                        "them per cell until one can", kernel_id, "; ".join(reasons))
         with self.lock:
             self._save_kernel(entry)
 

@@ -3,7 +3,9 @@ issue 35: the status codes, the profile's plug-ins from entry points with their 
 sections, and the decision-equality test: one recorded sequence of requests, with the cluster
 snapshots the live Global Scheduler saw, gives the same decisions through the simulator's path.
 The same for the container cycle (policies/container_cycle.py): a kernel's replicas (with
-reservation's session GPUs) and a per-cell container (batch, lcp).
+reservation's session GPUs), a per-cell container and a per-cell kernel's first container (batch,
+lcp); and the replica that binds a reservation's session GPUs after a replacement (live only: the
+simulator models no replica loss, so its records are replayed through the cycle itself).
 """
 
 from __future__ import annotations
@@ -17,23 +19,31 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
 import pytest
 
 from notebookos.cluster import Cluster, Host
 from notebookos.global_scheduler import cycle_runner, execution
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import CellQueue
-from notebookos.global_scheduler.cycle_runner import CELL_CONTAINER, REPLICAS, CycleRecord
+from notebookos.global_scheduler.cycle_runner import (
+    CELL_CONTAINER,
+    FIRST_CONTAINER,
+    REPLICAS,
+    SESSION_GPUS,
+    CycleRecord,
+)
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import PlacementFailed, ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
 from notebookos.policies import cycle as cycle_module
 from notebookos.policies import get_policy
 from notebookos.policies import profile as profile_module
 from notebookos.policies.cell_order import ArrivalOrder, UserFairness
-from notebookos.policies.container_cycle import run_container_cycle
+from notebookos.policies.container_cycle import Purpose, run_container_cycle
 from notebookos.policies.cycle import (
     ONE_REPLICA_STAYS,
     Action,
@@ -457,6 +467,59 @@ def test_the_container_cycle_places_reserves_or_says_why_not():
     assert (result.status, result.reason) == (Status.WAIT, "parking")
 
 
+def test_the_container_cycle_places_a_first_container_without_gpus():
+    """A per-cell kernel's first container (ANSWER_ONLY) binds no GPUs: the policy's host when
+    one can bind the request, else any that can hold its subscription; never a draining one."""
+    cluster = _cluster(3, {})
+    _hog(cluster, "h0", 2)
+    _hog(cluster, "h1", 1)
+    batch = Profile.for_policy(get_policy("batch"))
+    first = {"purpose": Purpose.ANSWER_ONLY}
+    result = run_container_cycle(Snapshot(cluster), _gpus(2), batch, **first)
+    assert (result.status, result.action, result.hosts) == (Status.SUCCESS, Action.PLACE, ("h2",))
+    _hog(cluster, "h2", 2)  # no two GPUs idle anywhere: a new cell's container would wait
+    assert run_container_cycle(Snapshot(cluster), _gpus(2), batch).status is Status.UNSCHEDULABLE
+    result = run_container_cycle(Snapshot(cluster), _gpus(2), batch, **first)
+    assert (result.status, result.action, result.host_id) == (Status.SUCCESS, Action.PLACE, "h1")
+    result = run_container_cycle(Snapshot(cluster, unavailable_hosts=frozenset({"h1"})),
+                                 _gpus(2), batch, **first)
+    assert result.placed and result.host_id != "h1"
+    result = run_container_cycle(Snapshot(cluster, unavailable_hosts=frozenset(cluster.hosts)),
+                                 _gpus(2), batch, **first)
+    assert result.status is Status.UNSCHEDULABLE and "binds no GPUs" in result.reason
+    result = run_container_cycle(Snapshot(cluster), _gpus(3), batch, **first)
+    assert result.status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE
+
+
+def test_the_container_cycle_chooses_the_replica_that_binds_the_session_gpus():
+    """SESSION_GPUS: the replacement first, then the other live replicas by id; a refused one is
+    passed over; none can now: wait (reservation does not migrate); none ever: unresolvable."""
+    cluster = _cluster(4, {"k": (1, ["h0", "h1", "h2"])})
+    kernel = cluster.kernels["k"]
+    cluster.remove_replica("k", 1)
+    cluster.place_replica("k", 4, "h3")
+    reservation = Profile.for_policy(get_policy("reservation"))
+
+    def cycle(snapshot: Snapshot, gpus: int = 1) -> CycleResult:
+        return run_container_cycle(snapshot, _gpus(gpus), reservation,
+                                   purpose=Purpose.SESSION_GPUS, kernel=kernel)
+
+    result = cycle(Snapshot(cluster, new_replicas=(4,)))
+    assert (result.status, result.action, result.replica_id, result.host_id, result.order) == (
+        Status.SUCCESS, Action.RESERVE, 4, "h3", (4, 2, 3))
+    _hog(cluster, "h3", 2)
+    assert cycle(Snapshot(cluster, new_replicas=(4,))).replica_id == 2
+    result = cycle(Snapshot(cluster, refused={2: "host h1 refused"}, new_replicas=(4,)))
+    assert (result.replica_id, result.host_id) == (3, "h2")
+    for h in ("h1", "h2"):
+        _hog(cluster, h, 2)
+    result = cycle(Snapshot(cluster, new_replicas=(4,)))
+    assert result.status is Status.WAIT and "per cell until one can" in result.reason
+    assert cycle(Snapshot(cluster), gpus=3).status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert run_container_cycle(Snapshot(cluster), _gpus(1), reservation,
+                               purpose=Purpose.SESSION_GPUS).status is Status.ERROR
+
+
 class _HostLinkStandIn:
     """What the placement reads of a host link: its host, address, whether it drains, whether
     its Local Scheduler answers."""
@@ -489,12 +552,33 @@ class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
         self.cycle_recorder = self.records.append
         self.capacity_wanted: list[int] = []
         self.on_capacity_wanted = self.capacity_wanted.append
+        self.uses_warm_pool = False
 
     def _save_kernel(self, entry):  # noqa: ANN001, ANN202
         return None
 
     def _raft_ports_in_use(self):  # noqa: ANN202
         return {}
+
+    def _add_replicas(self, kernel_id, count, *, join, on_host=None, **_):  # noqa: ANN001, ANN003, ANN202
+        """Plan (the placement's effect on the model), start nothing."""
+        _, plan, _, _ = self._plan_replicas(kernel_id, count, join=join, on_host=on_host)
+        return [rid for rid, _, _ in plan]
+
+    def start_per_cell_kernel(self, kernel_id: str, gpus: int) -> str | None:
+        """A per-cell kernel's StartKernel: the host its first container started on (it is
+        parked at once: out of the model again), or None when StartKernel was refused."""
+        self.cluster.add_kernel(kernel_id, _gpus(gpus))
+        self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3", {})
+        try:
+            self._start_first_container(kernel_id)
+        except StartError:
+            return None
+        kernel = self.cluster.kernels[kernel_id]
+        (replica,) = kernel.replicas.values()
+        self.cluster.remove_replica(kernel_id, replica.replica_id)
+        self.kernels[kernel_id].state = "parked"
+        return replica.host_id
 
     def start_kernel(self, kernel_id: str, gpus: int) -> tuple | None:
         """A kernel's replicas placed (StartKernel's plan): (hosts, session GPUs set aside on),
@@ -585,6 +669,11 @@ def _sim_places(record: CycleRecord, policy: str, monkeypatch) -> tuple[CycleRes
                                kernel=None, wake_started=None)
         if record.kind == CELL_CONTAINER:
             sim.mode.try_run(sess, run, 0.0)
+        elif record.kind == FIRST_CONTAINER:
+            sess.ready = False
+            sim.mode.on_session_start(sess, 0.0)
+            assert sess.ready  # its cells come, as before
+            sim.outcome = ("started", sim.mode.first_containers_unplaced)
         else:
             if SessionSimulator._place_kernel(sim, sess, 0.0):
                 replicas = [r for _, r in sorted(cluster.kernels[record.kernel_id].replicas
@@ -693,3 +782,131 @@ def test_container_decision_equality_fails_when_the_simulator_decides_alone(monk
     monkeypatch.setattr(session_modes.CellContainers, "try_run", own_choice)
     with pytest.raises(AssertionError, match="did not run the shared container cycle"):
         _sim_places(record, "batch", monkeypatch)
+
+
+# A per-cell kernel's StartKernel (kernel, GPUs), or ("hog", host, GPUs): GPUs taken there
+FIRST_SEQUENCE = [
+    ("a", 1),  # the policy's host: one that can bind the request
+    ("hog", "h0", 2), ("hog", "h1", 2), ("hog", "h2", 1),
+    ("b", 2),  # no host can bind 2 GPUs now: any that can hold the subscription
+    ("c", 1),
+    ("d", 3),  # more than any host: StartKernel refused, unresolvable
+]
+
+
+@pytest.mark.parametrize("policy", ["batch", "lcp"])
+def test_a_per_cell_kernels_first_container_is_placed_by_the_same_cycle_live_and_simulated(
+        policy, monkeypatch):
+    live = _LiveContainers(_cluster(3, {}), policy)
+    calls: list[CycleResult] = []
+    monkeypatch.setattr(cycle_runner, "run_container_cycle",
+                        _spied_container_cycle(cycle_runner, calls))
+    live_hosts = []
+    for step in FIRST_SEQUENCE:
+        if step[0] == "hog":
+            _hog(live.cluster, step[1], step[2])
+            continue
+        live_hosts.append(live.start_per_cell_kernel(*step))
+    records = live.records
+    assert [r.kind for r in records] == [FIRST_CONTAINER] * 4 and len(calls) == 4
+    assert [r.result for r in records] == calls
+    assert [r.result.status for r in records] == [Status.SUCCESS] * 3 + [
+        Status.UNSCHEDULABLE_AND_UNRESOLVABLE]
+    assert {r.result.action for r in records if r.result.placed} == {Action.PLACE}
+    # the container started where the cycle said, also where no host could bind its GPUs
+    assert live_hosts == [r.result.host_id for r in records]
+    assert live_hosts[1] == "h2" and live_hosts[3] is None
+    for record in records:
+        sim_result, sim_outcome = _sim_places(record, policy, monkeypatch)
+        assert sim_result.decision() == record.result.decision(), record
+        assert sim_result.reason == record.result.reason
+        assert sim_outcome == ("started", int(not record.result.placed))
+
+
+class _GpuStub:
+    """A Local Scheduler's ReleaseGpus, as the rebind calls it for the old holder."""
+
+    def __init__(self) -> None:
+        self.released: list[int] = []
+
+    def ReleaseGpus(self, request, timeout):  # noqa: ANN001, ANN201, N802
+        self.released.append(request.replica_id)
+
+
+class _LiveRecovery(RecoveryMixin, _LiveContainers):
+    """The live scheduler's rebind of a reservation's session GPUs (``_rebind_session_gpus``)
+    on a stand-in whose Local Schedulers commit what the model can, except on ``refusing``
+    hosts."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster, "reservation")
+        self.refusing: set[str] = set()
+        for link in self.hosts.values():
+            link.stub = _GpuStub()
+
+    def _bind_for_session(self, entry, spec, replica_id=None):  # noqa: ANN001, ANN202
+        rl = entry.replicas[replica_id]
+        if rl.host_id in self.refusing:
+            raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"host {rl.host_id} cannot bind {spec.gpus} GPU(s) for the session")
+        owner = self.cluster.kernels[entry.kernel_id].replicas[replica_id].owner
+        ids = self.cluster.hosts[rl.host_id].commit(owner, spec)
+        entry.session_gpus = (replica_id, rl.host_id, list(ids))
+
+    def add(self, kernel_id: str, rid: int, host_id: str) -> None:
+        self.cluster.place_replica(kernel_id, rid, host_id)
+        endpoint = ReplicaEndpoint(rid, "127.0.0.1", 1, 2, 3, 4, host_id)
+        self.kernels[kernel_id].replicas[rid] = ReplicaLink(rid, host_id, endpoint, "", 0, True)
+
+    def replace(self, kernel_id: str, lost: int, rid: int, host_id: str) -> None:
+        """``lost`` died (out of the model, its commitment with it); ``rid`` replaced it."""
+        self.kernels[kernel_id].replicas.pop(lost)
+        self.cluster.remove_replica(kernel_id, lost)
+        self.add(kernel_id, rid, host_id)
+        self._rebind_session_gpus(kernel_id, [rid])
+
+
+def test_a_reservations_session_gpus_rebind_through_the_cycle_after_a_replacement(monkeypatch):
+    """The replica that binds a reservation's session GPUs after the holder was replaced is
+    the container cycle's decision (SESSION_GPUS), recorded; a host that refuses the commit is
+    passed over by the next cycle. The simulator models no replica loss: each record is
+    replayed through the cycle on the snapshot the live scheduler saw."""
+    live = _LiveRecovery(_cluster(4, {}))
+    live.cluster.add_kernel("k", _gpus(1))
+    live.kernels["k"] = KernelEntry("k", "key", "hmac-sha256", "python3", {}, state="idle")
+    for rid, host_id in ((1, "h0"), (2, "h1"), (3, "h2")):
+        live.add("k", rid, host_id)
+    live._bind_for_session(live.kernels["k"], _gpus(1), 1)
+    calls: list[CycleResult] = []
+    monkeypatch.setattr(cycle_runner, "run_container_cycle",
+                        _spied_container_cycle(cycle_runner, calls))
+    entry = live.kernels["k"]
+
+    live.replace("k", 1, 4, "h3")  # the replacement's host can bind them
+    assert entry.session_gpus[:2] == (4, "h3") and live.hosts["h0"].stub.released == [1]
+    _hog(live.cluster, "h0", 2)
+    live.refusing.add("h1")
+    live.replace("k", 4, 5, "h0")  # its host is busy; h1 refuses the commit: h2
+    assert entry.session_gpus[:2] == (3, "h2")
+    for h in ("h1", "h3"):
+        _hog(live.cluster, h, 2)
+    live.replace("k", 3, 6, "h3")  # every replica's host is busy: cells bind per cell
+    assert entry.session_gpus is None
+
+    records = live.records
+    assert [r.kind for r in records] == [SESSION_GPUS] * 4 and [r.result for r in records] == calls
+    assert [(r.result.status, r.result.replica_id, r.result.host_id) for r in records] == [
+        (Status.SUCCESS, 4, "h3"), (Status.SUCCESS, 2, "h1"), (Status.SUCCESS, 3, "h2"),
+        (Status.WAIT, None, None)]
+    assert {r.result.action for r in records if r.result.placed} == {Action.RESERVE}
+    assert dict(records[2].snapshot.refused) == {2: "host h1 cannot bind 1 GPU(s) for the "
+                                                    "session"}
+    assert [r.snapshot.new_replicas for r in records] == [(4,), (5,), (5,), (6,)]
+    reservation = Profile.for_policy(get_policy("reservation"))
+    for record in records:
+        snapshot = copy.deepcopy(record.snapshot)
+        replayed = run_container_cycle(snapshot, record.request, reservation,
+                                       purpose=Purpose.SESSION_GPUS,
+                                       kernel=snapshot.cluster.kernels[record.kernel_id])
+        assert replayed.decision() == record.result.decision(), record
+        assert replayed.reason == record.result.reason

@@ -5,17 +5,30 @@ container starts (``batch``, ``lcp``: a container per cell). Issue 35: the live 
 (``simulator/sessionsim.py``, ``session_modes.CellContainers``) both take these decisions here,
 as they take a cell's decision on placed replicas through ``cycle.run_cycle``.
 
-``run_container_cycle(snapshot, request, profile, count=..., exclude=...)`` runs the profile's
-filter and score (the policy's ``acceptable_hosts``: ``candidate_hosts``, ``host_acceptable``,
-``score``) and returns a ``CycleResult``:
+``run_container_cycle(snapshot, request, profile, count=..., exclude=..., purpose=...)`` runs
+the profile's filter and score for one of three purposes (``Purpose``):
+
+- ``CONTAINERS`` (the default): where ``count`` new containers that may bind the request's GPUs
+  start (a kernel's replicas, a cell's own container): the policy's ``acceptable_hosts``
+  (``candidate_hosts``, ``host_acceptable``, ``score``);
+- ``ANSWER_ONLY``: the first container of a per-cell kernel, which binds no GPUs and only
+  answers ``kernel_info`` before the kernel is parked: a host the policy accepts for the
+  request, else any host that can hold its subscription, the most idle first (at most the
+  policy's ``candidate_limit``);
+- ``SESSION_GPUS``: which of ``kernel``'s live replicas binds the session's GPUs after the one
+  that held them was replaced (reservation): the replicas just started first
+  (``Snapshot.new_replicas``), then the others by id; the first whose host can commit the
+  request now and did not refuse it (``Snapshot.refused``). No container starts.
+
+It returns a ``CycleResult``:
 
 | status | action | meaning |
 |---|---|---|
 | ``SUCCESS`` | ``PLACE`` | start the containers on ``hosts`` (``host_id``: the first) |
-| ``SUCCESS`` | ``RESERVE`` | the same, and bind the session's GPUs on ``host_id`` (the policy's ``binding`` binds at placement, its containers live for the session) |
+| ``SUCCESS`` | ``RESERVE`` | the same, and bind the session's GPUs on ``host_id`` (the policy's ``binding`` binds at placement, its containers live for the session); ``SESSION_GPUS``: bind them to ``replica_id`` on ``host_id`` (``order``: the replicas walked) |
 | ``UNSCHEDULABLE`` | | fewer than ``count`` hosts can take one now (``hosts``: those that can); more capacity would help |
-| ``UNSCHEDULABLE_AND_UNRESOLVABLE`` | | no host of the cluster could ever hold the request (``never_fits``) |
-| ``WAIT`` | | the kernel's containers are changing (``Snapshot.replica_change``: a per-cell kernel's last container is still parking) |
+| ``UNSCHEDULABLE_AND_UNRESOLVABLE`` | | no host of the cluster (``SESSION_GPUS``: of the kernel's replicas) could ever hold the request (``never_fits``) |
+| ``WAIT`` | | the kernel's containers are changing (``Snapshot.replica_change``: a per-cell kernel's last container is still parking); ``SESSION_GPUS``: no replica's host can commit the session's GPUs now (a policy that binds at placement does not migrate: cells bind per cell until one can), or the kernel has no live replica |
 | ``ERROR`` | | a plug-in failed |
 
 The cycle is pure; the caller applies the decision (start the containers, set the GPUs aside
@@ -24,18 +37,28 @@ or commit them) through its own mechanism.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from notebookos.cluster import Cluster
-from notebookos.policies.cycle import Action, CycleResult, Snapshot, Status
+from notebookos.cluster import Cluster, Kernel
+from notebookos.policies import placement
+from notebookos.policies.cycle import NO_REPLICA, Action, CycleResult, Snapshot, Status
 from notebookos.resources import ResourceSpec
 
 if TYPE_CHECKING:
     from notebookos.policies.profile import Profile
 
 log = logging.getLogger(__name__)
+
+
+class Purpose(enum.StrEnum):
+    """What a container cycle decides (see the module's docstring)."""
+
+    CONTAINERS = "containers"  # new containers that may bind the request's GPUs
+    ANSWER_ONLY = "answer_only"  # a per-cell kernel's first container: no GPUs, kernel_info
+    SESSION_GPUS = "session_gpus"  # the live replica that binds the session's GPUs anew
 
 
 def never_fits(cluster: Cluster, request: ResourceSpec, what: str = "this request") -> str:
@@ -58,11 +81,18 @@ def placement_action(profile: Profile) -> Action:
 
 
 def run_container_cycle(snapshot: Snapshot, request: ResourceSpec, profile: Profile, *,
-                        count: int = 1, exclude: Sequence[str] = ()) -> CycleResult:
+                        count: int = 1, exclude: Sequence[str] = (),
+                        purpose: Purpose = Purpose.CONTAINERS,
+                        kernel: Kernel | None = None) -> CycleResult:
     """Where ``count`` new containers for ``request`` start (distinct hosts, none of
-    ``exclude`` or ``snapshot.unavailable_hosts``): see the module's docstring."""
+    ``exclude`` or ``snapshot.unavailable_hosts``), the host of a per-cell kernel's first
+    container (``ANSWER_ONLY``), or which of ``kernel``'s replicas binds the session's GPUs
+    (``SESSION_GPUS``): see the module's docstring."""
     try:
-        return _container_cycle(snapshot, request, profile, count, exclude)
+        if purpose is Purpose.SESSION_GPUS:
+            return _session_gpus_cycle(snapshot, kernel, request)
+        return _container_cycle(snapshot, request, profile, count, exclude,
+                                purpose is Purpose.ANSWER_ONLY)
     except Exception as exc:  # noqa: BLE001 - a plug-in's failure is the request's error
         log.exception("container placement cycle failed")
         return CycleResult(Status.ERROR, f"the scheduling cycle failed: "
@@ -70,22 +100,63 @@ def run_container_cycle(snapshot: Snapshot, request: ResourceSpec, profile: Prof
 
 
 def _container_cycle(snapshot: Snapshot, request: ResourceSpec, profile: Profile, count: int,
-                     exclude: Sequence[str]) -> CycleResult:
+                     exclude: Sequence[str], answer_only: bool) -> CycleResult:
     if snapshot.replica_change:
         return CycleResult(Status.WAIT, snapshot.replica_change)
     cluster = snapshot.cluster
     skip = [*exclude, *sorted(snapshot.unavailable_hosts)]
     found = tuple(h.host_id for h in profile.policy.acceptable_hosts(cluster, request, count,
                                                                      skip))
+    if answer_only and not found:
+        # it binds no GPUs: any host that can hold its subscription, the most idle first
+        found = tuple(h.host_id for h in placement.most_idle_first(
+            cluster, min_idle=0, limit=profile.policy.candidate_limit)
+            if h.host_id not in skip and h.can_subscribe(request))[:count]
     if len(found) == count:
-        return CycleResult(Status.SUCCESS, "", placement_action(profile), host_id=found[0],
-                           hosts=found)
+        action = Action.PLACE if answer_only else placement_action(profile)
+        return CycleResult(Status.SUCCESS, "", action, host_id=found[0], hosts=found)
     unresolvable = never_fits(cluster, request)
     if unresolvable:
         return CycleResult(Status.UNSCHEDULABLE_AND_UNRESOLVABLE, unresolvable, hosts=found)
     return CycleResult(Status.UNSCHEDULABLE,
                        f"{len(found)} of the {count} host(s) needed can take a container for "
-                       f"the request ({request}) now", hosts=found)
+                       f"the request ({request}) now"
+                       + (", even one that binds no GPUs" if answer_only else ""), hosts=found)
 
 
-__all__ = ["never_fits", "placement_action", "run_container_cycle"]
+def _session_gpus_cycle(snapshot: Snapshot, kernel: Kernel | None,
+                        request: ResourceSpec) -> CycleResult:
+    if kernel is None:
+        return CycleResult(Status.ERROR, "the kernel is not in the cluster model")
+    cluster = snapshot.cluster
+    live = {r.replica_id: r for r in kernel.live_replicas()}
+    if not live:
+        return CycleResult(Status.WAIT, NO_REPLICA)
+    first = [rid for rid in snapshot.new_replicas if rid in live]
+    order = tuple(first + sorted(set(live) - set(first)))
+    reasons = []
+    for rid in order:
+        replica = live[rid]
+        if rid in snapshot.refused:
+            reasons.append(snapshot.refused[rid])
+            continue
+        host = cluster.hosts.get(replica.host_id)
+        if host is None:
+            reasons.append(f"host {replica.host_id} is gone")
+            continue
+        if host.can_commit(request, replica.owner):
+            return CycleResult(Status.SUCCESS, "", Action.RESERVE, rid, host.host_id, order,
+                               hosts=(host.host_id,))
+        reasons.append(f"host {host.host_id} has {host.idle_gpus} idle GPU(s)")
+    capacities = [cluster.hosts[r.host_id].capacity.gpus for r in live.values()
+                  if r.host_id in cluster.hosts]
+    if capacities and request.gpus > max(capacities):
+        return CycleResult(Status.UNSCHEDULABLE_AND_UNRESOLVABLE,
+                           f"the session asks for {request.gpus} GPU(s) and no host of its "
+                           f"replicas has more than {max(capacities)}", order=order)
+    return CycleResult(Status.WAIT, f"no replica's host can bind the session's {request.gpus} "
+                       f"GPU(s) now ({'; '.join(reasons)}); cells bind them per cell until one "
+                       "can", order=order)
+
+
+__all__ = ["Purpose", "never_fits", "placement_action", "run_container_cycle"]

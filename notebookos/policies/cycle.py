@@ -102,7 +102,9 @@ class Snapshot:
     - ``sharing``: the device view the share post-filter needs (None: no sharing to consider);
     - ``share_refused``: why the hosts refused the last share plans ("": none refused);
     - ``unavailable_hosts``: hosts that take no new container (the live scheduler's draining
-      hosts; ``notebookos.policies.container_cycle``).
+      hosts; ``notebookos.policies.container_cycle``);
+    - ``new_replicas``: the replicas a replacement just started, which take the session's GPUs
+      first (``container_cycle``'s ``SESSION_GPUS``).
     """
 
     cluster: Cluster
@@ -111,6 +113,7 @@ class Snapshot:
     sharing: SharingView | None = None
     share_refused: str = ""
     unavailable_hosts: frozenset[str] = frozenset()
+    new_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,11 @@ help), ``UNSCHEDULABLE_AND_UNRESOLVABLE`` (no host could ever run it), ``WAIT`` 
 GPUs on its own hosts or a replica change) or ``ERROR`` (a plug-in failed). Each caller applies
 the decision through its own mechanism (commit RPCs / simulated books). Where new containers
 start (a kernel's replicas, with the session's GPUs for a policy that binds them at placement; a
-per-cell container) both decide through ``notebookos.policies.container_cycle.
-run_container_cycle``, with the same status codes (``SUCCESS`` with ``PLACE`` or ``RESERVE``).
+per-cell container; a per-cell kernel's first container, which binds no GPUs) both decide
+through ``notebookos.policies.container_cycle.run_container_cycle``, with the same status codes
+(``SUCCESS`` with ``PLACE`` or ``RESERVE``); the live scheduler also decides there which replica
+binds a reservation's session GPUs after a replacement (``Purpose.SESSION_GPUS``; the simulator
+models no replica loss).
 
 A *profile* (``notebookos.policies.profile.Profile``) names the plug-in of each point, each found
 through an entry-point group and built with its own configuration section:

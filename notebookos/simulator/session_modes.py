@@ -14,16 +14,19 @@ tests the policy's name or flags:
   state I/O; ``lcp``: a warm pool).
 
 Where new containers start (a kernel's replicas, with the session's GPUs for ``reservation``; a
-cell's container) is decided by the container cycle
+cell's container; a per-cell kernel's first container, which binds no GPUs and only answers
+``kernel_info``) is decided by the container cycle
 (``notebookos.policies.container_cycle.run_container_cycle``), the one the live Global
-Scheduler runs for them too.
+Scheduler runs for them too. The engine models no replica loss, so the replica that binds a
+reservation's session GPUs after a replacement (``Purpose.SESSION_GPUS``, live only) is never
+decided here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from notebookos.policies.container_cycle import run_container_cycle
+from notebookos.policies.container_cycle import Purpose, run_container_cycle
 from notebookos.policies.cycle import Action, CycleResult, Snapshot, Status, run_cycle
 from notebookos.policies.profile import Profile
 
@@ -215,7 +218,28 @@ class ReservedKernels(SessionKernels):
 class CellContainers(KernelMode):
     """A container per cell: placed (GPUs bound) when the cell is sent, removed when it ends."""
 
+    def __init__(self, sim: SessionSimulator) -> None:
+        super().__init__(sim)
+        self.first_containers_unplaced = 0  # sessions whose first container found no host
+
+    def decide_first_container(self, sess: _Sess) -> CycleResult:
+        """The container cycle for the container that answers the session's first
+        ``kernel_info`` (``ANSWER_ONLY``: it binds no GPUs), as the live Global Scheduler takes
+        it at StartKernel."""
+        return run_container_cycle(Snapshot(self.sim.cluster), sess.s.request, self.profile,
+                                   purpose=Purpose.ANSWER_ONLY)
+
     def on_session_start(self, sess: _Sess, now: float) -> None:
+        # The first container's decision, taken where the live scheduler takes it. It is
+        # parked as soon as it has answered, before any cell: it holds no GPUs and no
+        # subscription afterwards, and its start is not on a cell's path, so nothing more is
+        # modelled. One that finds no host (the live StartKernel is refused) is counted; the
+        # session's cells still come (the trace's problem), as before.
+        result = self.decide_first_container(sess)
+        if result.status is Status.ERROR:
+            raise RuntimeError(f"session {sess.s.session_id}: {result.reason}")
+        if not result.placed:
+            self.first_containers_unplaced += 1
         sess.ready = True
 
     def can_run(self, sess: _Sess) -> bool:

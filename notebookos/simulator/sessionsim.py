@@ -21,7 +21,8 @@ from notebookos.cluster import Cluster, Kernel, ReplicaState
 from notebookos.policies import placement
 from notebookos.policies.base import Policy, ScalingView
 from notebookos.policies.cell_order import ArrivalOrder, WaitingCell, cell_order_for
-from notebookos.policies.cycle import Action, Status
+from notebookos.policies.container_cycle import run_container_cycle
+from notebookos.policies.cycle import Action, Snapshot, Status
 from notebookos.policies.profile import Profile
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.hibernation import Hibernation
@@ -267,14 +268,19 @@ class SessionSimulator:
                 kernel = self.cluster.kernels.get(kernel_id)
                 if kernel is None:
                     break
-                occupied = {r.host_id for r in kernel.live_replicas()} | draining
-                target = self.policy.choose_hosts(self.cluster, kernel.request, 1,
-                                                  exclude=tuple(occupied))
-                if target is None:
+                # the container cycle, as the live drain (host_drain.py ``_drain_one``) takes
+                # it: the hosts being drained take nothing new
+                result = run_container_cycle(
+                    Snapshot(self.cluster, unavailable_hosts=frozenset(draining)),
+                    kernel.request, self.mode.profile,
+                    exclude=tuple(sorted({r.host_id for r in kernel.live_replicas()})))
+                if result.status is Status.ERROR:
+                    raise RuntimeError(f"kernel {kernel_id}: {result.reason}")
+                if not result.placed:
                     break
                 rid = int(rid_text)
                 self.cluster.remove_replica(kernel_id, rid)
-                replica = self.cluster.place_replica(kernel_id, rid, target[0].host_id)
+                replica = self.cluster.place_replica(kernel_id, rid, result.host_id)
                 replica.state = ReplicaState.RUNNING
                 self.record.migrations += 1
                 self.record.scale_in_migrations += 1

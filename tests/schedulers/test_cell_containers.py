@@ -5,6 +5,7 @@ host's pool, and a parked kernel still answers the requests a notebook UI sends.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -91,6 +92,27 @@ def test_batch_runs_each_cell_in_a_fresh_container_restored_from_the_checkpoint(
     assert entry["state"] == "parked" and entry["replicas"] == []
     assert entry["last_container_start_ms"] > 0
     assert "(parked)" in render_text(doc) and "container start" in render_text(doc)
+
+
+def test_a_batch_kernels_first_container_host_comes_from_the_cycle(make_cluster):
+    """The container that answers a per-cell kernel's first kernel_info is placed by the
+    container cycle (``ANSWER_ONLY``) and the decision is recorded like the others (the
+    Global Scheduler's debug log of ``_record_cycle``): here only host-1 can bind the kernel's
+    2 GPUs, so the policy's host is host-1, and the container starts there."""
+    cluster = make_cluster()
+    cluster.start_gs("--policy", "batch", "--log-level", "DEBUG")
+    cluster.start_ls("host-0", gpus=1)
+    cluster.start_ls("host-1", gpus=2)
+    cluster.wait_hosts(2)
+    kernel_id, kc = cluster.start_kernel(gpus=2)
+    wait_parked(cluster, kernel_id)
+    gs_log = (cluster.workdir / "gs.log").read_text(errors="replace")
+    decided = re.findall(rf"kernel {kernel_id}: first_container cycle success place on "
+                         r"\('([\w-]+)',\)", gs_log)
+    assert decided == ["host-1"], gs_log[-4000:]
+    assert f"started replica {kernel_id}/" in (cluster.workdir / "host-1.log").read_text()
+    assert kernel_id not in (cluster.workdir / "host-0.log").read_text()
+    assert run_cell(kc, "1 + 1")["reply"]["content"]["status"] == "ok"
 
 
 def test_a_silent_cells_changes_survive_its_container(make_cluster):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -424,9 +425,11 @@ def _assigned_gpus(kc) -> list[int]:  # noqa: ANN001
 
 def test_a_reservation_kernels_replacement_gets_the_session_gpus(make_cluster):
     """Reservation binds the kernel's GPUs at start; when its replica is lost (SIGKILL, then
-    its Local Scheduler) the rebuilt replica commits them on its own host."""
+    its Local Scheduler) the rebuilt replica commits them on its own host, as the container
+    cycle decides (``SESSION_GPUS``, recorded: the Global Scheduler's debug log of
+    ``_record_cycle``)."""
     cluster = make_cluster()
-    cluster.start_gs("--policy", "reservation")
+    cluster.start_gs("--policy", "reservation", "--log-level", "DEBUG")
     for i in range(3):
         cluster.start_ls(f"host-{i}", gpus=1)
     cluster.wait_hosts(3)
@@ -452,6 +455,10 @@ def test_a_reservation_kernels_replacement_gets_the_session_gpus(make_cluster):
         if lost_host is not None and lost_host != new_host and lost_host in addresses:
             assert ls_gpus_committed(addresses[lost_host]) == 0
         assert len(_assigned_gpus(kc)) == 1  # the next cell runs with its GPU
+        gs_log = (cluster.workdir / "gs.log").read_text(errors="replace")
+        rebinds = re.findall(rf"kernel {kernel_id}: session_gpus cycle (\w+) (\w+) on "
+                             r"\('([\w-]+)',\)", gs_log)
+        assert rebinds and rebinds[-1] == ("success", "reserve", new_host), rebinds
         return new_host
 
     os.kill(_replicas(cluster, kernel_id)[rid][1], signal.SIGKILL)

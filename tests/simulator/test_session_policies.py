@@ -6,6 +6,7 @@ import pytest
 
 from notebookos.policies import get_policy
 from notebookos.resources import ResourceSpec
+from notebookos.simulator import sessionsim
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.runner import summarize_run
 from notebookos.simulator.sessionsim import SessionSimulator
@@ -155,6 +156,28 @@ def test_notebookos_scale_in_variants(scale_in, moves, hosts_late):
     assert d.start == pytest.approx(195.3)
     assert record.scale_in_migrations == moves
     assert {row[4] for row in record.timeline if 3000 < row[0] < 5000} == hosts_late
+
+
+def test_a_scale_in_move_is_placed_by_the_container_cycle(monkeypatch):
+    """The standby replica the scale-in moves (the case above, scale_in=idle) goes where the
+    container cycle says, the hosts being drained unavailable, as the live drain decides it
+    (host_drain.py ``_drain_one``; issue 35)."""
+    seen = []
+    original = sessionsim.run_container_cycle
+
+    def spy(snapshot, request, profile, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append((snapshot.unavailable_hosts, original(snapshot, request, profile, **kwargs)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(sessionsim, "run_container_cycle", spy)
+    sessions = [session(k, 0, 5000, 8, [(100, 1000)]) for k in "ABCD"]
+    config = SimConfig(hosts=3, gpus_per_host=8, autoscale=True, **NO_PATH)
+    policy = get_policy("notebookos", scale_in="idle")
+    record = SessionSimulator(Workload(tuple(sessions)), policy, config).run()
+    assert record.scale_in_migrations == 1
+    moves = [(sorted(unavailable), result.host_id) for unavailable, result in seen
+             if unavailable and result.placed]
+    assert moves == [(["host-00003"], "host-00000")]
 
 
 def test_a_cell_submitted_after_the_session_stop_still_runs():
