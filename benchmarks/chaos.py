@@ -199,12 +199,12 @@ class Injector:
         if kind == "kill-global-scheduler":
             self.cluster.global_scheduler().send_signal(signal.SIGKILL)
             return Fault(kind, "global scheduler", None)
-        victim = self.rng.choice(replicas)
+        # A host of notebookos up, whose processes the campaign knows (and whose daemon up
+        # restarts: issue 33's fault); the autoscaler's own hosts (auto-...) are the Global
+        # Scheduler's children, not up's: killed, they stay gone.
+        supervised = [r for r in replicas if not r.host_id.startswith("auto-")]
+        victim = self.rng.choice(supervised or replicas)
         if kind == "kill-local-scheduler":
-            # a host of notebookos up, which restarts its daemon (issue 33's fault); the
-            # autoscaler's own hosts (auto-...) have no supervisor: killed, they stay gone
-            supervised = [r for r in replicas if not r.host_id.startswith("auto-")]
-            victim = self.rng.choice(supervised or replicas)
             ls = self.cluster.local_scheduler(victim.host_id)
             ls.send_signal(signal.SIGKILL)
             return Fault(kind, f"{victim.host_id} (pid {ls.pid}, holding replica "
