@@ -507,6 +507,16 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 entry.kernel_interactivity_ms = entry.last_interactivity_ms[replica_id]
                 self.metrics.cell_interactivity_delay.observe(now - arrived)
 
+    def execute_abandoned(self, kernel_id: str, msg_id: str) -> None:
+        """No replica ran ``msg_id`` (all yielded, or were lost before it started); it may run
+        under another id. Its arrival goes: kept, it held the kernel busy to hibernation for
+        ever (the fault campaign: a cell resubmitted after a rebuild from the checkpoint, its
+        GPUs committed before the executor was lost)."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            if entry is not None:
+                entry.cell_arrived.pop(msg_id, None)
+
     def message_dropped(self, kernel_id: str, reason: str) -> None:
         """A kernel's front dropped a message (``bad_signature`` or ``malformed``)."""
         self.metrics.dropped_messages.labels(reason=reason).inc()

@@ -42,6 +42,11 @@ class FrontHooks(Protocol):
     def cancel_execute(self, kernel_id: str, msg_id: str) -> None:
         """The cell being placed was withdrawn (an interrupt): stop waiting for it."""
 
+    def execute_abandoned(self, kernel_id: str, msg_id: str) -> None:
+        """The cell ``msg_id`` was answered without running under that id (every replica
+        asked yielded or was lost before its ``execute_input``; it may be resubmitted under
+        another id): it no longer waits to start."""
+
     def message_dropped(self, kernel_id: str, reason: str) -> None:
         """The front dropped a message (``bad_signature`` or ``malformed``): count it."""
 
@@ -50,7 +55,7 @@ class FrontHooks(Protocol):
         purpose, and their exits are not failures."""
 
 
-OPTIONAL_HOOKS = ("cancel_execute", "message_dropped", "shutdown_requested")
+OPTIONAL_HOOKS = ("cancel_execute", "execute_abandoned", "message_dropped", "shutdown_requested")
 
 
 def call_optional(hooks: Any, name: str, *args: Any) -> None:

@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any
 
+from notebookos.global_scheduler.front_hooks import call_optional
 from notebookos.global_scheduler.front_requests import MAX_RESUBMISSIONS, _Pending, _retry_id
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,8 @@ class ReplyMerger:
         last = self._verify_quiet(pending.last_reply) if pending.last_reply else None
         content = (last or {}).get("content", {})
         yielded = last is None or content.get("ename") == ALL_YIELDED
+        if yielded and not pending.started:  # no execute_input will come under this id
+            call_optional(self.hooks, "execute_abandoned", self.kernel_id, msg_id)
         client = pending.client_msg
         if last is None and pending.started and client is not None \
                 and self.fail_lost_started_cells:

@@ -77,6 +77,7 @@ class FrontHooks:
     def __init__(self) -> None:
         self.placed: list[str] = []
         self.released: list[str] = []
+        self.abandoned: list[str] = []  # cells answered without running under that id
         self.placing_threads: list[threading.Thread] = []  # the thread each cell was placed on
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
@@ -86,6 +87,9 @@ class FrontHooks:
 
     def release_execute(self, kernel_id: str, msg_id: str) -> None:
         self.released.append(msg_id)
+
+    def execute_abandoned(self, kernel_id: str, msg_id: str) -> None:
+        self.abandoned.append(msg_id)
 
     def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         pass

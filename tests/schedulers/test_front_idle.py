@@ -121,8 +121,9 @@ def test_a_reply_that_overtakes_its_execute_input_still_says_the_interactivity_d
 def test_a_failed_attempts_idle_does_not_end_the_cell(cluster) -> None:  # noqa: ANN001
     """The chosen replica proposed too late: everyone answers all-yielded, the front runs the
     cell again as <id>:retry1; that replica's idle for the failed attempt arrives after the
-    front resubmitted it and must not reach the client."""
-    _, executor, standby, client = cluster
+    front resubmitted it and must not reach the client. The scheduler is told that the first
+    id will never start (its arrival, kept, held the kernel busy to hibernation for ever)."""
+    front, executor, standby, client = cluster
     msg_id = client.execute()
     run, yielded = _requests(executor, standby)
     executor.publish(run, "status", {"execution_state": "busy"})
@@ -132,6 +133,7 @@ def test_a_failed_attempts_idle_does_not_end_the_cell(cluster) -> None:  # noqa:
     executor.reply(run, "execute_reply", failed, "none")
     retry, retry_yield = _requests(executor, standby)
     assert retry["header"]["msg_id"] == f"{msg_id}:retry1"
+    assert front.hooks.abandoned == [msg_id]
     executor.publish(run, "status", {"execution_state": "idle"})  # the failed attempt's
     seen = client.iopub_messages(0.5)
     assert ("status", {"execution_state": "idle"}) not in seen, seen
@@ -148,3 +150,5 @@ def test_a_failed_attempts_idle_does_not_end_the_cell(cluster) -> None:  # noqa:
                          ("status", {"execution_state": "idle"})], seen
     standby.reply(retry_yield, "execute_reply", {"status": "ok", "execution_count": 1},
                   "standby")
+    time.sleep(0.3)
+    assert front.hooks.abandoned == [msg_id], "a cell that ran is not abandoned"
