@@ -31,7 +31,7 @@ class _Waits(ExecutionMixin):
         self._placement_cv = SignallingCondition()
         # on the placement condition's lock, as in the service (a stop notifies it too)
         self._kernels_changed = SignallingCondition(self._placement_cv._lock)
-        self._cell_cv = threading.Condition()
+        self._cell_cv = SignallingCondition()
         self._gpu_releases = 0
         self._withdrawn_cells: set[tuple[str, str]] = set()
         self._stop = threading.Event()
