@@ -10,13 +10,19 @@ checkpoint the last cell's container wrote. A cell:
    in arrival order (``policy.backfill`` is False: nobody overtakes a blocked head); ``lcp``
    lets any waiting cell that fits go. The GPUs are set aside on the host (pending) the moment
    it is chosen. A cell that cannot be served within ``cell_queue_timeout_s`` fails with an
-   error reply that says why;
+   error reply that says why. The wait is a coroutine on the fronts' loop (``place_cell``,
+   ``_take_cell_slot``), as a replicated kernel's wait for GPUs is (execution.py): it holds no
+   thread, and awaits ``_cell_cv``'s signal (``loop_waits.SignallingCondition``), which every
+   event that could let a cell go notifies (a release, a cell leaving the queue, a kernel
+   parked, a host added, an interrupt, a stop); each look at the queue runs under the lock and
+   calls no Local Scheduler;
 2. gets a container on that host: ``batch`` starts a cold replica process, ``lcp`` promotes a
    prewarmed process from the host's warm pool (whose target the GS sets to the policy's
    ``warm_containers_per_host``; the Local Scheduler refills it with fresh processes, so a
    process that held one user's state never serves another). The container restores the
    namespace from the checkpoint when one exists;
-3. commits the GPUs there and runs;
+3. commits the GPUs there and runs (the container start and the commit call Local Schedulers,
+   so they run on a thread of the placement pool, ``run_blocking``, while they run);
 4. after the reply: the GPUs are released at once; the container is stopped once its
    checkpoint of the cell is durable (its ``replica_status`` shows ``checkpoint_count`` caught up
    with ``execution_count`` and no ``checkpoint_pending``, which covers a silent cell, or
