@@ -277,10 +277,17 @@ class CellContainerMixin(CycleRunnerMixin):
         ordered = self._ordered_waiters()
         if not self.policy.backfill:
             return ordered[0] is waiter
+        # Within one look (lock held, the model unchanged) a cell ahead's decision depends only
+        # on its request and whether its kernel is parked: decided once per kind, not once per
+        # cell (each waiter's look runs on the fronts' loop, and every waiter looks on a wake).
+        could_go: dict[tuple[ResourceSpec, bool], bool] = {}
         for other in ordered:
             if other is waiter:
                 return True
-            if self._decide_cell_host(other)[1].placed:
+            kind = (other.request, self._parked(other))
+            if kind not in could_go:
+                could_go[kind] = self._decide_cell_host(other)[1].placed
+            if could_go[kind]:
                 return False
         return True
 
