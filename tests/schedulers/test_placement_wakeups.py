@@ -358,7 +358,8 @@ def test_per_cell_cells_waiting_for_a_host_hold_no_thread_and_a_release_wakes_th
         waits = [loop.spawn(mode.place_execute_async(f"k{i}", "m", {})) for i in range(cells)]
         _wait_until(lambda: len(w._cell_waiters) == cells)
         time.sleep(0.3)
-        assert threading.active_count() == before, "a thread per waiting cell"
+        # (<=: an idle placement-pool worker left by an earlier test may end meanwhile)
+        assert threading.active_count() <= before, "a thread per waiting cell"
         assert len(w._cell_waiters) == cells and not any(f.done() for f in waits)
         assert w._cell_cv.signal.waits == cells  # each went to sleep once, nobody polls
 
