@@ -10,13 +10,19 @@ checkpoint the last cell's container wrote. A cell:
    in arrival order (``policy.backfill`` is False: nobody overtakes a blocked head); ``lcp``
    lets any waiting cell that fits go. The GPUs are set aside on the host (pending) the moment
    it is chosen. A cell that cannot be served within ``cell_queue_timeout_s`` fails with an
-   error reply that says why;
+   error reply that says why. The wait is a coroutine on the fronts' loop (``place_cell``,
+   ``_take_cell_slot``), as a replicated kernel's wait for GPUs is (execution.py): it holds no
+   thread, and awaits ``_cell_cv``'s signal (``loop_waits.SignallingCondition``), which every
+   event that could let a cell go notifies (a release, a cell leaving the queue, a kernel
+   parked, a host added, an interrupt, a stop); each look at the queue runs under the lock and
+   calls no Local Scheduler;
 2. gets a container on that host: ``batch`` starts a cold replica process, ``lcp`` promotes a
    prewarmed process from the host's warm pool (whose target the GS sets to the policy's
    ``warm_containers_per_host``; the Local Scheduler refills it with fresh processes, so a
    process that held one user's state never serves another). The container restores the
    namespace from the checkpoint when one exists;
-3. commits the GPUs there and runs;
+3. commits the GPUs there and runs (the container start and the commit call Local Schedulers,
+   so they run on a thread of the placement pool, ``run_blocking``, while they run);
 4. after the reply: the GPUs are released at once; the container is stopped once its
    checkpoint of the cell is durable (its ``replica_status`` shows ``checkpoint_count`` caught up
    with ``execution_count`` and no ``checkpoint_pending``, which covers a silent cell, or
@@ -42,6 +48,7 @@ from notebookos.global_scheduler.cycle_runner import (
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+from notebookos.global_scheduler.loop_waits import run_blocking
 from notebookos.policies.cell_order import WaitingCell
 from notebookos.policies.container_cycle import never_fits
 from notebookos.policies.cycle import CycleResult, Snapshot, Status
@@ -99,10 +106,19 @@ class CellContainerMixin(CycleRunnerMixin):
 
     # -- a cell ---------------------------------------------------------------------------------
 
-    def place_cell(self, kernel_id: str, msg_id: str, request: ResourceSpec
-                   ) -> tuple[int, list[int]]:
-        """Queue, start the cell's container, commit its GPUs; raises PlacementFailed."""
-        host_id = self._take_cell_slot(kernel_id, msg_id, request)
+    async def place_cell(self, kernel_id: str, msg_id: str, request: ResourceSpec
+                         ) -> tuple[int, list[int]]:
+        """Queue, start the cell's container, commit its GPUs; raises PlacementFailed. A
+        coroutine on the fronts' loop: the wait for a host holds no thread; the container start
+        and the commit (Local Scheduler calls) run on a thread of the placement pool."""
+        host_id = await self._take_cell_slot(kernel_id, msg_id, request)
+        return await run_blocking(
+            lambda: self._start_cell_container(kernel_id, msg_id, request, host_id))
+
+    def _start_cell_container(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                              host_id: str) -> tuple[int, list[int]]:
+        """Start the cell's container on ``host_id``, where its GPUs were set aside, and commit
+        them; blocks (Local Scheduler calls). Raises PlacementFailed, the slot given up."""
         slot = _slot_owner(kernel_id, msg_id)
         t0 = time.monotonic()
         rid: int | None = None
@@ -159,9 +175,14 @@ class CellContainerMixin(CycleRunnerMixin):
         if host is not None and host.reservation_of(slot) is not None:
             host.cancel_reservation(slot)
 
-    def _take_cell_slot(self, kernel_id: str, msg_id: str, request: ResourceSpec) -> str:
+    async def _take_cell_slot(self, kernel_id: str, msg_id: str,
+                              request: ResourceSpec) -> str:
         """Wait in the cell queue until a host can bind ``request`` now, in the turn the cell
-        order gives it; set its GPUs aside (pending) and return the host id."""
+        order gives it; set its GPUs aside (pending) and return the host id. A coroutine on the
+        fronts' loop: between looks it awaits ``_cell_cv``'s signal (loop_waits.py), taken
+        before the state is read so that no notification is missed, and holds neither a thread
+        nor the lock; each look runs under the lock, calls no Local Scheduler and is quick."""
+        signal = self._cell_cv.signal
         with self.lock:
             entry = self.kernels.get(kernel_id)
             hints = entry.hints if entry is not None else None
@@ -171,59 +192,65 @@ class CellContainerMixin(CycleRunnerMixin):
                                             user=hints.user if hints else "",
                                             notebook=hints.notebook if hints else "",
                                             gpus=request.gpus)
-        waiter = CellWaiter(kernel_id, msg_id, request, time.monotonic(), cell)
+            waiter = CellWaiter(kernel_id, msg_id, request, time.monotonic(), cell)
+            self._cell_waiters.append(waiter)
         deadline = waiter.arrived + self.cell_queue_timeout_s
         placed = False
-        with self._cell_cv:
-            self._cell_waiters.append(waiter)
-            try:
-                while True:
-                    entry = self.kernels.get(kernel_id)
-                    if entry is None or entry.state in ("stopping", "failed") \
-                            or self._stop.is_set():
-                        raise PlacementFailed(f"kernel {kernel_id} was stopped while its cell "
-                                              "waited")
-                    if waiter.cancelled:
-                        raise PlacementFailed("the cell was interrupted while it waited for a "
-                                              "host")
-                    if _client_msg_id(msg_id) in entry.lost_cells:
-                        raise PlacementFailed(
-                            "the container running this cell was lost before the cell "
-                            "completed; the cell is not run again (a cell runs at most once), "
-                            "the namespace is that of the last completed cell")
-                    never = never_fits(self.cluster, request, "this cell's request")
-                    if never:  # waiting would block the queue for nothing
-                        raise PlacementFailed(never)
-                    if self._may_go(waiter):
-                        snapshot, result = self._decide_cell_host(waiter)
-                        self._record_cycle(snapshot, kernel_id, request, result,
-                                           CELL_CONTAINER)
-                        if result.placed:  # the effect: the GPUs set aside on its host
-                            self.cluster.hosts[result.host_id].reserve(
-                                _slot_owner(kernel_id, msg_id), request)
-                            with self._placement_cv:
-                                self.cell_queue.tried(cell, 0, placed=True)
-                            placed = True
-                            return result.host_id
-                        if result.status in (Status.ERROR,
-                                             Status.UNSCHEDULABLE_AND_UNRESOLVABLE):
-                            raise PlacementFailed(result.reason)
-                        if result.status is Status.UNSCHEDULABLE \
-                                and self.on_capacity_wanted is not None:
-                            self.on_capacity_wanted(request.gpus)
-                    now = time.monotonic()
-                    if now >= deadline:
-                        raise PlacementFailed(self._why_still_waiting(waiter, request))
-                    # woken by a release, a cell leaving, a kernel parked, a host, a stop
-                    with self._placement_cv:
-                        wait_s = self.cell_queue.wait_s(deadline, now)
-                    self._cell_cv.wait(wait_s)
-            finally:
+        try:
+            while True:
+                woken = signal.future()  # before the state is read: a change after it wakes us
+                with self._cell_cv:
+                    host_id, wait_s = self._look_for_cell_slot(waiter, deadline)
+                    if host_id is not None:
+                        placed = True
+                        return host_id
+                # woken by a release, a cell leaving, a kernel parked, a host, a stop
+                await signal.wait(woken, wait_s)
+        finally:  # also when the task is cancelled (the loop stops)
+            with self._cell_cv:
                 self._cell_waiters.remove(waiter)
                 if not placed:
                     with self._placement_cv:
-                        self.cell_queue.leave(cell)
+                        self.cell_queue.leave(waiter.cell)
                 self._cell_cv.notify_all()
+
+    def _look_for_cell_slot(self, waiter: CellWaiter,
+                            deadline: float) -> tuple[str | None, float]:
+        """One look of a waiting cell: the host its GPUs were set aside on, or (None, how
+        long to sleep before the next look). Raises PlacementFailed when the cell stops
+        waiting. Lock held."""
+        kernel_id, msg_id, request = waiter.kernel_id, waiter.msg_id, waiter.request
+        entry = self.kernels.get(kernel_id)
+        if entry is None or entry.state in ("stopping", "failed") or self._stop.is_set():
+            raise PlacementFailed(f"kernel {kernel_id} was stopped while its cell waited")
+        if waiter.cancelled:
+            raise PlacementFailed("the cell was interrupted while it waited for a host")
+        if _client_msg_id(msg_id) in entry.lost_cells:
+            raise PlacementFailed(
+                "the container running this cell was lost before the cell completed; the "
+                "cell is not run again (a cell runs at most once), the namespace is that of "
+                "the last completed cell")
+        never = never_fits(self.cluster, request, "this cell's request")
+        if never:  # waiting would block the queue for nothing
+            raise PlacementFailed(never)
+        if self._may_go(waiter):
+            snapshot, result = self._decide_cell_host(waiter)
+            self._record_cycle(snapshot, kernel_id, request, result, CELL_CONTAINER)
+            if result.placed:  # the effect: the GPUs set aside on its host
+                self.cluster.hosts[result.host_id].reserve(_slot_owner(kernel_id, msg_id),
+                                                           request)
+                with self._placement_cv:
+                    self.cell_queue.tried(waiter.cell, 0, placed=True)
+                return result.host_id, 0.0
+            if result.status in (Status.ERROR, Status.UNSCHEDULABLE_AND_UNRESOLVABLE):
+                raise PlacementFailed(result.reason)
+            if result.status is Status.UNSCHEDULABLE and self.on_capacity_wanted is not None:
+                self.on_capacity_wanted(request.gpus)
+        now = time.monotonic()
+        if now >= deadline:
+            raise PlacementFailed(self._why_still_waiting(waiter, request))
+        with self._placement_cv:
+            return None, self.cell_queue.wait_s(deadline, now)
 
     def _parked(self, waiter: CellWaiter) -> bool:
         """The waiter's kernel has no container now (its previous cell's is gone)."""
@@ -250,10 +277,17 @@ class CellContainerMixin(CycleRunnerMixin):
         ordered = self._ordered_waiters()
         if not self.policy.backfill:
             return ordered[0] is waiter
+        # Within one look (lock held, the model unchanged) a cell ahead's decision depends only
+        # on its request and whether its kernel is parked: decided once per kind, not once per
+        # cell (each waiter's look runs on the fronts' loop, and every waiter looks on a wake).
+        could_go: dict[tuple[ResourceSpec, bool], bool] = {}
         for other in ordered:
             if other is waiter:
                 return True
-            if self._decide_cell_host(other)[1].placed:
+            kind = (other.request, self._parked(other))
+            if kind not in could_go:
+                could_go[kind] = self._decide_cell_host(other)[1].placed
+            if could_go[kind]:
                 return False
         return True
 

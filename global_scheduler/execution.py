@@ -197,8 +197,10 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         return FrontLoop.shared().spawn(
             self.place_execute_async(kernel_id, msg_id, metadata)).result()
 
-    def _place_in_cell_container(self, kernel_id: str, msg_id: str) -> tuple[int, list[int]]:
-        """A per-cell container's cell: through the cluster-wide cell queue."""
+    async def _place_in_cell_container(self, kernel_id: str,
+                                       msg_id: str) -> tuple[int, list[int]]:
+        """A per-cell container's cell: through the cluster-wide cell queue (cell_containers.py;
+        its wait for a host, too, holds no thread)."""
         with self.lock:
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
@@ -206,7 +208,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 raise PlacementFailed(f"kernel {kernel_id} is not known to the scheduler")
             entry.cell_arrived[msg_id] = time.monotonic()
             request = kernel.request
-        return self.place_cell(kernel_id, msg_id, request)
+        return await self.place_cell(kernel_id, msg_id, request)
 
     async def _place_on_replicas(self, kernel_id: str, msg_id: str) -> tuple[int, list[int]]:
         """A long-running kernel's cell: the session's GPUs (reservation), or GPUs committed

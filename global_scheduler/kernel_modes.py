@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from notebookos.global_scheduler.cell_front import CellFront
 from notebookos.global_scheduler.front import KernelFront
-from notebookos.global_scheduler.loop_waits import run_blocking
 
 if TYPE_CHECKING:
     from notebookos.global_scheduler.kernels import KernelEntry
@@ -151,9 +150,9 @@ class CellContainers(KernelMode):
 
     async def place_execute_async(self, kernel_id: str, msg_id: str,
                                   metadata: dict) -> tuple[int, list[int]]:
-        # the cluster-wide cell queue's waits still block (cell_containers.py): a thread each
-        return await run_blocking(
-            lambda: self.service._place_in_cell_container(kernel_id, msg_id))
+        # waits in the cluster-wide cell queue on the loop, holding no thread; only the
+        # container start and the commit run on a thread (cell_containers.py)
+        return await self.service._place_in_cell_container(kernel_id, msg_id)
 
     def cell_released(self, kernel_id: str) -> None:
         self.service._cell_released(kernel_id)

@@ -1,12 +1,13 @@
 """Waiting on the Global Scheduler's conditions from its loop, without a thread per waiter.
 
-A cell waiting for GPUs or for its kernel's replicas used to hold a thread of the placement pool
-for the whole wait, blocked on a condition variable (issue 32: threads that grow with the cells
-waiting, which on an oversubscribed cluster is most of them). The wait is now a coroutine on
-the fronts' loop: it looks at the state, then awaits a ``LoopSignal`` that the condition fires
-on every ``notify_all`` (``SignallingCondition``), whichever thread notifies. Only the steps that
-block (a placement try's ``CommitGpus`` calls and migrations) go to a thread of the placement
-pool (``run_blocking``), and only while they run.
+A cell waiting for GPUs, for its kernel's replicas, or for a host (a per-cell container's cell,
+cell_containers.py) used to hold a thread of the placement pool for the whole wait, blocked on a
+condition variable (issue 32: threads that grow with the cells waiting, which on an
+oversubscribed cluster is most of them). The wait is now a coroutine on the fronts' loop: it
+looks at the state, then awaits a ``LoopSignal`` that the condition fires on every
+``notify_all`` (``SignallingCondition``), whichever thread notifies. Only the steps that block
+(a placement try's ``CommitGpus`` calls and migrations, a per-cell container's start and commit)
+go to a thread of the placement pool (``run_blocking``), and only while they run.
 
 The rule that makes a wake-up impossible to miss: a waiter takes the signal's ``future()``
 *before* it reads the state, and awaits it after. A change made after the read notifies the

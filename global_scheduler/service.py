@@ -128,7 +128,8 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.cell_queue_timeout_s = cell_queue_timeout_s
         self.cell_checkpoint_timeout_s = cell_checkpoint_timeout_s
         self._cell_waiters: list = []  # CellWaiter; served in the cell order (cell_queue)
-        self._cell_cv = threading.Condition(self.lock)
+        # per-cell containers' cells waiting for a host (cell_containers.py): coroutines too
+        self._cell_cv = SignallingCondition(self.lock)
         self.mode.check_configuration(policy.name, store_url)
         self.on_capacity_wanted: Callable[[int], None] | None = None  # autoscaler hook
         self.migration_retries = 3

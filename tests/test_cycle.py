@@ -10,6 +10,7 @@ simulator models no replica loss, so its records are replayed through the cycle 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import sys
 import textwrap
@@ -37,6 +38,7 @@ from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import PlacementFailed, ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
 from notebookos.policies import cycle as cycle_module
@@ -536,7 +538,7 @@ class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
 
     def __init__(self, cluster: Cluster, policy: str) -> None:
         self.lock = threading.RLock()
-        self._cell_cv = threading.Condition(self.lock)
+        self._cell_cv = SignallingCondition(self.lock)  # as the service's
         self._placement_cv = threading.Condition(threading.Lock())
         self._stop = threading.Event()
         self.cell_queue = CellQueue(ArrivalOrder())
@@ -604,7 +606,7 @@ class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
             self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3",
                                                   {}, state="parked")
         try:
-            return self._take_cell_slot(kernel_id, msg_id, _gpus(gpus))
+            return asyncio.run(self._take_cell_slot(kernel_id, msg_id, _gpus(gpus)))
         except PlacementFailed:
             return None
 

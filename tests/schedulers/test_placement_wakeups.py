@@ -11,14 +11,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from notebookos.cluster import Cluster, Host
+from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import ORDER_RECHECK_S, CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import PlacementFailed
+from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.loop_waits import SignallingCondition
+from notebookos.policies import get_policy
 from notebookos.policies.cell_order import ArrivalOrder, CellOrder, UserFairness
+from notebookos.resources import ResourceSpec
 
 IDLE_S = 1.5
 
@@ -31,7 +37,7 @@ class _Waits(ExecutionMixin):
         self._placement_cv = SignallingCondition()
         # on the placement condition's lock, as in the service (a stop notifies it too)
         self._kernels_changed = SignallingCondition(self._placement_cv._lock)
-        self._cell_cv = threading.Condition()
+        self._cell_cv = SignallingCondition()
         self._gpu_releases = 0
         self._withdrawn_cells: set[tuple[str, str]] = set()
         self._stop = threading.Event()
@@ -266,3 +272,127 @@ def test_cells_waiting_for_gpus_hold_no_thread_and_a_release_wakes_them_all() ->
         assert w.wakeups == 40
     finally:
         loop.close()
+
+
+# -- a per-cell container's cell waiting for a host (batch, lcp: cell_containers.py) -----------
+
+ONE_GPU = ResourceSpec(100, 100, 1, 0.0)
+
+
+class _HostLink:
+    """What the container cycle reads of a host link: it takes containers."""
+
+    draining = False
+    unreachable_since = 0.0
+
+
+class _CellSlots(CellContainerMixin, ExecutionMixin):
+    """A per-cell policy's placement up to its container start, on a cluster model of 1-GPU
+    hosts: the service's cell queue and waits; the container start and the commit (Local
+    Scheduler calls) only note which thread they ran on."""
+
+    def __init__(self, policy: str, hosts: int) -> None:
+        self.lock = threading.RLock()
+        self._cell_cv = SignallingCondition(self.lock)  # as the service's
+        self._placement_cv = SignallingCondition()
+        self._kernels_changed = SignallingCondition(self._placement_cv._lock)
+        self._gpu_releases = 0
+        self._withdrawn_cells: set[tuple[str, str]] = set()
+        self._stop = threading.Event()
+        self._pool = SimpleNamespace(submit=lambda *_: None)  # parking: not here
+        self.cell_queue = CellQueue(ArrivalOrder())
+        self._cell_waiters: list = []
+        self.cell_queue_timeout_s = 30.0
+        self.cluster = Cluster()
+        for i in range(hosts):
+            self.cluster.add_host(Host(f"h{i}", ResourceSpec(8000, 64000, 1, 80.0)))
+        self.policy = get_policy(policy)
+        self.hosts = {h: _HostLink() for h in self.cluster.hosts}
+        self.kernels: dict[str, KernelEntry] = {}
+        self.cycle_recorder = None
+        self.on_capacity_wanted = None
+        self.started: list[tuple[str, str, threading.Thread]] = []
+
+    def add_parked_kernel(self, kernel_id: str) -> None:
+        self.cluster.add_kernel(kernel_id, ONE_GPU)
+        self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3", {},
+                                              state="parked")
+
+    def _start_cell_container(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                              host_id: str) -> tuple[int, list[int]]:
+        self.started.append((kernel_id, host_id, threading.current_thread()))
+        return 1, [0]
+
+
+def _wait_until(predicate, timeout: float = 5.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["batch", "lcp"])
+def test_per_cell_cells_waiting_for_a_host_hold_no_thread_and_a_release_wakes_them(
+        policy: str) -> None:
+    """Issue 32, per-cell containers: a batch or lcp cell waiting in the cluster-wide cell queue
+    held a thread of the placement pool for its whole wait, blocked on ``_cell_cv``. Its wait is
+    a coroutine on the fronts' loop now: 40 cells wait for two busy 1-GPU hosts on one loop, with
+    no thread each; a release gives the first two in the queue their host at once, their
+    containers start on a pool thread (never on the loop), and an interrupt ends a wait at
+    once."""
+    from notebookos.global_scheduler.kernel_modes import CellContainers
+    from notebookos.loop_thread import LoopThread
+
+    cells = 40
+    w = _CellSlots(policy, hosts=2)
+    for host in w.cluster.hosts.values():  # the cells running now
+        host.reserve("running", ONE_GPU)
+    for i in range(cells):
+        w.add_parked_kernel(f"k{i}")
+    mode = CellContainers(w)
+    loop = LoopThread("cell-slot-test")
+    waits: list = []
+    try:
+        before = threading.active_count()
+        waits = [loop.spawn(mode.place_execute_async(f"k{i}", "m", {})) for i in range(cells)]
+        _wait_until(lambda: len(w._cell_waiters) == cells)
+        time.sleep(0.3)
+        # (<=: an idle placement-pool worker left by an earlier test may end meanwhile)
+        assert threading.active_count() <= before, "a thread per waiting cell"
+        assert len(w._cell_waiters) == cells and not any(f.done() for f in waits)
+        assert w._cell_cv.signal.waits == cells  # each went to sleep once, nobody polls
+
+        started = time.monotonic()
+        with w.lock:  # the running cells' GPUs are released (from this thread, as a Local
+            for host in w.cluster.hosts.values():  # Scheduler's answer would come)
+                host.cancel_reservation("running")
+        w._cell_released("running")
+        assert waits[0].result(timeout=2) == (1, [0])
+        assert waits[1].result(timeout=2) == (1, [0])
+        assert time.monotonic() - started < 1.0
+        # in the queue's order; each container started on a thread of its own, not the loop's
+        assert sorted(k for k, _, _ in w.started) == ["k0", "k1"]
+        assert sorted(h for _, h, _ in w.started) == ["h0", "h1"]
+        assert all(t is not loop._thread for _, _, t in w.started)
+        assert {w.cluster.hosts[h].reservation_of(f"cell-slot:{k}:m") is not None
+                for k, h, _ in w.started} == {True}  # the GPUs set aside for them
+        time.sleep(0.2)
+        assert not any(f.done() for f in waits[2:]) and len(w._cell_waiters) == cells - 2
+
+        started = time.monotonic()
+        assert w.cancel_waiting_cells("k7") == 1  # an interrupt
+        with pytest.raises(PlacementFailed, match="interrupted"):
+            waits[7].result(timeout=2)
+        assert time.monotonic() - started < 1.0
+        assert len(w._cell_waiters) == cells - 3
+    finally:
+        w._stop.set()
+        w._wake_waiting_placements()
+        for f in waits:
+            try:
+                f.result(timeout=5)
+            except PlacementFailed:
+                pass
+        loop.close()
+    assert not w._cell_waiters and w.cell_queue.waiting() == 0
