@@ -36,6 +36,18 @@ once a second otherwise, as jupyter_client's do; in a cluster nothing pings a re
 Global Scheduler's front answers the Jupyter client's heartbeat itself, ``front.py``). The plain
 kernel is then not pinged either.
 
+``--cell CODE``: the first cell, run by each plain kernel and each group before the idle window
+(default ``x = 1``). ``--cell "x = [bytes(600) for _ in range(40000)]; keep = [bytes(600) for _ in
+range(10)]; del x"`` frees 25 MB that later objects pin between pages still in use: what an idle
+kernel keeps of a cell's freed memory.
+
+``--fork-server``: the replicas are forked from a fork server, as the Local Scheduler's process
+launcher starts them (``local_scheduler/fork_server.py``: the pool's replicas and those started
+when it is empty), instead of started as three new interpreters. Their pages inherited from the
+server stay shared copy-on-write until written, which PSS and USS see and RSS does not. The
+server serves every kernel of its host and is not counted in a notebook's figures; its own RSS /
+PSS are reported (``fork_server_rss_mb``, ``fork_server_pss_mb``).
+
 The Global and Local Schedulers are not counted (they serve every kernel of a cluster).
 """
 
@@ -65,8 +77,11 @@ from jupyter_client import BlockingKernelClient  # noqa: E402
 from jupyter_client.connect import write_connection_file  # noqa: E402
 
 from kernel import failover, wait_idle, wait_reply  # noqa: E402
+from notebookos.local_scheduler.fork_server import ForkServer  # noqa: E402
 from notebookos.ports import free_ports  # noqa: E402
 from notebookos.testing import smoke  # noqa: E402
+
+KERNEL_MODULE = "notebookos.kernel"
 
 
 class PlainKernel:
@@ -109,6 +124,26 @@ class PlainKernel:
     def stop(self) -> None:
         self.client.stop_channels()
         kill_group(self.proc)
+
+
+class ForkedGroup(ReplicaGroup):
+    """A replica group whose replicas the fork server forks (``--fork-server``)."""
+
+    def __init__(self, *args: Any, fork_server: ForkServer, **kwargs: Any) -> None:
+        self.fork_server = fork_server
+        super().__init__(*args, **kwargs)
+
+    def _launch(self, replica, peers, *flags) -> None:  # noqa: ANN001 - the harness's
+        argv = self.command(replica, peers, *flags)
+        assert argv[1:3] == ["-m", KERNEL_MODULE], argv
+        replica.proc = self.fork_server.fork(argv[3:], {"PYTHONUNBUFFERED": "1"},
+                                             replica.log_path)
+
+
+def new_group(workdir: Path, fork_server: ForkServer | None, **kwargs: Any) -> ReplicaGroup:
+    if fork_server is None:
+        return ReplicaGroup(workdir, **kwargs)
+    return ForkedGroup(workdir, fork_server=fork_server, **kwargs)
 
 
 def group_pids(group: ReplicaGroup) -> list[int]:
@@ -193,7 +228,8 @@ def awake_group(workdir: Path) -> ReplicaGroup:
 
 
 def measure(workdir: Path, count: int, window: float, settle: float,
-            failover_too: bool, awake: bool, heartbeat: bool = True) -> dict[str, Any]:
+            failover_too: bool, awake: bool, heartbeat: bool = True,
+            fork_server: ForkServer | None = None, cell: str = "x = 1") -> dict[str, Any]:
     plains: list[PlainKernel] = []
     groups: list[ReplicaGroup] = []
     awakes: list[ReplicaGroup] = []
@@ -203,16 +239,16 @@ def measure(workdir: Path, count: int, window: float, settle: float,
             t0 = time.perf_counter()
             plain = PlainKernel(workdir / f"plain-{count}-{i}.json", heartbeat)
             plains.append(plain)
-            plain.execute("x = 1")
+            plain.execute(cell)
             if i == 0:
                 out["plain_start_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            group = ReplicaGroup(workdir / f"group-{count}-{i}",
-                                 store_url=f"file://{workdir}/store-{count}-{i}",
-                                 heartbeat=heartbeat)
+            group = new_group(workdir / f"group-{count}-{i}", fork_server,
+                              store_url=f"file://{workdir}/store-{count}-{i}",
+                              heartbeat=heartbeat)
             groups.append(group)
             group.start()
-            group.execute("x = 1", target=1)
+            group.execute(cell, target=1)
             if i == 0:
                 out["nbos_start_s"] = time.perf_counter() - t0
             if awake:
@@ -241,6 +277,10 @@ def measure(workdir: Path, count: int, window: float, settle: float,
         nbos_pss = [pss_bytes(p) / 1e6 for p in group_pid_lists]
         plain_uss = [pss_bytes(p, "uss") / 1e6 for p in plain_pid_lists]
         nbos_uss = [pss_bytes(p, "uss") / 1e6 for p in group_pid_lists]
+        if fork_server is not None and fork_server._process is not None:
+            server = [fork_server._process.pid]  # not _tree: its children are the replicas
+            out["fork_server_rss_mb"] = psutil.Process(server[0]).memory_info().rss / 1e6
+            out["fork_server_pss_mb"] = psutil.Process(server[0]).memory_full_info().pss / 1e6
         plain_after, nbos_after = [], []
         for plain, group in zip(plains, groups, strict=True):
             t0 = time.perf_counter()
@@ -330,6 +370,10 @@ def main() -> int:
                         help="also time N starts each way, alternating (see the docstring)")
     parser.add_argument("--no-hb", action="store_true",
                         help="no client pings a kernel's heartbeat socket (see the docstring)")
+    parser.add_argument("--cell", default="x = 1",
+                        help="the first cell, before the idle window (see the docstring)")
+    parser.add_argument("--fork-server", action="store_true",
+                        help="replicas forked from a fork server, as the Local Scheduler's are")
     args = smoke.parse_args(parser, kernels="1", window=2.0, settle=1.0, awake=False, starts=0)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     # NotebookOS compiled as the plain kernel's ipykernel is (as `make compile` and a wheel's
@@ -340,11 +384,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="nbos-idle-") as tmp:
         if args.starts:
             results["starts"] = measure_starts(Path(tmp), args.starts)
-        for count in (int(c) for c in args.kernels.split(",")):
-            row = measure(Path(tmp), count, args.window, args.settle, failover_too=True,
-                          awake=args.awake, heartbeat=not args.no_hb)
-            results[str(count)] = {k: round(v, 4) if isinstance(v, float) else v
-                                   for k, v in row.items()}
+        server = None
+        if args.fork_server:
+            server = ForkServer(sys.executable, KERNEL_MODULE, Path(tmp) / "fork-server.log")
+            server.start()
+        try:
+            for count in (int(c) for c in args.kernels.split(",")):
+                row = measure(Path(tmp), count, args.window, args.settle, failover_too=True,
+                              awake=args.awake, heartbeat=not args.no_hb, fork_server=server,
+                              cell=args.cell)
+                results[str(count)] = {k: round(v, 4) if isinstance(v, float) else v
+                                       for k, v in row.items()}
+        finally:
+            if server is not None:
+                server.close()
     if args.json:
         print(json.dumps(results))
     else:

@@ -42,6 +42,7 @@ written) here only, and if a pysyncobj release lacks one of them resting is swit
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +175,9 @@ class RaftRest:
         }
         self.resting = False
         self.rests = 0  # times this replica entered rest (status, tests)
+        # called on the tick thread each time this replica comes to rest (the replica gives its
+        # free heap back then, heap_trim.py); an exception is logged, never raised into pysyncobj
+        self.on_rest: Callable[[], None] | None = None
         self._snapshot: tuple = ()
         self._last_activity = raft_clock()
         self._woke_at = 0.0
@@ -343,6 +347,7 @@ class RaftRest:
         self.rests += 1
         self._get("transport").send(leader, {"type": REST, "term": self._get("raftCurrentTerm"),
                                              "index": self._log_index()})
+        self._rested()
 
     def _maybe_rest_leader(self) -> None:
         index, term = self._log_index(), self._get("raftCurrentTerm")
@@ -363,3 +368,12 @@ class RaftRest:
         self._connection_timeouts(t.rest_connection_timeout)
         self.resting = True
         self.rests += 1
+        self._rested()
+
+    def _rested(self) -> None:
+        if self.on_rest is None:
+            return
+        try:
+            self.on_rest()
+        except Exception:  # noqa: BLE001 - housekeeping: resting must not fail for it
+            log.warning("on_rest failed", exc_info=True)

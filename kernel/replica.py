@@ -29,7 +29,7 @@ from ipykernel.ipkernel import IPythonKernel
 from jupyter_client.session import utcnow
 from traitlets import Bool, Float, Int, Unicode
 
-from . import replies, rng_state
+from . import heap_trim, replies, rng_state
 from .election import Applied, Election, Phase, choose_vote
 from .figures import PyplotSettle
 from .gpu_glue import GpuGlue
@@ -251,10 +251,23 @@ class ReplicaKernel(IPythonKernel):
             quick_start=not self.join,
             on_diverged=self._raft_diverged,
         )
+        # an idle replica gives back the heap its start and its last cell freed (heap_trim.py)
+        self.heap_trims = 0
+        self.heap_released_bytes = 0
+        if self.raft.rest is not None:
+            self.raft.rest.on_rest = self._release_free_heap
         self.log.info(
             "NotebookOS replica %s of kernel %s: raft %s, peers %s",
             self.replica_id, self.kernel_id, self.raft_address, self._peer_map,
         )
+
+    def _release_free_heap(self) -> None:
+        """On the Raft tick thread, as the group comes to rest: ``malloc_trim(0)``, unless a cell
+        is still open here (its executor may be allocating; the rest after its Completion trims)."""
+        if self.raft.book.open_ids or not heap_trim.available():
+            return
+        self.heap_released_bytes += heap_trim.release_free_heap()
+        self.heap_trims += 1
 
     @property
     def _supports_kernel_subshells(self) -> bool:
@@ -1203,6 +1216,9 @@ class ReplicaKernel(IPythonKernel):
                 "caught_up": not self._behind() and not self._diverged,
                 "has_quorum": self.raft.has_quorum(),
                 "raft_resting": self.raft.is_resting(),
+                # malloc_trim(0) calls as the group came to rest, and the RSS they gave back
+                "heap_trims": self.heap_trims,
+                "heap_released_bytes": self.heap_released_bytes,
                 "raft_leader": self.raft.leader_address(),
                 # pysyncobj's own view of the group (the addresses it counts for a quorum),
                 # which can differ from the book's members (issue 32)
