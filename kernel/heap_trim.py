@@ -1,11 +1,12 @@
 """Give the C heap's free pages back to the system when a replica goes idle.
 
-A replica's start frees more than it keeps: at rest an idle replica's glibc heap held 6.4 MB free
-against a plain ipykernel's 1.1 MB (``mallinfo2``'s ``fordblks``), most of it in the middle of the
-heap, where glibc's automatic trim (the top of the heap only) cannot return it. ``malloc_trim(0)``
-returns every free page, middle ones included (``madvise(MADV_DONTNEED)``): 4.6-4.8 MB of RSS a
-replica, about 14 MB an idle notebook of three (docs/performance.md, issue 36). Freed pages come
-back zeroed on their next use, at the cost of a page fault each.
+Memory a cell allocated and freed stays in glibc's heap: free chunks in the middle of it, which
+glibc's automatic trim (the top of the heap only) cannot return. ``malloc_trim(0)`` returns every
+free page, middle ones included (``madvise(MADV_DONTNEED)``). Measured (docs/performance.md, issue
+36): after a cell that frees 25 MB, an idle notebook of three replicas holds 100.6 MB PSS instead
+of 125.8 MB (a plain ipykernel keeps its 64 MB). Right after a start it changes little: a replica
+whose modules are compiled has about 1.5 MB of free heap then. Freed pages come back zeroed on
+their next use, at the cost of a page fault each.
 
 The replica calls ``release_free_heap`` when its Raft group comes to rest (``raft_rest.py``), so an
 idle notebook holds what it uses, not what starting it and its last cell freed. Where the C library
