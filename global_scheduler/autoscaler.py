@@ -85,7 +85,8 @@ class Autoscaler:
                 (h for h, host in cluster.hosts.items()
                  if host.committed.gpus == 0 and host.pending.gpus == 0
                  and not svc.hosts[h].draining
-                 and not (only_empty and replicas_on.get(h, 0) > 0)),
+                 and not (only_empty and replicas_on.get(h, 0) > 0)
+                 and self.provider.can_release(h)),
                 key=lambda h: (replicas_on.get(h, 0), -list(cluster.hosts).index(h)))
             active = [h for h, link in svc.hosts.items() if not link.draining]
             gpus = sum(cluster.hosts[h].capacity.gpus for h in active)

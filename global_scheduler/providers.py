@@ -38,6 +38,10 @@ class HostProvider(ABC):
         ``max_hosts`` (a provider with a fixed pool says what it holds in reserve)."""
         return max(0, max_hosts - hosts)
 
+    def can_release(self, host_id: str) -> bool:
+        """Whether scaling in may give ``host_id`` back through this provider."""
+        return True
+
     def close(self) -> None:  # noqa: B027 - optional
         """Stop what the provider started, if it owns it."""
 
@@ -84,6 +88,13 @@ class LocalProcessProvider(HostProvider):
             log.info("autoscaler: started Local Scheduler %s (pid %d)", host_id, proc.pid)
             ids.append(host_id)
         return ids
+
+    def can_release(self, host_id: str) -> bool:
+        """Only the hosts it started: another Local Scheduler (one of ``notebookos up``'s, a
+        compose service) has a supervisor that starts it again once it is shut down, and the
+        autoscaler released the same host every tick (found by the fault campaign)."""
+        with self._lock:
+            return host_id in self.procs
 
     def release_host(self, host_id: str, address: str) -> None:
         with self.connect(address) as channel:

@@ -232,7 +232,9 @@ class GlobalSchedulerSettings:
     max_hosts: int = setting(32, "The autoscaler never goes above this many hosts.", _at_least(1))
     host_provider: str = setting(
         "local", "Where the autoscaler gets hosts: `local` starts Local Scheduler processes with "
-        "local_scheduler.virtual_gpus virtual GPUs on this machine; `static` keeps a fixed pool "
+        "local_scheduler.virtual_gpus virtual GPUs on this machine (and scales in only those: a "
+        "Local Scheduler it did not start has a supervisor that would start it again); `static` "
+        "keeps a fixed pool "
         "of registered hosts and moves idle ones in and out of reserve; `none` never adds hosts.",
         lambda v: None if v in ("local", "static", "none") else "local, static or none")
     replicas_wait_for_client_s: float = setting(

@@ -3,6 +3,8 @@ the expected capacity, and releases an idle host when the load is gone."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
 
@@ -122,3 +124,24 @@ def test_scale_in_moves_a_hosts_replicas_off_before_releasing_it(make_cluster):
     b_hosts_after = {r.host_id for r in cluster.kernel(b).replicas}
     assert victim not in b_hosts_after and busy in b_hosts_after and len(b_hosts_after) == 3
     assert result_text(run_cell(kc_b, "kept")) == "'b'"
+
+
+def test_the_local_provider_releases_only_the_hosts_it_started(make_cluster):
+    """Found by the fault campaign: with more idle hosts than min_hosts, the autoscaler shut down
+    one of ``notebookos up``'s Local Schedulers, which up started again, and the next tick shut
+    it down again (every 15 s for the rest of the run). The local provider gives back only the
+    hosts it started itself."""
+    cluster = make_cluster({
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE": "true",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_AUTOSCALE_INTERVAL_S": "1",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_MIN_HOSTS": "1",
+        "NOTEBOOKOS_GLOBAL_SCHEDULER_SCALING_BUFFER_HOSTS": "0",
+    })
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}", gpus=2)
+    cluster.wait_hosts(3)
+    time.sleep(5)  # several ticks of an autoscaler that wants one host
+    assert all(p.poll() is None for p in cluster.ls.values()), cluster.log("gs")
+    assert len(cluster.status().hosts) == 3
+    assert "scaling in host host-" not in cluster.log("gs")
