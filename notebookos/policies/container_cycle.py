@@ -44,7 +44,14 @@ from typing import TYPE_CHECKING
 
 from notebookos.cluster import Cluster, Kernel
 from notebookos.policies import placement
-from notebookos.policies.cycle import NO_REPLICA, Action, CycleResult, Snapshot, Status
+from notebookos.policies.cycle import (
+    NO_REPLICA,
+    Action,
+    CycleResult,
+    Snapshot,
+    Status,
+    first_committable,
+)
 from notebookos.resources import ResourceSpec
 
 if TYPE_CHECKING:
@@ -134,20 +141,11 @@ def _session_gpus_cycle(snapshot: Snapshot, kernel: Kernel | None,
         return CycleResult(Status.WAIT, NO_REPLICA)
     first = [rid for rid in snapshot.new_replicas if rid in live]
     order = tuple(first + sorted(set(live) - set(first)))
-    reasons = []
-    for rid in order:
-        replica = live[rid]
-        if rid in snapshot.refused:
-            reasons.append(snapshot.refused[rid])
-            continue
-        host = cluster.hosts.get(replica.host_id)
-        if host is None:
-            reasons.append(f"host {replica.host_id} is gone")
-            continue
-        if host.can_commit(request, replica.owner):
-            return CycleResult(Status.SUCCESS, "", Action.RESERVE, rid, host.host_id, order,
-                               hosts=(host.host_id,))
-        reasons.append(f"host {host.host_id} has {host.idle_gpus} idle GPU(s)")
+    reasons: list[str] = []
+    rid, host_id = first_committable(snapshot, kernel, order, request, reasons)
+    if rid is not None:
+        return CycleResult(Status.SUCCESS, "", Action.RESERVE, rid, host_id, order,
+                           hosts=(host_id,))
     capacities = [cluster.hosts[r.host_id].capacity.gpus for r in live.values()
                   if r.host_id in cluster.hosts]
     if capacities and request.gpus > max(capacities):

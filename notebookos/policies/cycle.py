@@ -296,6 +296,26 @@ def _unresolvable(cluster: Cluster, kernel: Kernel, request: ResourceSpec,
             f"{'of the cluster' if pool else 'of its replicas'} has more than {most}")
 
 
+def first_committable(snapshot: Snapshot, kernel: Kernel, order: Sequence[int],
+                      request: ResourceSpec, reasons: list[str]) -> tuple[int | None, str]:
+    """The first replica of ``order`` whose host can commit ``request`` now and did not refuse
+    it (``snapshot.refused``), with its host; (None, "") when none can. Why each one passed
+    over could not is appended to ``reasons``."""
+    for rid in order:
+        replica = kernel.replicas[rid]
+        if rid in snapshot.refused:
+            reasons.append(snapshot.refused[rid])
+            continue
+        host = snapshot.cluster.hosts.get(replica.host_id)
+        if host is None:
+            reasons.append(f"host {replica.host_id} is gone")
+            continue
+        if host.can_commit(request, replica.owner):
+            return rid, host.host_id
+        reasons.append(f"host {host.host_id} has {host.idle_gpus} idle GPU(s)")
+    return None, ""
+
+
 def run_cycle(snapshot: Snapshot, kernel: Kernel | None, request: ResourceSpec,
               profile: Profile) -> CycleResult:
     """One scheduling cycle for ``request`` on ``kernel``: see the module's docstring."""
@@ -317,18 +337,9 @@ def _cycle(snapshot: Snapshot, kernel: Kernel, request: ResourceSpec,
     executor, order, _ = executor_order(policy, cluster, kernel, request)
     reasons: list[str] = []
     if executor is not None:
-        for rid in order:
-            replica = kernel.replicas[rid]
-            if rid in snapshot.refused:
-                reasons.append(snapshot.refused[rid])
-                continue
-            host = cluster.hosts.get(replica.host_id)
-            if host is None:
-                reasons.append(f"host {replica.host_id} is gone")
-                continue
-            if host.can_commit(request, replica.owner):
-                return CycleResult(Status.SUCCESS, "", Action.EXECUTE, rid, host.host_id, order)
-            reasons.append(f"host {host.host_id} has {host.idle_gpus} idle GPU(s)")
+        rid, host_id = first_committable(snapshot, kernel, order, request, reasons)
+        if rid is not None:
+            return CycleResult(Status.SUCCESS, "", Action.EXECUTE, rid, host_id, order)
     else:
         for rid in order:
             host = cluster.hosts.get(kernel.replicas[rid].host_id)
