@@ -43,10 +43,11 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
     async def _wait_for_replicas(self, kernel_id: str, msg_id: str) -> None:
         """A cell that arrives while the kernel has no replica because it is being rebuilt or
         its replacements are starting waits for them (up to the replica start timeout) instead
-        of failing at once. A coroutine on the fronts' loop: no thread while it waits. It wakes when the kernel's record changes (``_save_kernel``), when
-        the cell is withdrawn or the scheduler stops, and at 0.2 s to tell the user why it
-        waits; at least every ``REPLICA_WAIT_RECHECK_S`` it looks again in any case (a change
-        that bypassed ``_save_kernel`` then costs that much, not the whole timeout)."""
+        of failing at once. A coroutine on the fronts' loop: no thread while it waits. It wakes
+        when the kernel's record changes (``_save_kernel``), when the cell is withdrawn or the
+        scheduler stops, and at 0.2 s to tell the user why it waits; at least every
+        ``REPLICA_WAIT_RECHECK_S`` it looks again in any case (a change that bypassed
+        ``_save_kernel`` then costs that much, not the whole timeout)."""
         started = time.monotonic()
         deadline = started + self.start_timeout_s
         told = False
@@ -193,7 +194,8 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         return placed
 
     def place_execute(self, kernel_id: str, msg_id: str, metadata: dict) -> tuple[int, list[int]]:
-        """``place_execute_async`` for a caller on a thread of its own: it waits."""
+        """``place_execute_async`` for a caller on a thread of its own: it waits (never call
+        it on the fronts' loop, which runs the coroutine)."""
         return FrontLoop.shared().spawn(
             self.place_execute_async(kernel_id, msg_id, metadata)).result()
 
