@@ -23,13 +23,14 @@ log = logging.getLogger(__name__)
 
 # What a recorded decision placed: a cell on a kernel's replicas (``cycle.run_cycle``), a
 # kernel's replicas, a cell's own container, a per-cell kernel's first container (no GPUs),
-# the replica that binds a reservation's session GPUs anew
-# (``container_cycle.run_container_cycle``).
+# the replica that binds a reservation's session GPUs anew, a replica moved that no cell asked
+# for (``container_cycle.run_container_cycle``).
 EXECUTE = "execute"
 REPLICAS = "replicas"
 CELL_CONTAINER = "cell_container"
 FIRST_CONTAINER = "first_container"
 SESSION_GPUS = "session_gpus"
+MIGRATION = "migration"
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,16 @@ class CycleRunnerMixin:
         return snapshot, run_container_cycle(snapshot, kernel.request, self.profile,
                                              purpose=Purpose.SESSION_GPUS, kernel=kernel)
 
+    def _decide_migration(self, kernel: Kernel, request: ResourceSpec,
+                          replica_id: int | None) -> tuple[Snapshot, CycleResult]:
+        """The container cycle for a migration no cell asked for (an operator's
+        ``MigrateReplica`` naming no target or no replica): which replica moves (``replica_id``
+        when named) and where, unavailable hosts skipped. Lock held."""
+        snapshot = Snapshot(self.cluster, unavailable_hosts=self._unavailable_hosts())
+        return snapshot, run_container_cycle(snapshot, request, self.profile,
+                                             purpose=Purpose.MIGRATION, kernel=kernel,
+                                             replica_id=replica_id)
 
-__all__ = ["CELL_CONTAINER", "EXECUTE", "FIRST_CONTAINER", "REPLICAS", "SESSION_GPUS",
-           "CycleRecord", "CycleRunnerMixin"]
+
+__all__ = ["CELL_CONTAINER", "EXECUTE", "FIRST_CONTAINER", "MIGRATION", "REPLICAS",
+           "SESSION_GPUS", "CycleRecord", "CycleRunnerMixin"]

@@ -346,7 +346,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         sharing = (self._sharing_view(entry, kernel)
                    if profile.shares and not share_refused else None)
         snapshot = Snapshot(self.cluster, {**self._on_draining_hosts(entry), **refused}, change,
-                            sharing, share_refused)
+                            sharing, share_refused, self._unavailable_hosts())
         result = run_cycle(snapshot, kernel, request, profile)
         self._record_cycle(snapshot, kernel.kernel_id, request, result)
         return result

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import grpc
 
 from notebookos.global_scheduler.control import ControlError, control_request
-from notebookos.global_scheduler.cycle_runner import SESSION_GPUS, CycleRunnerMixin
+from notebookos.global_scheduler.cycle_runner import MIGRATION, SESSION_GPUS, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry
-from notebookos.policies.cycle import ONE_REPLICA_STAYS
+from notebookos.policies.cycle import ONE_REPLICA_STAYS, Status
 from notebookos.proto import local_scheduler_pb2
 from notebookos.resources import ResourceSpec
 
@@ -374,6 +374,20 @@ class RecoveryMixin(CycleRunnerMixin):
         """Whether a change of the kernel's replicas holds its membership guard now."""
         return self._membership_guard(kernel_id).locked()
 
+    def _migration_by_cycle(self, kernel, request: ResourceSpec,  # noqa: ANN001
+                            replica_id: int | None) -> tuple[int, str]:
+        """The migration cycle for a move no cell asked for: (the replica, its target host),
+        or a ``StartError`` that says why none. Lock held."""
+        snapshot, result = self._decide_migration(kernel, request, replica_id)
+        self._record_cycle(snapshot, kernel.kernel_id, request, result, MIGRATION)
+        if result.status is Status.SUCCESS:
+            return result.replica_id, result.host_id
+        code = {Status.UNSCHEDULABLE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+                Status.WAIT: grpc.StatusCode.UNAVAILABLE,
+                Status.ERROR: grpc.StatusCode.INTERNAL}.get(
+                    result.status, grpc.StatusCode.FAILED_PRECONDITION)
+        raise StartError(code, result.reason)
+
     def _migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
                          request: ResourceSpec | None) -> tuple[int, str]:
         with self.lock:
@@ -385,17 +399,18 @@ class RecoveryMixin(CycleRunnerMixin):
             if short:
                 raise StartError(grpc.StatusCode.FAILED_PRECONDITION, short)
             need = request or kernel.request
+            if replica_id is not None and replica_id not in entry.replicas:
+                raise StartError(grpc.StatusCode.NOT_FOUND,
+                                 f"kernel {kernel_id} has no replica {replica_id}")
             if replica_id is None or target_host is None:
-                decision = self.policy.choose_migration(self.cluster, kernel, need)
-                if decision is None:
-                    raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"policy {self.policy.name} does not migrate replicas")
-                replica_id = replica_id if replica_id is not None else decision.replica_id
-                target_host = target_host or decision.target_host_id
-                if target_host is None:
-                    raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                     f"no host can take a replica of kernel {kernel_id} now: "
-                                     f"{decision.reason}")
+                replica_id, chosen = self._migration_by_cycle(kernel, need, replica_id)
+                target_host = target_host or chosen
+            elif (link := self.hosts.get(target_host)) is not None and (
+                    link.draining or link.unreachable_since):
+                raise StartError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"host {target_host} takes no new replica now: it is "
+                                 + ("draining" if link.draining else
+                                    "not answering (its Local Scheduler)"))
             victim = entry.replicas.get(replica_id)
             if victim is None:
                 raise StartError(grpc.StatusCode.NOT_FOUND,

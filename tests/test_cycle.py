@@ -131,6 +131,63 @@ def test_post_filter_migrates_or_is_unschedulable_or_waits():
     assert "no host of the cluster has more than 2" in result.reason
 
 
+def test_a_cells_migration_never_goes_to_an_unavailable_host():
+    """A draining host, or one whose Local Scheduler does not answer, takes no migrating replica
+    (it took one before: the move failed to start, or the drain had to move it again)."""
+    notebookos = Profile.for_policy(get_policy("notebookos"))
+    cluster = _cluster(5, {"k": (1, ["h0", "h1", "h2"])})
+    for h in ("h0", "h1", "h2"):
+        _hog(cluster, h, 2)
+    _hog(cluster, "h4", 1)  # h3 is the most idle: the migration's first choice
+    kernel = cluster.kernels["k"]
+    result = run_cycle(Snapshot(cluster), kernel, _gpus(1), notebookos)
+    assert (result.status, result.action, result.host_id) == (Status.SUCCESS, Action.MIGRATE, "h3")
+    result = run_cycle(Snapshot(cluster, unavailable_hosts=frozenset({"h3"})), kernel, _gpus(1),
+                       notebookos)
+    assert (result.status, result.action, result.host_id) == (Status.SUCCESS, Action.MIGRATE, "h4")
+    result = run_cycle(Snapshot(cluster, unavailable_hosts=frozenset({"h3", "h4"})), kernel,
+                       _gpus(1), notebookos)
+    assert result.status is Status.UNSCHEDULABLE and result.migration.target_host_id is None
+
+
+def test_the_migration_cycle_chooses_the_replica_and_its_host_or_says_why_not():
+    """MIGRATION (an operator's MigrateReplica naming no target): the policy's replica and its
+    most idle acceptable host, never an unavailable one; the replica the caller names moves;
+    a kernel of one replica, a policy that does not migrate, a cluster with no room: why not."""
+    notebookos = Profile.for_policy(get_policy("notebookos"))
+    cluster = _cluster(5, {"k": (1, ["h0", "h1", "h2"]), "solo": (1, ["h0"])})
+    _hog(cluster, "h4", 1)
+    kernel = cluster.kernels["k"]
+    move = {"purpose": Purpose.MIGRATION, "kernel": kernel}
+    result = run_container_cycle(Snapshot(cluster), _gpus(1), notebookos, **move)
+    assert (result.status, result.action, result.host_id, result.hosts) == (
+        Status.SUCCESS, Action.MIGRATE, "h3", ("h3",))
+    assert result.replica_id in (1, 2, 3) and result.migration.replica_id == result.replica_id
+    result = run_container_cycle(Snapshot(cluster), _gpus(1), notebookos, replica_id=3, **move)
+    assert (result.replica_id, result.host_id) == (3, "h3")
+    result = run_container_cycle(Snapshot(cluster, unavailable_hosts=frozenset({"h3"})),
+                                 _gpus(1), notebookos, **move)
+    assert (result.status, result.host_id) == (Status.SUCCESS, "h4")
+    result = run_container_cycle(Snapshot(cluster, unavailable_hosts=frozenset({"h3", "h4"})),
+                                 _gpus(1), notebookos, **move)
+    assert result.status is Status.UNSCHEDULABLE and "no host can take" in result.reason
+    result = run_container_cycle(Snapshot(cluster), _gpus(3), notebookos, **move)
+    assert result.status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE
+    result = run_container_cycle(Snapshot(cluster), _gpus(1), notebookos, purpose=Purpose.MIGRATION,
+                                 kernel=cluster.kernels["solo"])
+    assert (result.status, result.reason) == (Status.UNSCHEDULABLE_AND_UNRESOLVABLE,
+                                              ONE_REPLICA_STAYS)
+    result = run_container_cycle(Snapshot(cluster), _gpus(1),
+                                 Profile.for_policy(get_policy("reservation")), **move)
+    assert result.status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE
+    assert "does not migrate" in result.reason
+    result = run_container_cycle(Snapshot(cluster, replica_change="a replica is moving"),
+                                 _gpus(1), notebookos, **move)
+    assert (result.status, result.reason) == (Status.WAIT, "a replica is moving")
+    assert run_container_cycle(Snapshot(cluster), _gpus(1), notebookos,
+                               purpose=Purpose.MIGRATION).status is Status.ERROR
+
+
 def test_one_replica_waits_and_no_replica_waits_and_a_failing_plugin_is_an_error():
     notebookos = Profile.for_policy(get_policy("notebookos"))
     cluster = _cluster(2, {"one": (2, ["h0"]), "none": (1, [])})

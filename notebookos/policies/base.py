@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import math
 from abc import ABC
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -248,11 +248,13 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         return ExecutorDecision(None, "no replica's host can commit the request now")
 
     def post_filter(
-        self, cluster: Cluster, kernel: Kernel, request: ResourceSpec
+        self, cluster: Cluster, kernel: Kernel, request: ResourceSpec,
+        exclude: Collection[str] = (),
     ) -> PostFilterDecision:
         """Post-filter: no replica's host can run ``request`` now. Default: a migrating policy
-        migrates (``choose_migration``; WAIT when no target host exists), others wait."""
-        migration = self.choose_migration(cluster, kernel, request)
+        migrates (``choose_migration``, never to a host of ``exclude``; WAIT when no target
+        host exists), others wait."""
+        migration = self.choose_migration(cluster, kernel, request, exclude)
         if migration is None:
             return PostFilterDecision(PostFilterAction.WAIT, "the policy does not migrate")
         if migration.target_host_id is None:
@@ -260,9 +262,12 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
         return PostFilterDecision(PostFilterAction.MIGRATE, migration.reason, migration)
 
     def choose_migration(
-        self, cluster: Cluster, kernel: Kernel, request: ResourceSpec
+        self, cluster: Cluster, kernel: Kernel, request: ResourceSpec,
+        exclude: Collection[str] = (),
     ) -> MigrationDecision | None:
-        """Which replica to move and where; None when the policy does not migrate."""
+        """Which replica to move and where (never to a host of ``exclude``: the caller's hosts
+        that take no new container, draining or not answering); None when the policy does not
+        migrate."""
         if not self.supports_migration:
             return None
         replicas = sorted(kernel.live_replicas(), key=lambda r: r.replica_id)
@@ -274,7 +279,7 @@ class Policy(ABC):  # noqa: B024 - every method has a sensible default; subclass
             return -1.0 if host is None else host.subscription_ratio(self.replicas_per_kernel)
 
         victim = max(replicas, key=heat)
-        occupied = {r.host_id for r in replicas}
+        occupied = {r.host_id for r in replicas} | set(exclude)
         for host in placement.most_idle_first(
             cluster, min_idle=request.gpus, limit=self.candidate_limit
         ):

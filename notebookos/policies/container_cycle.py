@@ -19,15 +19,20 @@ the profile's filter and score for one of three purposes (``Purpose``):
   that held them was replaced (reservation): the replicas just started first
   (``Snapshot.new_replicas``), then the others by id; the first whose host can commit the
   request now and did not refuse it (``Snapshot.refused``). No container starts.
+- ``MIGRATION``: which of ``kernel``'s replicas moves (``replica_id`` when the caller names it)
+  and to which host, for a migration no cell asked for (an operator's ``MigrateReplica`` that
+  names no target or no replica): the policy's ``choose_migration``, never to a host of
+  ``Snapshot.unavailable_hosts``. One container starts, on ``host_id``.
 
 It returns a ``CycleResult``:
 
 | status | action | meaning |
 |---|---|---|
 | ``SUCCESS`` | ``PLACE`` | start the containers on ``hosts`` (``host_id``: the first) |
+| ``SUCCESS`` | ``MIGRATE`` | ``MIGRATION``: move ``replica_id`` to ``host_id`` (``migration``: the policy's decision) |
 | ``SUCCESS`` | ``RESERVE`` | the same, and bind the session's GPUs on ``host_id`` (the policy's ``binding`` binds at placement, its containers live for the session); ``SESSION_GPUS``: bind them to ``replica_id`` on ``host_id`` (``order``: the replicas walked) |
 | ``UNSCHEDULABLE`` | | fewer than ``count`` hosts can take one now (``hosts``: those that can); more capacity would help |
-| ``UNSCHEDULABLE_AND_UNRESOLVABLE`` | | no host of the cluster (``SESSION_GPUS``: of the kernel's replicas) could ever hold the request (``never_fits``) |
+| ``UNSCHEDULABLE_AND_UNRESOLVABLE`` | | no host of the cluster (``SESSION_GPUS``: of the kernel's replicas) could ever hold the request (``never_fits``); ``MIGRATION``: the policy does not migrate, or the kernel has one replica |
 | ``WAIT`` | | the kernel's containers are changing (``Snapshot.replica_change``: a per-cell kernel's last container is still parking); ``SESSION_GPUS``: no replica's host can commit the session's GPUs now (a policy that binds at placement does not migrate: cells bind per cell until one can), or the kernel has no live replica |
 | ``ERROR`` | | a plug-in failed |
 
@@ -46,6 +51,7 @@ from notebookos.cluster import Cluster, Kernel
 from notebookos.policies import placement
 from notebookos.policies.cycle import (
     NO_REPLICA,
+    ONE_REPLICA_STAYS,
     Action,
     CycleResult,
     Snapshot,
@@ -66,6 +72,7 @@ class Purpose(enum.StrEnum):
     CONTAINERS = "containers"  # new containers that may bind the request's GPUs
     ANSWER_ONLY = "answer_only"  # a per-cell kernel's first container: no GPUs, kernel_info
     SESSION_GPUS = "session_gpus"  # the live replica that binds the session's GPUs anew
+    MIGRATION = "migration"  # a replica moved that no cell asked for (an operator's)
 
 
 def never_fits(cluster: Cluster, request: ResourceSpec, what: str = "this request") -> str:
@@ -90,12 +97,16 @@ def placement_action(profile: Profile) -> Action:
 def run_container_cycle(snapshot: Snapshot, request: ResourceSpec, profile: Profile, *,
                         count: int = 1, exclude: Sequence[str] = (),
                         purpose: Purpose = Purpose.CONTAINERS,
-                        kernel: Kernel | None = None) -> CycleResult:
+                        kernel: Kernel | None = None,
+                        replica_id: int | None = None) -> CycleResult:
     """Where ``count`` new containers for ``request`` start (distinct hosts, none of
     ``exclude`` or ``snapshot.unavailable_hosts``), the host of a per-cell kernel's first
     container (``ANSWER_ONLY``), or which of ``kernel``'s replicas binds the session's GPUs
-    (``SESSION_GPUS``): see the module's docstring."""
+    (``SESSION_GPUS``), or which replica of ``kernel`` moves where (``MIGRATION``; ``replica_id``:
+    the one the caller names): see the module's docstring."""
     try:
+        if purpose is Purpose.MIGRATION:
+            return _migration_cycle(snapshot, kernel, request, profile, replica_id)
         if purpose is Purpose.SESSION_GPUS:
             return _session_gpus_cycle(snapshot, kernel, request)
         return _container_cycle(snapshot, request, profile, count, exclude,
@@ -129,6 +140,39 @@ def _container_cycle(snapshot: Snapshot, request: ResourceSpec, profile: Profile
                        f"{len(found)} of the {count} host(s) needed can take a container for "
                        f"the request ({request}) now"
                        + (", even one that binds no GPUs" if answer_only else ""), hosts=found)
+
+
+def _migration_cycle(snapshot: Snapshot, kernel: Kernel | None, request: ResourceSpec,
+                     profile: Profile, replica_id: int | None) -> CycleResult:
+    if kernel is None:
+        return CycleResult(Status.ERROR, "the kernel is not in the cluster model")
+    policy = profile.policy
+    if not policy.supports_migration:
+        return CycleResult(Status.UNSCHEDULABLE_AND_UNRESOLVABLE,
+                           f"policy {policy.name} does not migrate replicas")
+    live = kernel.live_replicas()
+    if len(live) < 2:
+        return CycleResult(Status.UNSCHEDULABLE_AND_UNRESOLVABLE, ONE_REPLICA_STAYS)
+    if replica_id is not None and replica_id not in {r.replica_id for r in live}:
+        return CycleResult(Status.ERROR, f"kernel {kernel.kernel_id} has no live replica "
+                           f"{replica_id}")
+    if snapshot.replica_change:
+        return CycleResult(Status.WAIT, snapshot.replica_change)
+    migration = policy.choose_migration(snapshot.cluster, kernel, request,
+                                        snapshot.unavailable_hosts)
+    if migration is None:
+        return CycleResult(Status.UNSCHEDULABLE_AND_UNRESOLVABLE,
+                           f"policy {policy.name} does not migrate replicas")
+    target = migration.target_host_id
+    if target is None:
+        unresolvable = never_fits(snapshot.cluster, request, "a replica of the kernel")
+        return CycleResult(Status.UNSCHEDULABLE_AND_UNRESOLVABLE if unresolvable
+                           else Status.UNSCHEDULABLE,
+                           unresolvable or f"no host can take a replica of kernel "
+                           f"{kernel.kernel_id} now: {migration.reason}", migration=migration)
+    moving = migration.replica_id if replica_id is None else replica_id
+    return CycleResult(Status.SUCCESS, migration.reason, Action.MIGRATE, moving, target,
+                       migration=migration, hosts=(target,))
 
 
 def _session_gpus_cycle(snapshot: Snapshot, kernel: Kernel | None,

@@ -102,7 +102,8 @@ class Snapshot:
     - ``sharing``: the device view the share post-filter needs (None: no sharing to consider);
     - ``share_refused``: why the hosts refused the last share plans ("": none refused);
     - ``unavailable_hosts``: hosts that take no new container (the live scheduler's draining
-      hosts; ``notebookos.policies.container_cycle``);
+      hosts and those whose Local Scheduler does not answer): no container starts there
+      (``notebookos.policies.container_cycle``) and no replica migrates there;
     - ``new_replicas``: the replicas a replacement just started, which take the session's GPUs
       first (``container_cycle``'s ``SESSION_GPUS``).
     """
@@ -197,7 +198,8 @@ class MigratePostFilter(PostFilter):
         if ctx.snapshot.replica_change:  # it waits for that change, and tries again
             return CycleResult(Status.WAIT, f"{why}; {ctx.snapshot.replica_change}",
                                order=ctx.order)
-        post = policy.post_filter(ctx.snapshot.cluster, kernel, ctx.request)
+        post = policy.post_filter(ctx.snapshot.cluster, kernel, ctx.request,
+                                  ctx.snapshot.unavailable_hosts)
         migration = post.migration
         if post.action is PostFilterAction.MIGRATE and migration is not None \
                 and migration.target_host_id is not None:

@@ -18,7 +18,7 @@ from sched_cluster import (  # noqa: F401 - fixture
 
 from notebookos.proto import common_pb2, global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
-from notebookos.testing.credentials import connect
+from notebookos.testing.credentials import connect, join_token_metadata
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -152,4 +152,40 @@ def test_two_migrations_of_one_kernel_at_once_run_one_after_the_other(make_clust
     after = cluster.kernel(kernel_id).replicas
     assert sorted(r.host_id for r in after) == sorted(
         {r.host_id for r in replicas[2:]} | set(free)), after
+    assert result_text(run_cell(kc, "kept + 1")) == "43"
+
+
+def test_an_operators_migration_is_decided_by_the_cycle_and_skips_a_draining_host(make_cluster):
+    """``MigrateReplica`` naming no target is decided by the scheduling cycle (issue 35): it
+    used to ask the policy directly, which knew nothing of draining hosts, and sent the replica
+    to a host being emptied for maintenance (the most idle one). Named explicitly, such a host
+    is refused with the reason, before the replica is touched; the state is kept throughout."""
+    cluster = make_cluster({"NOTEBOOKOS_CLUSTER_MAX_SUBSCRIPTION_RATIO": "7"})
+    cluster.start_gs()
+    for i in range(3):
+        cluster.start_ls(f"host-{i}", gpus=1, prewarm=0)
+    cluster.wait_hosts(3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    assert result_text(run_cell(kc, "kept = 41 + 1\nkept")) == "42"
+    cluster.start_ls("host-spare", gpus=1, prewarm=0)
+    cluster.start_ls("host-draining", gpus=2, prewarm=0)  # the most idle: the policy's choice
+    cluster.wait_hosts(5)
+    drained = cluster.stub.DrainHost(global_scheduler_pb2.DrainHostRequest(
+        host_id="host-draining", deadline_s=5), timeout=30, metadata=join_token_metadata())
+    assert (drained.moved, drained.stayed) == (0, 0)
+    before = cluster.kernel(kernel_id).replicas
+    with pytest.raises(grpc.RpcError) as refused:
+        cluster.stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
+            kernel_id=kernel_id, replica_id=before[0].replica_id,
+            target_host_id="host-draining"), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "host-draining" in refused.value.details() and "draining" in refused.value.details()
+    assert [(r.replica_id, r.host_id) for r in cluster.kernel(kernel_id).replicas] == [
+        (r.replica_id, r.host_id) for r in before]
+
+    moved = cluster.stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
+        kernel_id=kernel_id, replica_id=before[0].replica_id), timeout=90)
+    assert moved.target_host_id == "host-spare" and moved.replica.host_id == "host-spare"
+    hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
+    assert "host-spare" in hosts and "host-draining" not in hosts and len(hosts) == 3
     assert result_text(run_cell(kc, "kept + 1")) == "43"
