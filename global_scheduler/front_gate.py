@@ -19,6 +19,7 @@ import logging
 import time
 from collections import deque
 
+from notebookos.global_scheduler.front_hooks import call_optional
 from notebookos.global_scheduler.kernel_info import starting_kernel_info
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,16 @@ class StartGate:
         if msg_type == "interrupt_request":
             self._withdraw_waiting("the kernel was interrupted")
             self._answer_here(channel, idents, msg, "interrupt_reply", {"status": "ok"})
+            return True
+        if msg_type == "shutdown_request" and not self._starting:
+            # Jupyter's shutdown or restart of a kernel without replicas (hibernated, or all
+            # being replaced): it stops now, as the replicas would have; a restart follows as
+            # RestartKernel. An error reply here left it "alive" to Jupyter's shutdown, which
+            # waited its shutdown_wait_time for nothing.
+            call_optional(self.hooks, "shutdown_requested", self.kernel_id)
+            restart = bool((msg.get("content") or {}).get("restart", False))
+            self._answer_here(channel, idents, msg, "shutdown_reply",
+                              {"status": "ok", "restart": restart})
             return True
         return False
 

@@ -88,6 +88,9 @@ class KernelEntry:
     # (host, replica) of the replicas hibernation stopped, until each stop is confirmed: kept in
     # the registry, so that a scheduler that died meanwhile stops them before a wake
     pending_stops: list[tuple[str, int]] = field(default_factory=list)
+    # The kernel is stopping because its client sent a shutdown_request (Jupyter's shutdown or
+    # restart), not because of a StopKernel: a RestartKernel may follow and takes it over.
+    client_shutdown: bool = False
 
     def endpoints(self) -> list[ReplicaEndpoint]:
         return [r.endpoint for r in self.replicas.values()]

@@ -23,6 +23,8 @@ from notebookos.resources import InvalidResourceSpec, ResourceSpec
 log = logging.getLogger(__name__)
 
 SUPPORTED_SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha1", "hmac-md5")
+# States a kernel cannot be restarted from now: its replicas are changing (a restart may follow)
+RESTART_REFUSED = ("starting", "hibernating", "waking")
 
 
 class KernelLifecycleMixin:
@@ -239,6 +241,7 @@ class KernelLifecycleMixin:
                 return
             log.info("kernel %s: shutdown requested by its client", kernel_id)
             entry.state = "stopping"
+            entry.client_shutdown = True
             entry.message = "shutting down at its client's request"
             self._save_kernel(entry)
 
@@ -248,6 +251,7 @@ class KernelLifecycleMixin:
             if entry is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
             entry.state = "stopping"
+            entry.client_shutdown = False  # a stop now, whatever the client asked before
             replicas = list(entry.replicas.values())
             self._cell_cv.notify_all()  # its cells waiting for a host stop waiting
             self._kernel_changed()  # and those waiting for its replicas
@@ -286,19 +290,29 @@ class KernelLifecycleMixin:
         return global_scheduler_pb2.WakeKernelResponse(waking=self.wake_kernel(request.kernel_id))
 
     def RestartKernel(self, request, context):  # noqa: N802
-        """Fresh replicas (empty namespace) behind the same front ports."""
+        """Fresh replicas (empty namespace) behind the same front ports: the clients' sockets
+        stay connected. Also for a kernel its client has just asked to shut down for a restart
+        (Jupyter sends ``shutdown_request`` with ``restart`` first), and for a hibernated one
+        (it wakes empty)."""
         with self.lock:
             entry = self.kernels.get(request.kernel_id)
             if entry is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
-            if entry.state in ("stopping", "starting"):
+            if entry.state in RESTART_REFUSED or (entry.state == "stopping"
+                                                  and not entry.client_shutdown):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"kernel {request.kernel_id} is {entry.state}")
             guard = self._recovery_guards.setdefault(request.kernel_id, threading.Lock())
         with guard:
             with self.lock:
+                if entry.state == "stopping" and not entry.client_shutdown:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"kernel {request.kernel_id} is stopping")
                 old = list(entry.replicas.values())
                 entry.state = "starting"
+                entry.client_shutdown = False
+                entry.hibernated_unix = 0.0
+                entry.wake_error = ""
                 kernel = self.cluster.kernels[request.kernel_id]
                 for r in old:
                     entry.replicas.pop(r.replica_id, None)
@@ -317,6 +331,7 @@ class KernelLifecycleMixin:
                     entry.front.set_replicas([])
             list(self._pool.map(lambda r: self._stop_replica_quietly(
                 r.host_id, request.kernel_id, r.replica_id), old))
+            self._finish_pending_stops(entry)  # a hibernated kernel's, before new ones start
             try:
                 self.mode.start_containers(request.kernel_id)
                 if self.binding.binds_at_placement:

@@ -13,8 +13,11 @@ What Jupyter Server sees as "the kernel process":
 - Interrupts go as ``interrupt_request`` messages (kernelspec ``interrupt_mode: message``);
   ``send_signal(SIGINT)`` also works and calls ``InterruptKernel``.
 - ``terminate`` / ``kill`` / ``cleanup`` stop every replica (``StopKernel``). On restart the
-  kernel's state is deliberately not kept. jupyter_client#1061 drops ``restart=True`` on the way
-  to ``terminate``, so the flag is cached from ``shutdown_requested``.
+  kernel's state is deliberately not kept, but its front is: ``launch_kernel`` asks for
+  ``RestartKernel`` (fresh replicas behind the same ports), so that the clients' sockets, and
+  Jupyter Server's open websockets, reach the new replicas. jupyter_client#1061 drops
+  ``restart=True`` on the way to ``terminate``, so the flag is cached from
+  ``shutdown_requested``.
 - ``get_provisioner_info`` / ``load_provisioner_info`` persist the Global Scheduler address and
   kernel id, so a restarted Jupyter Server re-attaches to running kernels.
 """
@@ -186,11 +189,16 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             if name in env:
                 request.env[name] = env[name]
         request.hints.extra.update(self.kernel_hints(env).to_map())
-        try:
-            response = await self._stub().StartKernel(request, timeout=self.start_timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            # An HTTPError, so that Jupyter Server answers with the reason and JupyterLab shows it.
-            raise start_refused(self.kernel_id, self.address, exc.code(), exc.details()) from None
+        response = await self._restarted() if self._restarting and self._registered else None
+        if response is None:
+            try:
+                response = await self._stub().StartKernel(request, timeout=self.start_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                # An HTTPError, so that Jupyter Server answers with the reason and JupyterLab
+                # shows it.
+                raise start_refused(self.kernel_id, self.address, exc.code(),
+                                    exc.details()) from None
+        self._restarting = False
         self._started = self._registered = True
         self._exit_code = None
         info = connection_info_to_dict(response.connection)
@@ -199,6 +207,29 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
             info["key"] = key.encode()
         self.connection_info = info
         return info
+
+    async def _restarted(self) -> Any:
+        """Jupyter's restart: fresh replicas behind the same front (``RestartKernel``), so that
+        the ports stay the same and every client's sockets with them. Jupyter Server's open
+        websockets keep the streams they have (only a new connection looks at new ports): with
+        a new front on new ports the notebook's next cell went nowhere, and waited for good.
+        None when the Global Scheduler cannot restart it (it stopped the kernel meanwhile): then
+        it is stopped for good and started anew."""
+        try:
+            return await self._stub().RestartKernel(
+                global_scheduler_pb2.RestartKernelRequest(kernel_id=self.kernel_id),
+                timeout=self.start_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.NOT_FOUND,
+                                  grpc.StatusCode.FAILED_PRECONDITION):
+                raise start_refused(self.kernel_id, self.address, exc.code(),
+                                    exc.details()) from None
+            self.log.warning("NotebookOS: kernel %s could not be restarted in place (%s: %s); "
+                             "starting it anew, on new ports", self.kernel_id, exc.code().name,
+                             exc.details())
+        self._restarting = False
+        await self._stop()
+        return None
 
     @property
     def has_process(self) -> bool:
@@ -281,7 +312,8 @@ class NotebookOSProvisioner(KernelProvisionerBase):  # type: ignore[misc]
         await self._stop()
 
     async def _stop(self) -> None:
-        if not self._registered:
+        if not self._registered or self._restarting:
+            # a restart keeps the kernel (and its front's ports): launch_kernel restarts it
             return
         await self._call("StopKernel",
                          global_scheduler_pb2.StopKernelRequest(kernel_id=self.kernel_id),

@@ -58,6 +58,40 @@ def test_shutdown_and_restart_tear_down_every_replica(nbos_cluster: Cluster) -> 
     asyncio.run(body())
 
 
+def test_a_restart_keeps_the_ports_so_a_client_connected_before_reaches_the_new_kernel(
+        nbos_cluster: Cluster) -> None:
+    """Jupyter Server's restart (``restart_kernel(now=False)``: a shutdown_request first) gives
+    fresh replicas behind the same front: the ports stay, so the sockets a client opened before
+    (Jupyter Server's open websocket keeps its streams) reach the new kernel. It used to stop
+    the kernel and start a new front on new ports: every cell sent on the notebook's websocket
+    after a restart went nowhere and the notebook waited for good."""
+    async def body() -> None:
+        km = AsyncKernelManager(kernel_name="notebookos")
+        await km.start_kernel()
+        client = km.client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=60)
+            reply = await client.execute_interactive("x = 5", timeout=60,
+                                                     output_hook=lambda msg: None)
+            assert reply["content"]["status"] == "ok"
+            ports, first = list(km.ports), replica_pids(nbos_cluster.address, km.kernel_id)
+
+            await km.restart_kernel(now=False)
+            assert list(km.ports) == ports
+            assert wait_gone(first) == [], "replicas of the restarted kernel survived"
+            reply = await client.execute_interactive(
+                "print('x' in dir())", timeout=60,
+                output_hook=lambda msg: seen.append(msg["content"].get("text", "")))
+            assert reply["content"]["status"] == "ok" and "False" in "".join(seen)
+        finally:
+            client.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    seen: list[str] = []
+    asyncio.run(body())
+
+
 def test_interrupt_stops_the_running_cell(nbos_cluster: Cluster) -> None:
     async def body() -> None:
         km = AsyncKernelManager(kernel_name="notebookos")
