@@ -174,7 +174,8 @@ class HibernationMixin:
             restore = entry.checkpoint_count > 0
         self._finish_pending_stops(entry)
         try:
-            self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=restore)
+            self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=restore,
+                               extra_env={"NOTEBOOKOS_RESTORED_FOR": "hibernation"})
         except StartError as exc:
             with self.lock:
                 entry.state = "hibernated"

@@ -37,6 +37,7 @@ ENV_OPTIONS = {
     "NOTEBOOKOS_STORE_URL": "store-url",
     "NOTEBOOKOS_ELECTION_TIMEOUT": "election-timeout",
     "NOTEBOOKOS_RESTORED_FROM_SURVIVOR": "restored-from-survivor",
+    "NOTEBOOKOS_RESTORED_FOR": "restored-for",
 }
 ENV_FLAGS = {
     "NOTEBOOKOS_JOIN": "join",
@@ -100,6 +101,7 @@ class ReplicaKernelApp(IPKernelApp):
         "store-url": "ReplicaKernel.store_url",
         "election-timeout": "ReplicaKernel.election_timeout",
         "restored-from-survivor": "ReplicaKernel.restored_from_survivor",
+        "restored-for": "ReplicaKernel.restored_for",
         "executor-dead-after": "ReplicaKernel.executor_dead_after",
         "raft-compaction-entries": "ReplicaKernel.raft_compaction_entries",
         "iopub-backlog-messages": "ReplicaKernelApp.iopub_backlog_messages",

@@ -62,6 +62,9 @@ ANSWERS_KEPT = 512  # recent execute_replies kept to answer a request that comes
 # When the process became this replica (wall clock, time.time()): a prewarmed or forked process
 # is told in its order (prewarm_main.run_order); else the process's own start.
 LAUNCHED_AT_ENV = "NOTEBOOKOS_REPLICA_LAUNCHED_AT"
+# ``restored_for``: the group starts from the checkpoint because its notebook wakes, not because
+# its replicas were lost (the Global Scheduler sets NOTEBOOKOS_RESTORED_FOR for a wake)
+RESTORED_FOR_HIBERNATION = "hibernation"
 
 
 def launched_at() -> float:
@@ -139,6 +142,12 @@ class ReplicaKernel(IPythonKernel):
         "replica of a group that had lost its quorum had applied (it was written on the Global "
         "Scheduler's request, or the store's was as recent); the first cell says so instead of "
         "announcing lost work.",
+    ).tag(config=True)
+    restored_for = Unicode(
+        "", help="With --restore-from-checkpoint: why the group starts from the checkpoint when "
+        "nothing was lost: 'hibernation' (a hibernated notebook wakes; its checkpoint holds its "
+        "last cell, and the Global Scheduler tells the user that it woke). The first cell then "
+        "announces no loss, only what could not be restored, if anything.",
     ).tag(config=True)
     cell_container = Bool(
         False, help="This replica is the container of one cell under a per-cell container policy "
@@ -978,7 +987,7 @@ class ReplicaKernel(IPythonKernel):
             notes = self.raft.book.restore_notes
         if restored_from is None or election.term != 1:
             return
-        if self.cell_container:
+        if self.cell_container or self.restored_for == RESTORED_FOR_HIBERNATION:
             if notes:
                 text = "".join(f"NotebookOS: {note}\n" for note in notes)
                 self.session.send(

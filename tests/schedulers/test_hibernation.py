@@ -86,6 +86,9 @@ def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(m
     assert stream_text(woke, "stdout") == _expected()
     notes = stream_text(woke, "stderr")
     assert "hibernated" in notes and "woke from hibernation in" in notes, notes
+    # a wake loses nothing: no word of lost replicas or lost work (it said "every replica of
+    # this kernel was lost ... Work after that cell is lost" on every wake)
+    assert "lost" not in notes and "rebuilt" not in notes, notes
     # where the wake went, as the replica that ran the cell tells it (benchmarks/hibernate.py)
     split = woke["reply"]["metadata"]["notebookos"]["restore"]
     assert set(split) == {"start_s", "read_s", "apply_s", "agree_s"}, split
@@ -218,3 +221,25 @@ def test_a_wake_stops_a_replica_the_scheduler_does_not_know_instead_of_failing(m
     assert stream_text(run, "stdout") == _expected()
     assert "which this scheduler did not place there" in cluster.log("gs"), cluster.log("gs")
     cluster.wait(lambda: not pid_alive(started.pid), 15, "the stranger to stop")
+
+
+def test_a_hibernated_notebook_restarts_empty_behind_the_same_front(make_cluster):  # noqa: ANN001
+    """Jupyter's restart of a hibernated kernel (its shutdown_request with ``restart`` reaches a
+    front without replicas, then RestartKernel): fresh replicas on the same front ports, an
+    empty namespace, the same client goes on; it used to be refused ("stopping") and the
+    notebook's next cell waited for good."""
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    ports = cluster.kernel(kernel_id).connection
+    kc.shutdown(restart=True)  # what jupyter_client sends before it restarts a kernel
+    cluster.wait(lambda: cluster.kernel(kernel_id).state == common_pb2.KERNEL_STATE_STOPPING,
+                 30, "the shutdown request to reach the scheduler")
+    restarted = cluster.stub.RestartKernel(
+        global_scheduler_pb2.RestartKernelRequest(kernel_id=kernel_id), timeout=120)
+    assert restarted.connection.shell_port == ports.shell_port
+    assert restarted.connection.iopub_port == ports.iopub_port
+    status = cluster.kernel(kernel_id)
+    assert len(status.replicas) == 3 and status.state == common_pb2.KERNEL_STATE_IDLE
+    fresh = run_seen(kc, "print('rows' in dir(), 1 + 1)", timeout=60)
+    assert stream_text(fresh, "stdout") == "False 2\n"
+    assert "woke" not in stream_text(fresh, "stderr")
