@@ -32,25 +32,26 @@ checkpoint the last cell's container wrote. A cell:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from notebookos.cluster import AccountingError
+from notebookos.global_scheduler.cell_walk import QueueWalk
 from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.cycle_runner import (
-    CELL_CONTAINER,
     FIRST_CONTAINER,
     CycleRunnerMixin,
 )
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+from notebookos.global_scheduler.loop_dispatch import LoopDispatcher
 from notebookos.global_scheduler.loop_waits import run_blocking
 from notebookos.policies.cell_order import WaitingCell
-from notebookos.policies.container_cycle import never_fits
 from notebookos.policies.cycle import CycleResult, Snapshot, Status
 from notebookos.resources import ResourceSpec
 
@@ -68,6 +69,8 @@ class CellWaiter:
     arrived: float
     cell: WaitingCell  # as the cell order sees it (the service's cell_queue)
     cancelled: bool = False
+    # settled by the queue's dispatcher: the host its GPUs were set aside on, or why it failed
+    outcome: asyncio.Future[str] = field(default=None, repr=False)  # type: ignore[assignment]
 
 
 def _client_msg_id(msg_id: str) -> str:
@@ -175,14 +178,25 @@ class CellContainerMixin(CycleRunnerMixin):
         if host is not None and host.reservation_of(slot) is not None:
             host.cancel_reservation(slot)
 
+    @property
+    def _cell_dispatcher(self) -> LoopDispatcher:
+        """The one coroutine that serves the cell queue (loop_dispatch.py), on ``_cell_cv``'s
+        signal."""
+        dispatcher = self.__dict__.get("_cell_dispatch")
+        if dispatcher is None:
+            dispatcher = LoopDispatcher(self._cell_cv.signal, self._serve_cell_queue,
+                                        "cell-queue")
+            self.__dict__["_cell_dispatch"] = dispatcher
+        return dispatcher
+
     async def _take_cell_slot(self, kernel_id: str, msg_id: str,
                               request: ResourceSpec) -> str:
         """Wait in the cell queue until a host can bind ``request`` now, in the turn the cell
         order gives it; set its GPUs aside (pending) and return the host id. A coroutine on the
-        fronts' loop: between looks it awaits ``_cell_cv``'s signal (loop_waits.py), taken
-        before the state is read so that no notification is missed, and holds neither a thread
-        nor the lock; each look runs under the lock, calls no Local Scheduler and is quick."""
-        signal = self._cell_cv.signal
+        fronts' loop that awaits its own future, and nothing else: the queue's dispatcher
+        (``_serve_cell_queue``, woken by ``_cell_cv``'s signal) resolves it with the host, or
+        with the PlacementFailed that ends the wait. It holds neither a thread nor the lock."""
+        loop = asyncio.get_running_loop()
         with self.lock:
             entry = self.kernels.get(kernel_id)
             hints = entry.hints if entry is not None else None
@@ -192,33 +206,95 @@ class CellContainerMixin(CycleRunnerMixin):
                                             user=hints.user if hints else "",
                                             notebook=hints.notebook if hints else "",
                                             gpus=request.gpus)
-            waiter = CellWaiter(kernel_id, msg_id, request, time.monotonic(), cell)
+            waiter = CellWaiter(kernel_id, msg_id, request, time.monotonic(), cell,
+                                outcome=loop.create_future())
             self._cell_waiters.append(waiter)
-        deadline = waiter.arrived + self.cell_queue_timeout_s
+        self._cell_dispatcher.kick()  # its first look: with the others, in one walk
         placed = False
         try:
-            while True:
-                woken = signal.future()  # before the state is read: a change after it wakes us
-                with self._cell_cv:
-                    host_id, wait_s = self._look_for_cell_slot(waiter, deadline)
-                    if host_id is not None:
-                        placed = True
-                        return host_id
-                # woken by a release, a cell leaving, a kernel parked, a host, a stop
-                await signal.wait(woken, wait_s)
-        finally:  # also when the task is cancelled (the loop stops)
-            with self._cell_cv:
-                self._cell_waiters.remove(waiter)
-                if not placed:
+            host_id = await waiter.outcome
+            placed = True
+            return host_id
+        finally:
+            if not placed:  # also when the task is cancelled (the loop stops)
+                self._cell_wait_ended(waiter)
+
+    def _cell_wait_ended(self, waiter: CellWaiter) -> None:
+        """The waiter's coroutine ended without taking its host: the dispatcher did not settle
+        it (it was cancelled): out of the queue; or it settled it with a host the coroutine
+        did not take: the GPUs set aside go back. The queue looks again."""
+        outcome = waiter.outcome
+        with self._cell_cv:
+            if outcome is None or not outcome.done() or outcome.cancelled():
+                if waiter in self._cell_waiters:
+                    self._cell_waiters.remove(waiter)
                     with self._placement_cv:
                         self.cell_queue.leave(waiter.cell)
-                self._cell_cv.notify_all()
+            elif outcome.exception() is None:
+                self._cancel_slot(outcome.result(), _slot_owner(waiter.kernel_id,
+                                                                waiter.msg_id))
+            else:
+                return  # failed by the dispatcher: already out of the queue
+            self._cell_cv.notify_all()
 
-    def _look_for_cell_slot(self, waiter: CellWaiter,
-                            deadline: float) -> tuple[str | None, float]:
-        """One look of a waiting cell: the host its GPUs were set aside on, or (None, how
-        long to sleep before the next look). Raises PlacementFailed when the cell stops
-        waiting. Lock held."""
+    def _serve_cell_queue(self) -> float | None:
+        """One step of the cell queue's dispatcher (loop_dispatch.py): one walk over the
+        waiting cells in the cell order that settles the ones that may go now (their GPUs set
+        aside on the chosen host) and the ones that stop waiting (PlacementFailed), and leaves
+        the others asleep. How long until a waiter must be looked at again (its deadline, or
+        the order's recheck), or None when none waits. Lock held; calls no Local Scheduler.
+
+        Who may go is the rule each waiter applied for itself when it looked: without backfill
+        (batch) only the first cell still waiting; with backfill (lcp) a cell when no cell
+        still waiting ahead of it could take a host now."""
+        with self._cell_cv:
+            waiting = [w for w in self._cell_waiters if not w.outcome.done()]
+            self._cell_waiters[:] = waiting
+            if not waiting:
+                return None
+            now = time.monotonic()
+            with self._placement_cv:
+                order = self.cell_queue.order
+                ordered = sorted(waiting, key=lambda w: order.key(w.cell, now))
+            walk = QueueWalk(self)
+            sleep_s: float | None = None
+            for waiter in ordered:
+                try:
+                    host_id = self._look_for_cell_slot(waiter, now, walk)
+                except PlacementFailed as exc:
+                    self._settle_cell(waiter, exc)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the cell's wait ends with it, as
+                    self._settle_cell(waiter, exc)  # it did when each waiter looked itself
+                    log.exception("kernel %s: a look at the cell queue failed",
+                                  waiter.kernel_id)
+                    continue
+                if host_id is not None:
+                    self._settle_cell(waiter, host_id)
+                    continue
+                walk.still_waiting(waiter)
+                with self._placement_cv:
+                    wait_s = self.cell_queue.wait_s(waiter.arrived + self.cell_queue_timeout_s,
+                                                    now)
+                sleep_s = wait_s if sleep_s is None else min(sleep_s, wait_s)
+            self._cell_waiters[:] = [w for w in self._cell_waiters if not w.outcome.done()]
+            return sleep_s if self._cell_waiters else None
+
+    def _settle_cell(self, waiter: CellWaiter, outcome: str | BaseException) -> None:
+        """End a waiter's wait: its host (its GPUs set aside, its turn taken in the queue), or
+        the exception its coroutine raises (out of the queue). Lock held."""
+        if isinstance(outcome, BaseException):
+            with self._placement_cv:
+                self.cell_queue.leave(waiter.cell)
+            waiter.outcome.set_exception(outcome)
+        else:
+            waiter.outcome.set_result(outcome)
+
+    def _look_for_cell_slot(self, waiter: CellWaiter, now: float,
+                            walk: QueueWalk) -> str | None:
+        """One waiting cell's turn in the dispatcher's walk: the host its GPUs were set aside
+        on, or None (it waits on). Raises PlacementFailed when the cell stops waiting. Lock
+        held."""
         kernel_id, msg_id, request = waiter.kernel_id, waiter.msg_id, waiter.request
         entry = self.kernels.get(kernel_id)
         if entry is None or entry.state in ("stopping", "failed") or self._stop.is_set():
@@ -230,27 +306,25 @@ class CellContainerMixin(CycleRunnerMixin):
                 "the container running this cell was lost before the cell completed; the "
                 "cell is not run again (a cell runs at most once), the namespace is that of "
                 "the last completed cell")
-        never = never_fits(self.cluster, request, "this cell's request")
+        never = walk.never_fits(request)
         if never:  # waiting would block the queue for nothing
             raise PlacementFailed(never)
-        if self._may_go(waiter):
-            snapshot, result = self._decide_cell_host(waiter)
-            self._record_cycle(snapshot, kernel_id, request, result, CELL_CONTAINER)
+        if walk.may_go(waiter):
+            result = walk.decide(waiter)
             if result.placed:  # the effect: the GPUs set aside on its host
                 self.cluster.hosts[result.host_id].reserve(_slot_owner(kernel_id, msg_id),
                                                            request)
+                walk.model_changed()
                 with self._placement_cv:
                     self.cell_queue.tried(waiter.cell, 0, placed=True)
-                return result.host_id, 0.0
+                return result.host_id
             if result.status in (Status.ERROR, Status.UNSCHEDULABLE_AND_UNRESOLVABLE):
                 raise PlacementFailed(result.reason)
             if result.status is Status.UNSCHEDULABLE and self.on_capacity_wanted is not None:
                 self.on_capacity_wanted(request.gpus)
-        now = time.monotonic()
-        if now >= deadline:
-            raise PlacementFailed(self._why_still_waiting(waiter, request))
-        with self._placement_cv:
-            return None, self.cell_queue.wait_s(deadline, now)
+        if now >= waiter.arrived + self.cell_queue_timeout_s:
+            raise PlacementFailed(self._why_still_waiting(request, walk.ahead))
+        return None
 
     def _parked(self, waiter: CellWaiter) -> bool:
         """The waiter's kernel has no container now (its previous cell's is gone)."""
@@ -264,35 +338,7 @@ class CellContainerMixin(CycleRunnerMixin):
         change = "" if self._parked(waiter) else LAST_CONTAINER_PARKING
         return self._decide_containers(waiter.request, replica_change=change)
 
-    def _ordered_waiters(self) -> list[CellWaiter]:
-        with self._placement_cv:
-            now = time.monotonic()
-            order = self.cell_queue.order
-            return sorted(self._cell_waiters, key=lambda w: order.key(w.cell, now))
-
-    def _may_go(self, waiter: CellWaiter) -> bool:
-        """In the cell order (global_scheduler.cell_order): without backfill (batch) only the
-        first waiting cell may take a host; with backfill (lcp) a cell may when no cell ahead
-        of it could take one now."""
-        ordered = self._ordered_waiters()
-        if not self.policy.backfill:
-            return ordered[0] is waiter
-        # Within one look (lock held, the model unchanged) a cell ahead's decision depends only
-        # on its request and whether its kernel is parked: decided once per kind, not once per
-        # cell (each waiter's look runs on the fronts' loop, and every waiter looks on a wake).
-        could_go: dict[tuple[ResourceSpec, bool], bool] = {}
-        for other in ordered:
-            if other is waiter:
-                return True
-            kind = (other.request, self._parked(other))
-            if kind not in could_go:
-                could_go[kind] = self._decide_cell_host(other)[1].placed
-            if could_go[kind]:
-                return False
-        return True
-
-    def _why_still_waiting(self, waiter: CellWaiter, request: ResourceSpec) -> str:
-        ahead = self._ordered_waiters().index(waiter)
+    def _why_still_waiting(self, request: ResourceSpec, ahead: int) -> str:
         order = (f"in {self.cell_queue.order.name} order"
                  + (" with backfill" if self.policy.backfill else ", no backfill"))
         return (f"no host could bind {request.gpus} GPU(s) for this cell within "

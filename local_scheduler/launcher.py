@@ -32,6 +32,7 @@ from notebookos.local_scheduler.pid_watch import (
     start_ticks,
 )
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
+from notebookos.loop_thread import LoopThread
 from notebookos.ports import bindable, free_ports
 from notebookos.resources import ResourceSpec
 
@@ -120,6 +121,10 @@ def connection_document(ip: str, ports: dict[str, int], spec: ReplicaSpec) -> di
 class Launcher(ABC):
     """Starts, stops and watches the replicas of one host."""
 
+    # The loop that learns of the replicas' exits, if the launcher has one (exit_watch.py):
+    # the service watches their starts on it too, so one thread owns every replica event.
+    events_loop: LoopThread | None = None
+
     @abstractmethod
     def launch(
         self, spec: ReplicaSpec, prewarmed: Prewarmed | None = None,
@@ -182,6 +187,7 @@ class ProcessLauncher(Launcher):
         self.fork_server = (ForkServer(python, module, self.workdir / "fork-server.log")
                             if fork_server else None)
         self.exits = ExitWatcher()
+        self.events_loop = self.exits.loop
         if self.fork_server is not None:
             self.fork_server.start_in_background()
 

@@ -7,6 +7,10 @@ grow with the starts in progress). Here each start is a task on one asyncio loop
 first, backing off to 100 ms, since a replica takes hundreds of milliseconds to bind). The
 process's exit ends its watch at the next try; the deadline ends it at the latest.
 
+The loop is the launcher's, which also learns of the replicas' exits (exit_watch.py; the
+service passes ``Launcher.events_loop``): one thread owns every replica event. A launcher with
+no such loop (Docker's) leaves the watcher a loop of its own.
+
 ``on_done(ready)`` runs on the loop's thread and must be short: the service's updates its entry
 and queues an event.
 """
@@ -14,6 +18,7 @@ and queues an event.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
@@ -28,12 +33,16 @@ CONNECT_TIMEOUT_S = 0.5
 
 
 class ReadyWatcher:
-    def __init__(self, name: str = "replica-ready") -> None:
+    def __init__(self, name: str = "replica-ready", loop: LoopThread | None = None) -> None:
+        """Watch on ``loop`` (another's: not closed here), or on a loop of its own, started
+        on the first watch."""
         self._name = name
+        self._shared = loop
         self._loop: LoopThread | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._watching = 0  # starts handed to the loop and not ended
+        self._tasks: set[concurrent.futures.Future[None]] = set()  # on a loop not ours
 
     def watch(self, ip: str, port: int, exited: Callable[[], bool], timeout_s: float,
               on_done: Callable[[bool], None]) -> None:
@@ -42,11 +51,22 @@ class ReadyWatcher:
         with self._lock:
             if self._closed:
                 return
-            if self._loop is None or not self._loop.alive():
-                self._loop = LoopThread(self._name)
-            loop = self._loop
+            if self._shared is not None and self._shared.alive():
+                loop = self._shared
+            else:  # no loop to share (or it ended): one of its own
+                if self._loop is None or not self._loop.alive():
+                    self._loop = LoopThread(self._name)
+                loop = self._loop
             self._watching += 1
-        loop.spawn(self._watch(ip, port, exited, timeout_s, on_done))
+            task = loop.spawn(self._watch(ip, port, exited, timeout_s, on_done))
+            if loop is self._shared:
+                self._tasks.add(task)
+        if loop is self._shared:  # (a done callback may run at once, on this thread)
+            task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._tasks.discard(task)
 
     @property
     def watching(self) -> int:
@@ -61,6 +81,9 @@ class ReadyWatcher:
         finally:
             with self._lock:
                 self._watching -= 1
+                closed = self._closed
+        if closed:
+            return
         try:
             on_done(ready)
         except Exception:  # noqa: BLE001 - one start's report must not end the others' watch
@@ -92,5 +115,8 @@ class ReadyWatcher:
         with self._lock:
             self._closed = True
             loop, self._loop = self._loop, None
+            tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:  # on the shared loop, which goes on: its watches end
+            task.cancel()
         if loop is not None:
             loop.close()

@@ -111,7 +111,8 @@ class LocalSchedulerService(ls_grpc.LocalSchedulerServicer):
         self.instance_id = ""
         self._replicas: dict[tuple[str, int], ReplicaEntry] = {}
         self._lock = threading.RLock()
-        self._ready_watch = ReadyWatcher()  # one loop for every start in progress
+        # one loop for every start in progress: the launcher's, which learns of the exits
+        self._ready_watch = ReadyWatcher(loop=self.launcher.events_loop)
         self._recover()
 
     def _recover(self) -> None:

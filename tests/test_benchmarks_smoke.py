@@ -27,6 +27,7 @@ CHEAP = {
     "cell_order": (["--no-live"], 40),  # the simulated orders; the live one needs a cluster
     "routing": ([], 90),  # a GS, three LSs, one kernel: the benchmark that had crashed
     "gs_scale": ([], 60),  # real fronts on stand-in replicas
+    "cell_release": ([], 40),  # in-process: 10 cells waiting for a host, one release
 }
 
 

@@ -291,7 +291,8 @@ class _CellSlots(CellContainerMixin, ExecutionMixin):
     hosts: the service's cell queue and waits; the container start and the commit (Local
     Scheduler calls) only note which thread they ran on."""
 
-    def __init__(self, policy: str, hosts: int) -> None:
+    def __init__(self, policy: str, hosts: int, gpus: int = 1,
+                 order: CellOrder | None = None) -> None:
         self.lock = threading.RLock()
         self._cell_cv = SignallingCondition(self.lock)  # as the service's
         self._placement_cv = SignallingCondition()
@@ -300,21 +301,26 @@ class _CellSlots(CellContainerMixin, ExecutionMixin):
         self._withdrawn_cells: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self._pool = SimpleNamespace(submit=lambda *_: None)  # parking: not here
-        self.cell_queue = CellQueue(ArrivalOrder())
+        self.cell_queue = CellQueue(order or ArrivalOrder())
         self._cell_waiters: list = []
         self.cell_queue_timeout_s = 30.0
         self.cluster = Cluster()
         for i in range(hosts):
-            self.cluster.add_host(Host(f"h{i}", ResourceSpec(8000, 64000, 1, 80.0)))
+            self.cluster.add_host(Host(f"h{i}", ResourceSpec(8000, 64000, gpus, 80.0)))
         self.policy = get_policy(policy)
         self.hosts = {h: _HostLink() for h in self.cluster.hosts}
         self.kernels: dict[str, KernelEntry] = {}
         self.cycle_recorder = None
         self.on_capacity_wanted = None
         self.started: list[tuple[str, str, threading.Thread]] = []
+        self.decisions = 0
 
-    def add_parked_kernel(self, kernel_id: str) -> None:
-        self.cluster.add_kernel(kernel_id, ONE_GPU)
+    def _decide_containers(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        self.decisions += 1
+        return super()._decide_containers(*args, **kwargs)
+
+    def add_parked_kernel(self, kernel_id: str, request: ResourceSpec = ONE_GPU) -> None:
+        self.cluster.add_kernel(kernel_id, request)
         self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3", {},
                                               state="parked")
 
@@ -361,7 +367,12 @@ def test_per_cell_cells_waiting_for_a_host_hold_no_thread_and_a_release_wakes_th
         # (<=: an idle placement-pool worker left by an earlier test may end meanwhile)
         assert threading.active_count() <= before, "a thread per waiting cell"
         assert len(w._cell_waiters) == cells and not any(f.done() for f in waits)
-        assert w._cell_cv.signal.waits == cells  # each went to sleep once, nobody polls
+        # the queue's one dispatcher looked at most once per cell that joined, and sleeps:
+        # nobody polls (the cells themselves sleep on their own futures)
+        asleep = w._cell_cv.signal.waits
+        assert 1 <= asleep <= cells
+        time.sleep(0.3)
+        assert w._cell_cv.signal.waits == asleep
 
         started = time.monotonic()
         with w.lock:  # the running cells' GPUs are released (from this thread, as a Local
@@ -396,3 +407,99 @@ def test_per_cell_cells_waiting_for_a_host_hold_no_thread_and_a_release_wakes_th
                 pass
         loop.close()
     assert not w._cell_waiters and w.cell_queue.waiting() == 0
+
+
+class _CountingOrder(ArrivalOrder):
+    """Arrival order that counts how often a cell's key is asked for: each look at the queue
+    sorts it, so this is the work a look costs, counted rather than timed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys = 0
+
+    def key(self, cell, now: float) -> tuple:  # noqa: ANN001
+        self.keys += 1
+        return super().key(cell, now)
+
+
+def _close(w: _CellSlots, loop, waits: list) -> None:  # noqa: ANN001
+    w._stop.set()
+    w._wake_waiting_placements()
+    for f in waits:
+        try:
+            f.result(timeout=10)
+        except PlacementFailed:
+            pass
+    loop.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["batch", "lcp"])
+def test_one_release_costs_one_walk_over_the_waiting_cells_not_a_look_per_cell(
+        policy: str) -> None:
+    """Issue 32: on a release every batch/lcp waiter woke and looked at the whole queue itself
+    (sorted it; lcp also ran the container cycle for the cells ahead), and every cell that took
+    a host woke them all again: O(N^2) work on the fronts' loop for one release (200 lcp cells:
+    about 100 ms the loop did nothing else). One dispatcher walks the queue once per event and
+    settles just the cells that may go: here one walk (200 keys asked for, the code before:
+    78,807) and a cycle per host plus one (the code before: 792 for lcp)."""
+    from notebookos.global_scheduler.kernel_modes import CellContainers
+    from notebookos.loop_thread import LoopThread
+
+    cells, hosts = 200, 2
+    order = _CountingOrder()
+    w = _CellSlots(policy, hosts=hosts, order=order)
+    for host in w.cluster.hosts.values():
+        host.reserve("running", ONE_GPU)
+    for i in range(cells):
+        w.add_parked_kernel(f"k{i}")
+    mode = CellContainers(w)
+    loop = LoopThread("cell-walk-test")
+    waits: list = []
+    try:
+        waits = [loop.spawn(mode.place_execute_async(f"k{i}", "m", {})) for i in range(cells)]
+        _wait_until(lambda: len(w._cell_waiters) == cells, timeout=60)
+        time.sleep(0.3)
+        keys, decisions = order.keys, w.decisions
+        with w.lock:
+            for host in w.cluster.hosts.values():
+                host.cancel_reservation("running")
+        w._cell_released("running")
+        assert [f.result(timeout=10) for f in waits[:hosts]] == [(1, [0])] * hosts
+        time.sleep(0.3)  # whatever the release set off is done
+        assert not any(f.done() for f in waits[hosts:])
+        assert sorted(k for k, _, _ in w.started) == ["k0", "k1"]  # first come, first served
+        assert order.keys - keys <= 2 * cells, "more than one walk over the queue"
+        assert w.decisions - decisions <= 2 * (hosts + 1)
+    finally:
+        _close(w, loop, waits)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy, placed", [("batch", []), ("lcp", ["k1", "k2"])])
+def test_a_blocked_head_holds_back_batch_and_lcp_backfills_behind_it(
+        policy: str, placed: list[str]) -> None:
+    """Who goes is as before: two 2-GPU hosts with one GPU busy each; the first cell wants 2
+    GPUs and cannot go. ``batch`` lets nobody overtake it; ``lcp`` lets the next 1-GPU cells go,
+    in their order, while a host has a GPU for them."""
+    from notebookos.global_scheduler.kernel_modes import CellContainers
+    from notebookos.loop_thread import LoopThread
+
+    w = _CellSlots(policy, hosts=2, gpus=2)
+    for host in w.cluster.hosts.values():
+        host.reserve("running", ONE_GPU)
+    w.add_parked_kernel("k0", ResourceSpec(100, 100, 2, 0.0))
+    for i in range(1, 4):
+        w.add_parked_kernel(f"k{i}")
+    mode = CellContainers(w)
+    loop = LoopThread("cell-walk-test")
+    waits: list = []
+    try:
+        for i in range(4):  # one after the other: the queue's order is their arrival
+            waits.append(loop.spawn(mode.place_execute_async(f"k{i}", "m", {})))
+            _wait_until(lambda n=i + 1: len(w._cell_waiters) + len(w.started) == n)
+        time.sleep(0.3)
+        assert sorted(k for k, _, _ in w.started) == placed
+        assert [f.done() for f in waits] == [k in placed for k in ("k0", "k1", "k2", "k3")]
+    finally:
+        _close(w, loop, waits)
