@@ -37,7 +37,12 @@ def probe_ports(addresses: list[tuple[str, int]], timeout_s: float) -> dict[tupl
             family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
-            code = sock.connect_ex(address)
+            try:
+                code = sock.connect_ex(address)
+            except OSError as exc:  # a name that does not resolve: no evidence either way
+                results[address] = f"error {exc}"
+                sock.close()
+                continue
             if code in (0, errno.EINPROGRESS, errno.EAGAIN):
                 sel.register(sock, selectors.EVENT_WRITE, address)
             else:
