@@ -85,6 +85,7 @@ class GlobalSchedulerDaemon:
         )
         self.service.migration_retries = gs.migration_retries
         self.service.silent_host_timeout_s = gs.silent_host_timeout_s
+        self.service.node_probe_timeout_s = gs.node_probe_timeout_s
         self.service.profile = self.profile
         if self.profile.shares:
             sharing = self.service.gpu_sharing

@@ -10,7 +10,8 @@ import time
 import grpc
 
 from notebookos.cluster import AccountingError, Host, ReplicaState
-from notebookos.global_scheduler.hosts import HostLink
+from notebookos.global_scheduler import node_probe
+from notebookos.global_scheduler.hosts import HostLink, _release_timer
 from notebookos.proto import global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto import local_scheduler_pb2_grpc as ls_grpc
 from notebookos.proto.convert import resource_spec_from_proto
@@ -21,6 +22,12 @@ log = logging.getLogger(__name__)
 # How long a registration waits for the instance already registered under its host id to answer
 # (a live one answers within milliseconds; a dead one refuses at once; a hung one does not).
 REGISTRATION_PROBE_S = 1.0
+# While a host's daemon is unreachable after a reset, its replicas are probed again this often
+# (a node's processes may die a moment apart; the first probe may find one still accepting).
+NODE_REPROBE_S = 1.0
+# ... and every NODE_FAST_REPROBE_S for the first NODE_FAST_REPROBE_FOR_S of the outage.
+NODE_FAST_REPROBE_S = 0.2
+NODE_FAST_REPROBE_FOR_S = 3.0
 
 
 class HostRegistryMixin:
@@ -36,7 +43,7 @@ class HostRegistryMixin:
         self.cluster.add_host(host)
         self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual,
                                        prewarm_pool_target=self._pool_target(prewarm),
-                                       connect=self.connect)
+                                       connect=self.connect, on_reset=self._host_link_reset)
         self.hosts[host_id].watch()  # its daemon's death shows at once (unreachable_since)
         self._capacity_added()  # cells waiting for GPUs or a host try it now
 
@@ -247,7 +254,88 @@ class HostRegistryMixin:
                                  "gone")
             for host_id, why in silent.items():
                 self._drop_host(host_id, why)
+            reprobe = [h for h, link in self.hosts.items()
+                       if link.unreachable_since and not link.silent_since
+                       and now - self._node_probes.get(h, 0.0) >= NODE_REPROBE_S]
         if silent and self.on_hosts_changed is not None:
+            self.on_hosts_changed()
+        for host_id in reprobe:
+            self._host_link_reset(host_id)
+
+    # -- a node lost, or only its daemon (node_probe.py) --------------------------------------
+
+    def _host_link_reset(self, host_id: str) -> None:
+        """A host's daemon closed or reset its connection: find out, on a worker, whether its
+        node is gone with it. Called on gRPC's thread, so it takes no lock: ``_drop_host``
+        closes a channel under the lock, which waits for gRPC's thread."""
+        if self.node_probe_timeout_s <= 0:
+            return
+        try:
+            self._pool.submit(self._probe_node, host_id)
+        except RuntimeError:  # the pool is shut down: the daemon is stopping
+            pass
+
+    def _probe_node(self, host_id: str) -> None:
+        with self.lock:
+            if host_id in self._node_probing:
+                return
+            self._node_probing.add(host_id)
+            self._node_probes[host_id] = time.time()
+        try:
+            self._probe_node_once(host_id)
+        except Exception:  # noqa: BLE001 - the heartbeat timeout still decides
+            log.exception("probing host %s's replicas failed", host_id)
+        finally:
+            with self.lock:
+                self._node_probing.discard(host_id)
+                self._node_probes[host_id] = time.time()
+
+    def _node_replicas(self, host_id: str) -> dict[tuple[str, int], tuple[str, int]]:
+        """(kernel, replica) -> (ip, shell port) of every replica placed on the host, the
+        port 0 while unknown. Lock held."""
+        return {(entry.kernel_id, rid): (rl.endpoint.ip, rl.endpoint.shell_port)
+                for entry in self.kernels.values() for rid, rl in entry.replicas.items()
+                if rl.host_id == host_id}
+
+    def _probe_node_once(self, host_id: str) -> None:
+        """Declare the host lost now if its daemon does not answer and none of its replicas
+        accepts a connection (its node is gone: a restarted daemon's replicas run on). A host
+        with no replica, or one whose port is not known yet, is left to the heartbeat
+        timeout: its daemon's reset alone does not tell a lost node from a restart."""
+        with self.lock:
+            link = self.hosts.get(host_id)
+            if link is None or not link.unreachable_since or link.silent_since:
+                return
+            instance, since = link.instance_id, link.unreachable_since
+            replicas = self._node_replicas(host_id)
+        if not replicas or any(not port for _, port in replicas.values()):
+            return
+        results = node_probe.probe_ports(list(replicas.values()), self.node_probe_timeout_s)
+        gone = (node_probe.REFUSED, node_probe.UNREACHABLE, node_probe.NO_ANSWER)
+        if not all(results.get(a) in gone for a in replicas.values()):
+            if time.time() - since < NODE_FAST_REPROBE_FOR_S:
+                # a node's processes die a moment apart: look again soon, not at the next check
+                _release_timer().after(NODE_FAST_REPROBE_S,
+                                      lambda: self._host_link_reset(host_id))
+            if self._node_probe_said.get(host_id) != since:
+                self._node_probe_said[host_id] = since
+                log.info("host %s: its Local Scheduler does not answer, but its replicas accept "
+                         "connections: taken for a daemon restart (its node is up)", host_id)
+            return
+        counts: dict[str, int] = {}
+        for a in replicas.values():
+            counts[results[a]] = counts.get(results[a], 0) + 1
+        how = ", ".join(f"{why}: {n}" for why, n in sorted(counts.items()))
+        with self.lock:
+            link = self.hosts.get(host_id)
+            # back meanwhile (re-registered, or answers again), or a replica placed since
+            if link is None or link.instance_id != instance or not link.unreachable_since \
+                    or self._node_replicas(host_id) != replicas:
+                return
+            self._drop_host(host_id, f"its Local Scheduler's connection was reset and none of "
+                            f"its {len(replicas)} replica(s) accepts a connection ({how}): the "
+                            "node is gone")
+        if self.on_hosts_changed is not None:
             self.on_hosts_changed()
 
     # -- replica events (reported by the hosts) -----------------------------------------------

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,10 @@ class HostLink:
     # machine or its network is gone; a daemon that exited closes its connection instead.
     # check_hosts declares such a host lost after global_scheduler.silent_host_timeout_s.
     silent_since: float = 0.0
+    # Called (on gRPC's thread, with the host id) when the held call failed because the host's
+    # connection was closed or reset, not for want of an answer: a daemon that exited alone,
+    # or its whole node killed (host_registry.py's node probe tells which).
+    on_reset: Callable[[str], None] | None = field(default=None, kw_only=True, repr=False)
     _watch_call: grpc.Future | None = None
     _closed: bool = False
 
@@ -99,6 +104,8 @@ class HostLink:
                 self.silent_since = time.time()
                 log.warning("host %s answers no keepalive ping: its machine or its network may "
                             "be gone", self.host_id)
+            elif held and self.on_reset is not None:
+                self.on_reset(self.host_id)
             if not held:  # a probe failed (not for want of a connection): try again later
                 _release_timer().after(1.0, lambda: self._watch_call_start(held=False))
             else:

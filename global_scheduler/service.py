@@ -91,6 +91,13 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.silent_host_timeout_s = 0.0  # the daemon sets its config's (host_registry.check_hosts)
+        # How long a reset host's replicas get to accept a connection before its node is declared
+        # lost (host_registry._probe_node; 0: only the heartbeat timeout). The daemon sets its
+        # config's.
+        self.node_probe_timeout_s = 1.0
+        self._node_probing: set[str] = set()  # hosts whose replicas are being probed
+        self._node_probes: dict[str, float] = {}  # host -> when its last probe started or ended
+        self._node_probe_said: dict[str, float] = {}  # host -> the outage its "node up" was for
         self.start_timeout_s = start_timeout_s
         # A kernel started behind its front (Jupyter's provisioner) starts its replicas once a
         # client attaches, or after this long (0: at once). See lifecycle._finish_start.

@@ -177,6 +177,13 @@ class GlobalSchedulerSettings:
         "heartbeat_timeout_s; its replicas are replaced and its kernels' cells go on elsewhere. A "
         "Local Scheduler that merely exited (its replicas live on) is not affected. 0: only the "
         "heartbeat timeout.", _at_least(0.0))
+    node_probe_timeout_s: float = setting(
+        1.0, "When a Local Scheduler's connection is closed or reset (a daemon that exited, whose "
+        "replicas live on for its restart, or its whole node killed), the Global Scheduler opens "
+        "a TCP connection to each replica on its host; if none accepts within this long (each "
+        "refused, unreachable or unanswered) the node is gone and the host is declared lost at "
+        "once instead of after heartbeat_timeout_s. A host with no replica is left to the "
+        "heartbeat timeout. 0: only the heartbeat timeout.", _at_least(0.0))
     migration_retries: int = setting(
         3, "Failed migrations (a target host was chosen but moving the replica failed) before a "
         "waiting cell fails; a cell that merely finds no host free waits (cell_queue_timeout_s).",
