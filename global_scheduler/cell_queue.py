@@ -17,6 +17,7 @@ host added, a withdrawal, the scheduler stopping) and by their own deadline: no 
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import statistics
 import time
@@ -118,14 +119,25 @@ class CellQueue:
         return len(self._waiters)
 
     def estimate_wait_s(self, cell: WaitingCell) -> float | None:
-        """A rough wait for ``cell``: the cells ahead of it, and the one whose GPUs it waits
-        for (half of it left, on average), each the median length of the latest cells, served
-        as many at a time as run now. None before any cell has finished."""
+        """A rough wait for ``cell``: the cells running now end one after another, each
+        after what is left of the median length of the latest cells, or, once it has run
+        longer than that, after as long again as it has run so far (a cell that ran long is
+        likely a long one); each cell ahead then takes the first GPUs freed and holds them the
+        median length. None before any cell has finished.
+
+        It used to count half a median for every running cell, whatever it had run: behind
+        cells that held every GPU for seconds, after short cells, it said "about 0 s"."""
         if not self._recent:
             return None
         typical = statistics.median(self._recent)
-        at_once = max(1, len(self._started))
-        return typical * (self.position(cell) + 0.5) / at_once
+        now = self.clock()
+        frees = sorted(typical - (now - at) if now - at < typical else now - at
+                       for _, at in self._started.values())
+        if not frees:
+            return typical * self.position(cell)
+        for _ in range(self.position(cell)):  # each cell ahead takes the first GPUs freed
+            heapq.heapreplace(frees, frees[0] + typical)
+        return max(0.0, frees[0])
 
     def explain(self, cell: WaitingCell) -> str:
         ahead = self.position(cell)

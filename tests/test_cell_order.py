@@ -156,8 +156,13 @@ def test_the_queue_estimates_a_waiting_cells_wait_from_recent_cells() -> None:
     queue.tried(holder, 0, placed=True)  # one cell holds the GPUs now
     clock.now += 1.0
     second = queue.join("k5", "m5", user="b", notebook="n", gpus=1)
-    # first is ahead of second: 1.5 cells of 20 s, one at a time
-    assert queue.estimate_wait_s(second) == pytest.approx(30.0)
+    # the holder has 19 s of a median cell left, then first (ahead) holds them 20 s
+    assert queue.estimate_wait_s(second) == pytest.approx(39.0)
     text = queue.explain(second)
-    assert text.startswith("1 cell(s) ahead of it in the queue, about 30 s to wait (the latest "
+    assert text.startswith("1 cell(s) ahead of it in the queue, about 39 s to wait (the latest "
                            "3 cell(s) held their GPUs 20 s at the median)"), text
+    # a holder that has run longer than the median is expected to run as long again: behind
+    # a 60 s holder after 20 s cells, "about 0 s" (the estimate before) misled the user
+    clock.now += 59.0
+    assert queue.estimate_wait_s(first) == pytest.approx(60.0)
+    assert queue.estimate_wait_s(second) == pytest.approx(80.0)
