@@ -130,6 +130,18 @@ class Lab:
             ".jp-NotebookPanel:visible .jp-Notebook-ExecutionIndicator").first
         return (indicator.get_attribute("title") or "") if indicator.count() else ""
 
+    def restart_kernel(self) -> None:
+        """Restart the notebook's kernel as a user does: Esc, then 0 0 in command mode, and
+        the dialog's Restart button."""
+        self.page.locator(".jp-NotebookPanel:visible .jp-Notebook").first.click()
+        self.page.keyboard.press("Escape")
+        self.page.keyboard.press("0")
+        self.page.keyboard.press("0")
+        dialog = self.page.locator(".jp-Dialog-content").first
+        dialog.wait_for(state="visible")
+        dialog.locator(".jp-Dialog-footer button.jp-mod-accept").click()
+        dialog.wait_for(state="hidden")
+
     # -- dialogs --------------------------------------------------------------------------------
 
     def dialog_text(self, timeout_s: float = 60.0) -> str:

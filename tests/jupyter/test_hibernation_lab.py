@@ -71,3 +71,30 @@ def test_a_hibernated_notebook_is_shown_woken_by_the_button_and_keeps_its_state(
     lab.run_cell(2, "print(x * 2)")
     shown = lab.wait_output(2, "82", timeout_s=90)
     assert "woke from hibernation in" in shown, shown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_restart_kernel_in_jupyterlab_awake_and_hibernated(lab_server: LabServer, lab: Lab) -> None:
+    """JupyterLab's Restart Kernel, awake and then hibernated: the notebook's next cell runs on
+    an empty kernel, and the hibernated one wakes empty, saying nothing of a wake. (JupyterLab
+    reconnects its websocket after a restart, so it also worked when a restart moved the kernel
+    to new ports; a client that keeps its connection did not:
+    test_provisioner_stack.py::test_a_restart_keeps_the_ports_...)"""
+    lab.new_notebook(DISPLAY_NAME)
+    lab.wait_kernel_idle()
+    lab.run_cell(0, "x = 41\nprint('set')")
+    lab.wait_output(0, "set", timeout_s=90)
+    lab.restart_kernel()
+    lab.wait_kernel_idle()
+    lab.run_cell(1, "print('x' in dir(), 'first')")
+    assert "False first" in lab.wait_output(1, "first", timeout_s=90)
+    lab.run_cell(2, "y = 1\nprint('again')")
+    lab.wait_output(2, "again", timeout_s=90)
+    _wait_state(lab_server, ("hibernated",))
+    lab.restart_kernel()
+    lab.wait_kernel_idle()
+    _wait_state(lab_server, ("idle", "hibernated"))
+    lab.run_cell(3, "print('y' in dir(), 'second')")
+    shown = lab.wait_output(3, "second", timeout_s=90)
+    assert "False second" in shown and "woke" not in shown, shown
