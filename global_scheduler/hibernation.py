@@ -80,6 +80,19 @@ class HibernationMixin:
     def _hibernate(self, entry: KernelEntry, holder) -> None:  # noqa: ANN001 - a ReplicaLink
         kernel_id = entry.kernel_id
         started = time.monotonic()
+        running = self._background_work(entry)
+        if running:  # stopping the replicas would end it without a word: stay awake
+            with self.lock:
+                if entry.state != "hibernating" or self.kernels.get(kernel_id) is not entry:
+                    return
+                entry.state = "idle"
+                entry.message = ("not hibernated: its cells left work running in the "
+                                 f"background ({', '.join(running[:5])})")
+                self._save_kernel(entry)
+                self._arm_hibernation(entry, self.hibernate_after_s)
+            log.info("kernel %s: not hibernated: %s runs in the background", kernel_id,
+                     ", ".join(running))
+            return
         holder = self._checkpoint_writer(entry, holder)
         count = self._await_checkpoint(entry, holder, strict=True)
         with self.lock:
@@ -126,6 +139,23 @@ class HibernationMixin:
         self.metrics.hibernations.inc()
         log.info("kernel %s: hibernated (%d replicas stopped in %.2f s)", kernel_id,
                  len(replicas), time.monotonic() - started)
+
+    def _background_work(self, entry: KernelEntry) -> list[str]:
+        """What the kernel's replicas report their cells left running (a thread, a process:
+        kernel/background_work.py), each phrase with its replica; a replica that does not
+        answer reports nothing (it has nothing to lose here that a failover would keep)."""
+        with self.lock:
+            replicas = list(entry.replicas.values())
+        running: list[str] = []
+        for replica in replicas:
+            try:
+                status = control_request(replica.endpoint, entry.key, entry.signature_scheme,
+                                         "replica_status_request", {}, timeout_s=5)
+            except ControlError:
+                continue
+            running += [f"{work} on replica {replica.replica_id}"
+                        for work in status.get("background_work") or ()]
+        return running
 
     def _checkpoint_writer(self, entry: KernelEntry, guess):  # noqa: ANN001, ANN202 - ReplicaLink
         """The replica that ran the kernel's last cell, as the Raft log says (it writes the

@@ -30,6 +30,7 @@ from jupyter_client.session import utcnow
 from traitlets import Bool, Float, Int, Unicode
 
 from . import heap_trim, replies, rng_state
+from .background_work import BackgroundWork
 from .election import Applied, Election, Phase, choose_vote
 from .figures import PyplotSettle
 from .gpu_glue import GpuGlue
@@ -260,6 +261,8 @@ class ReplicaKernel(IPythonKernel):
             quick_start=not self.join,
             on_diverged=self._raft_diverged,
         )
+        # what its cells left running, which hibernation must not end (background_work.py)
+        self.background = BackgroundWork()
         # an idle replica gives back the heap its start and its last cell freed (heap_trim.py)
         self.heap_trims = 0
         self.heap_released_bytes = 0
@@ -952,6 +955,7 @@ class ReplicaKernel(IPythonKernel):
             self._publish_execute_input(code, parent, count)
         self._announce_restore(parent, election)
         self.gpu.bind(self.shell.user_ns, metadata)
+        threads_before = self.background.cell_starting()
         try:
             reply = await super().do_execute(
                 code,
@@ -964,6 +968,7 @@ class ReplicaKernel(IPythonKernel):
             )
         finally:
             self.gpu.unbind(self.shell.user_ns)
+            self.background.cell_ended(threads_before)
         if sys.stdout is not None:
             sys.stdout.flush()
         if sys.stderr is not None:
@@ -1202,6 +1207,7 @@ class ReplicaKernel(IPythonKernel):
         self.session.send(stream, "write_checkpoint_reply", content, parent, ident=ident)
 
     async def replica_status_request(self, stream, ident, parent) -> None:
+        background = self.background.running()  # /proc reads: not under Raft's lock
         with self.raft.lock:
             book = self.raft.book
             content = {
@@ -1236,5 +1242,7 @@ class ReplicaKernel(IPythonKernel):
                 # survivor of a group without quorum is the one Raft would elect
                 "raft_log_end": list(self.raft.log_end()),
                 "raft_unapplied": self.raft.unapplied_entries(),
+                # threads and processes its cells left running (hibernation waits for them)
+                "background_work": background,
             }
         self.session.send(stream, "replica_status_reply", content, parent, ident=ident)

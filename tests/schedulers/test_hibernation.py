@@ -243,3 +243,24 @@ def test_a_hibernated_notebook_restarts_empty_behind_the_same_front(make_cluster
     fresh = run_seen(kc, "print('rows' in dir(), 1 + 1)", timeout=60)
     assert stream_text(fresh, "stdout") == "False 2\n"
     assert "woke" not in stream_text(fresh, "stderr")
+
+
+def test_a_notebook_whose_cell_left_a_thread_running_does_not_hibernate_until_it_ends(
+        make_cluster):  # noqa: ANN001
+    """A cell that starts its training in a thread of its own (or a subprocess) leaves the
+    notebook idle-looking while the work goes on; hibernation stopped the replicas and killed
+    it without a word. The kernel stays awake, says why, and hibernates once the work ended."""
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    started = run_seen(kc, "import threading, time\n"
+                           "def train():\n    time.sleep(8)\n"
+                           "worker = threading.Thread(target=train, name='train')\n"
+                           "worker.start()\nprint('started')", timeout=90)
+    assert stream_text(started, "stdout") == "started\n"
+    cluster.wait(lambda: "not hibernated" in cluster.kernel(kernel_id).message, 30,
+                 "the scheduler to keep the kernel awake for its thread")
+    status = cluster.kernel(kernel_id)
+    assert status.state != common_pb2.KERNEL_STATE_HIBERNATED and len(status.replicas) == 3
+    assert "thread 'train'" in status.message, status.message
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60,
+                 "the kernel to hibernate once the thread ended")
