@@ -23,8 +23,9 @@ from notebookos.resources import InvalidResourceSpec, ResourceSpec
 log = logging.getLogger(__name__)
 
 SUPPORTED_SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha1", "hmac-md5")
-# States a kernel cannot be restarted from now: its replicas are changing (a restart may follow)
-RESTART_REFUSED = ("starting", "hibernating", "waking")
+# States a restart waits out (its replicas are changing), at most RESTART_WAIT_S
+RESTART_WAITS = ("starting", "hibernating", "waking")
+RESTART_WAIT_S = 60.0
 
 
 class KernelLifecycleMixin:
@@ -294,20 +295,32 @@ class KernelLifecycleMixin:
         stay connected. Also for a kernel its client has just asked to shut down for a restart
         (Jupyter sends ``shutdown_request`` with ``restart`` first), and for a hibernated one
         (it wakes empty)."""
-        with self.lock:
-            entry = self.kernels.get(request.kernel_id)
-            if entry is None:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
-            if entry.state in RESTART_REFUSED or (entry.state == "stopping"
-                                                  and not entry.client_shutdown):
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while True:  # a start, a wake or a hibernation under way ends first (seconds)
+            with self.lock:
+                entry = self.kernels.get(request.kernel_id)
+                if entry is None:
+                    context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+                if entry.state not in RESTART_WAITS:
+                    break
+                seen = self._kernel_changes
+            if time.monotonic() >= deadline:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"kernel {request.kernel_id} is {entry.state}")
+                              f"kernel {request.kernel_id} is still {entry.state} after "
+                              f"{RESTART_WAIT_S:g} s")
+            self._await_kernel_change(seen, min(deadline, time.monotonic() + 1.0))
+        with self.lock:
+            if entry.state == "stopping" and not entry.client_shutdown:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"kernel {request.kernel_id} is stopping")
             guard = self._recovery_guards.setdefault(request.kernel_id, threading.Lock())
         with guard:
             with self.lock:
-                if entry.state == "stopping" and not entry.client_shutdown:
+                if entry.state in RESTART_WAITS or (entry.state == "stopping"
+                                                    and not entry.client_shutdown):
+                    # a wake or a stop began since (rare): the client may ask again
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"kernel {request.kernel_id} is stopping")
+                                  f"kernel {request.kernel_id} is {entry.state}")
                 old = list(entry.replicas.values())
                 entry.state = "starting"
                 entry.client_shutdown = False

@@ -264,3 +264,21 @@ def test_a_notebook_whose_cell_left_a_thread_running_does_not_hibernate_until_it
     assert "thread 'train'" in status.message, status.message
     cluster.wait(lambda: _hibernated(cluster, kernel_id), 60,
                  "the kernel to hibernate once the thread ended")
+
+
+def test_a_restart_asked_while_the_notebook_wakes_waits_for_the_wake(make_cluster):  # noqa: ANN001
+    """A restart asked while the kernel wakes (a user pressing Restart right after Wake) waits
+    for the wake instead of being refused: a refusal made the provisioner stop the kernel and
+    start a new one on new ports."""
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    ports = cluster.kernel(kernel_id).connection
+    assert cluster.stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
+                                   timeout=10).waking
+    restarted = cluster.stub.RestartKernel(
+        global_scheduler_pb2.RestartKernelRequest(kernel_id=kernel_id), timeout=120)
+    assert restarted.connection.shell_port == ports.shell_port
+    status = cluster.kernel(kernel_id)
+    assert len(status.replicas) == 3 and status.state == common_pb2.KERNEL_STATE_IDLE
+    fresh = run_seen(kc, "print('rows' in dir())", timeout=60)
+    assert stream_text(fresh, "stdout") == "False\n"
