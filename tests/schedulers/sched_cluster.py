@@ -79,6 +79,14 @@ class Cluster:
         return self.stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(),
                                           timeout=10)
 
+    def start(self, hosts: int, gpus: int = 2, prewarm: int = 0,
+              prefix: str = "host-") -> None:
+        """The Global Scheduler and ``hosts`` Local Schedulers (``{prefix}0``...), registered."""
+        self.start_gs()
+        for i in range(hosts):
+            self.start_ls(f"{prefix}{i}", gpus=gpus, prewarm=prewarm)
+        self.wait_hosts(hosts)
+
     def wait_hosts(self, count: int, timeout: float = 30) -> None:
         self.wait(lambda: len(self.status().hosts) == count, timeout,
                   f"{count} registered hosts")
@@ -139,6 +147,19 @@ class Cluster:
                 if isinstance(pid, int) and same_process(pid, record.get("start_ticks")):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
+
+
+def cluster_with_kernel(make_cluster, hosts: int = 4, env: dict | None = None,  # noqa: ANN001
+                        cell: str | None = "data = {'a': 1}", gpus: int = 1, **start: Any
+                        ) -> tuple[Cluster, str, BlockingKernelClient]:
+    """A cluster of ``hosts`` hosts (``env`` added to the daemons' environment; ``start``:
+    ``Cluster.start``'s options) and a kernel of ``gpus`` GPUs that ran ``cell``."""
+    cluster = make_cluster(env)
+    cluster.start(hosts, **start)
+    kernel_id, kc = cluster.start_kernel(gpus=gpus)
+    if cell is not None:
+        assert run_cell(kc, cell)["reply"]["content"]["status"] == "ok"
+    return cluster, kernel_id, kc
 
 
 def wait_started(kc: BlockingKernelClient, msg_id: str, timeout: float = 30) -> None:

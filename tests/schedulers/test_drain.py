@@ -11,6 +11,7 @@ import time
 
 import pytest
 from sched_cluster import (  # noqa: F401 - fixture
+    cluster_with_kernel,
     make_cluster_fixture,
     result_text,
     run_cell,
@@ -21,14 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _cluster_with_kernel(make_cluster, hosts: int):  # noqa: ANN001, ANN202
-    cluster = make_cluster()
-    cluster.start_gs()
-    for i in range(hosts):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(hosts)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
-    return cluster, kernel_id, kc
+    return cluster_with_kernel(make_cluster, hosts)
 
 
 def _executor_host(cluster, kernel_id: str) -> str:  # noqa: ANN001

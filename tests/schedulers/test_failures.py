@@ -13,6 +13,7 @@ import time
 
 import pytest
 from sched_cluster import (  # noqa: F401 - fixture
+    cluster_with_kernel,
     ls_gpus_committed,
     make_cluster_fixture,
     result_text,
@@ -31,14 +32,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def _cluster_with_kernel(make_cluster, hosts: int = 4, env: dict | None = None,  # noqa: ANN001, ANN202
                          cell: str = "data = {'a': 1}\ndata['b'] = 2"):
-    cluster = make_cluster(env)
-    cluster.start_gs()
-    for i in range(hosts):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(hosts)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, cell)["reply"]["content"]["status"] == "ok"
-    return cluster, kernel_id, kc
+    return cluster_with_kernel(make_cluster, hosts, env, cell)
 
 
 # replicas whose Local Scheduler was killed wait this long for its restart

@@ -161,10 +161,7 @@ def test_an_operators_migration_is_decided_by_the_cycle_and_skips_a_draining_hos
     to a host being emptied for maintenance (the most idle one). Named explicitly, such a host
     is refused with the reason, before the replica is touched; the state is kept throughout."""
     cluster = make_cluster({"NOTEBOOKOS_CLUSTER_MAX_SUBSCRIPTION_RATIO": "7"})
-    cluster.start_gs()
-    for i in range(3):
-        cluster.start_ls(f"host-{i}", gpus=1, prewarm=0)
-    cluster.wait_hosts(3)
+    cluster.start(3, gpus=1)
     kernel_id, kc = cluster.start_kernel(gpus=1)
     assert result_text(run_cell(kc, "kept = 41 + 1\nkept")) == "42"
     cluster.start_ls("host-spare", gpus=1, prewarm=0)

@@ -12,7 +12,12 @@ import signal
 import time
 
 import pytest
-from sched_cluster import make_cluster_fixture, result_text, run_cell  # noqa: F401 - fixture
+from sched_cluster import (  # noqa: F401 - fixture
+    cluster_with_kernel,
+    make_cluster_fixture,
+    result_text,
+    run_cell,
+)
 
 from notebookos.testing.processes import pid_alive
 
@@ -24,14 +29,7 @@ TEN_S = {"NOTEBOOKOS_GLOBAL_SCHEDULER_HEARTBEAT_TIMEOUT_S": "10",
 
 
 def _cluster_with_kernel(make_cluster, hosts: int = 4):  # noqa: ANN001, ANN202
-    cluster = make_cluster(TEN_S)
-    cluster.start_gs()
-    for i in range(hosts):
-        cluster.start_ls(f"host-{i}")
-    cluster.wait_hosts(hosts)
-    kernel_id, kc = cluster.start_kernel(gpus=1)
-    assert run_cell(kc, "data = {'a': 1}")["reply"]["content"]["status"] == "ok"
-    return cluster, kernel_id, kc
+    return cluster_with_kernel(make_cluster, hosts, TEN_S)
 
 
 def _replicas(cluster, kernel_id: str) -> dict[int, tuple[str, int]]:  # noqa: ANN001

@@ -398,14 +398,7 @@ def test_per_cell_cells_waiting_for_a_host_hold_no_thread_and_a_release_wakes_th
         assert time.monotonic() - started < 1.0
         assert len(w._cell_waiters) == cells - 3
     finally:
-        w._stop.set()
-        w._wake_waiting_placements()
-        for f in waits:
-            try:
-                f.result(timeout=5)
-            except PlacementFailed:
-                pass
-        loop.close()
+        _close(w, loop, waits)
     assert not w._cell_waiters and w.cell_queue.waiting() == 0
 
 

@@ -11,20 +11,14 @@ import signal
 import time
 
 import pytest
-from sched_cluster import make_cluster_fixture, run_cell  # noqa: F401 - fixture
+from sched_cluster import cluster_with_kernel, make_cluster_fixture, run_cell  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def _cluster_with_kernel(make_cluster, hosts: int, gpus: int):  # noqa: ANN001, ANN202
     """A Global Scheduler, ``hosts`` Local Schedulers of 2 GPUs, and a kernel of ``gpus``."""
-    cluster = make_cluster()
-    cluster.start_gs()
-    for i in range(hosts):
-        cluster.start_ls(f"r-host-{i}", gpus=2)
-    cluster.wait_hosts(hosts)
-    kernel_id, kc = cluster.start_kernel(gpus=gpus)
-    return cluster, kernel_id, kc
+    return cluster_with_kernel(make_cluster, hosts, cell=None, gpus=gpus, prefix="r-host-")
 
 
 def block_and_executor(cluster, kernel_id: str, kc, code: str) -> tuple[dict, object]:  # noqa: ANN001
