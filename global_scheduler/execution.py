@@ -71,17 +71,24 @@ class _GpuWaits:
     dispatcher: LoopDispatcher
     turns: dict[WaitingCell, _GpuWaiter] = field(default_factory=dict)
     pauses: dict[_GpuWaiter, None] = field(default_factory=dict)
+    keyed: dict[tuple[str, str], _GpuWaiter] = field(default_factory=dict)  # by cell id
     releases_seen: int = -1  # the release count the pauses were last looked at for
-    withdrawn_seen: set[tuple[str, str]] = field(default_factory=set)
 
-    def waiters(self) -> list[_GpuWaiter]:
-        return [*self.turns.values(), *self.pauses]
+    def add(self, waiter: _GpuWaiter) -> None:
+        if waiter.cell is None:
+            self.pauses[waiter] = None
+        else:
+            self.turns[waiter.cell] = waiter
+        self.keyed[(waiter.kernel_id, waiter.msg_id)] = waiter
 
     def forget(self, waiter: _GpuWaiter) -> None:
         if waiter.cell is None:
             self.pauses.pop(waiter, None)
         elif self.turns.get(waiter.cell) is waiter:
             del self.turns[waiter.cell]
+        key = (waiter.kernel_id, waiter.msg_id)
+        if self.keyed.get(key) is waiter:
+            del self.keyed[key]
 
 
 class ExecutionMixin(SharingMixin, CycleRunnerMixin):
@@ -228,13 +235,15 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         finally:
             with self._placement_cv:
                 waits.forget(waiter)
+            if waiter.future.done() and not waiter.future.cancelled():  # its failure is not
+                waiter.future.exception()  # logged as lost when the task was cancelled
         return waiter.future.result() if waiter.future.done() else None
 
     def _serve_gpu_waits(self) -> float | None:
         """One step of the GPU waits' dispatcher (loop_dispatch.py), ``_placement_cv``'s
         signal fired: resolve the waiters that may go on now and nobody else. What each
         waiter looked at for itself on every fire: a withdrawal or a stop ends its wait
-        (looked for only when one happened); a pause ends when the release count moved (all
+        (the withdrawn cells looked up by id; every waiter only on a stop); a pause ends when the release count moved (all
         pauses looked at once per release); a turn comes when every cell ahead tried since the
         release and failed (``CellQueue.new_turns``: just the cells whose turn came since the
         last step). Sleeps until the next fire, or ``ORDER_RECHECK_S`` for an order that
@@ -244,14 +253,14 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             if not waits.turns and not waits.pauses:
                 return None
             releases = self._gpu_releases
-            if self._stop.is_set() or not self._withdrawn_cells <= waits.withdrawn_seen:
-                waits.withdrawn_seen = set(self._withdrawn_cells)
-                for waiter in waits.waiters():
-                    try:
-                        self._still_placing(waiter.kernel_id, waiter.msg_id)
-                    except PlacementFailed as exc:
-                        waits.forget(waiter)
-                        waiter.future.set_exception(exc)
+            ending = (list(waits.keyed.values()) if self._stop.is_set() else
+                      [w for key in self._withdrawn_cells if (w := waits.keyed.get(key))])
+            for waiter in ending:  # a stop, or the few cells being withdrawn
+                try:
+                    self._still_placing(waiter.kernel_id, waiter.msg_id)
+                except PlacementFailed as exc:
+                    waits.forget(waiter)
+                    waiter.future.set_exception(exc)
             if releases != waits.releases_seen:
                 waits.releases_seen = releases
                 for waiter in [w for w in waits.pauses
@@ -260,8 +269,9 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                     waiter.future.set_result(releases)
             if waits.turns:
                 for cell in self.cell_queue.new_turns(releases):
-                    waiter = waits.turns.pop(cell, None)
+                    waiter = waits.turns.get(cell)
                     if waiter is not None:
+                        waits.forget(waiter)
                         waiter.future.set_result(releases)
             if waits.turns and self.cell_queue.order.changes_with_time:
                 return ORDER_RECHECK_S  # its keys drift: whose turn it is may change
@@ -282,7 +292,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 if left <= 0 or (releases is not None and self._gpu_releases != releases):
                     return
                 waiter = _GpuWaiter(kernel_id, msg_id, loop.create_future(), releases)
-                self._gpu_waits.pauses[waiter] = None
+                self._gpu_waits.add(waiter)
             if await self._await_gpu_wait(waiter, left) is not None:
                 return
 
@@ -419,7 +429,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 if self.cell_queue.may_try(cell, releases) or time.monotonic() >= deadline:
                     return releases
                 waiter = _GpuWaiter(kernel_id, msg_id, loop.create_future(), cell=cell)
-                self._gpu_waits.turns[cell] = waiter
+                self._gpu_waits.add(waiter)
             given = await self._await_gpu_wait(waiter, deadline - time.monotonic())
             if given is not None:
                 return given

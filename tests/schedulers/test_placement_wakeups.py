@@ -122,6 +122,36 @@ def test_a_waiting_cell_sees_a_withdrawal_and_a_stop_at_once() -> None:
     assert time.monotonic() - started < 2
 
 
+def test_a_withdrawn_cell_stops_waiting_for_its_turn_and_the_turns_go_on() -> None:
+    """An interrupt ends the wait of the cell it withdraws, at once, and no other's; the cells
+    behind it still wait for every cell ahead, the withdrawn one too until it leaves."""
+    from notebookos.loop_thread import LoopThread
+
+    w = _Waits(ArrivalOrder())
+    ahead, middle, behind = (_join(w, k) for k in ("ahead", "middle", "behind"))
+    loop = LoopThread("turn-test")
+    try:
+        waits = [loop.spawn(w._wait_turn(k, "m", cell, time.monotonic() + 30))
+                 for k, cell in (("middle", middle), ("behind", behind))]
+        time.sleep(0.2)
+        started = time.monotonic()
+        w.cancel_execute("middle", "m")
+        with pytest.raises(PlacementFailed, match="withdrawn"):
+            waits[0].result(timeout=2)
+        assert time.monotonic() - started < 0.5
+        with w._placement_cv:
+            w.cell_queue.tried(ahead, 0, placed=False)
+            w._placement_cv.notify_all()
+        time.sleep(0.2)
+        assert not waits[1].done()  # the withdrawn cell is ahead until it leaves
+        with w._placement_cv:
+            w.cell_queue.leave(middle)
+            w._placement_cv.notify_all()
+        assert waits[1].result(timeout=2) == 0
+    finally:
+        loop.close()
+
+
 def test_an_order_that_drifts_with_time_is_looked_at_again_now_and_then() -> None:
     """Themis's keys change as time passes with no event, so its waiters look at the order
     every ORDER_RECHECK_S (not 0.25 s); the event-driven orders never do."""
