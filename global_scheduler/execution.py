@@ -242,12 +242,13 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
     def _serve_gpu_waits(self) -> float | None:
         """One step of the GPU waits' dispatcher (loop_dispatch.py), ``_placement_cv``'s
         signal fired: resolve the waiters that may go on now and nobody else. What each
-        waiter looked at for itself on every fire: a withdrawal or a stop ends its wait
-        (the withdrawn cells looked up by id; every waiter only on a stop); a pause ends when the release count moved (all
-        pauses looked at once per release); a turn comes when every cell ahead tried since the
-        release and failed (``CellQueue.new_turns``: just the cells whose turn came since the
-        last step). Sleeps until the next fire, or ``ORDER_RECHECK_S`` for an order that
-        drifts with time while cells wait for their turn; None when nothing waits."""
+        waiter looked at for itself on every fire: a withdrawal or a stop ends its wait (the
+        withdrawn cells looked up by id; every waiter only on a stop); a pause ends when the
+        release count moved (all pauses looked at once per release); a turn comes when every
+        cell ahead tried since the release and failed (``CellQueue.new_turns``: just the cells
+        whose turn came since the last step). Sleeps until the next fire, or
+        ``ORDER_RECHECK_S`` for an order that drifts with time while cells wait for their
+        turn; None when nothing waits."""
         waits = self._gpu_waits
         with self._placement_cv:
             if not waits.turns and not waits.pauses:
