@@ -1,8 +1,9 @@
-"""What one release costs the Global Scheduler's loop while batch/lcp cells wait for a host
-(issue 32: one release with 200 lcp cells waiting held the fronts' loop about 100 ms).
+"""What one release costs the Global Scheduler's loop while batch/lcp cells wait for a host, or
+replicated kernels' cells (notebookos) wait for GPUs (issue 32: one release with 200 lcp cells
+waiting held the fronts' loop about 100 ms).
 
-    python benchmarks/cell_release.py [--json] [--cells 200] [--policy lcp] [--repeats 5]
-                                      [--code DIR] [--compare DIR] [--smoke]
+    python benchmarks/cell_release.py [--json] [--cells 200] [--policy lcp|batch|notebookos]
+                                      [--repeats 5] [--code DIR] [--compare DIR] [--smoke]
 
 In-process: the service's own per-cell container waits (``CellContainerMixin``) on a stand-in
 holding just the state they use, a cluster model of --hosts 1-GPU hosts, each running a cell;
@@ -15,6 +16,14 @@ read, per repeat:
 - ``order_keys``: how often the cell order was asked for a cell's key (each look at the queue
   sorts it: the work, counted, not timed);
 - ``decisions``: container cycles run.
+
+``--policy notebookos`` (replicated kernels, execution.py): --cells cells wait for GPUs in the
+cell queue (``_wait_for_gpus``, the service's own turns and pauses; a try takes a free GPU or
+fails, on a thread of the placement pool as in the service: it stands for the scheduling
+cycle and the Local Scheduler's CommitGpus), every GPU committed; then --hosts GPUs are
+released, and we read, from the release until every waiting cell has tried since it (each
+does, in its turn) and the freed GPUs are taken: ``loop_cpu_ms``, ``order_keys``, and
+``decisions``: the tries.
 
 Figures are the medians over --repeats. ``--code DIR`` imports the ``notebookos`` packages from
 another checkout (a worktree of the code before); ``--compare DIR`` runs this benchmark on DIR
@@ -165,8 +174,100 @@ def measure(policy: str, cells: int, hosts: int) -> dict[str, float]:
     return result
 
 
+def measure_replicated(cells: int, gpus: int) -> dict[str, float]:
+    """One release of ``gpus`` GPUs while ``cells`` replicated kernels' cells wait for them."""
+    from types import SimpleNamespace
+
+    from notebookos.global_scheduler.cell_queue import CellQueue
+    from notebookos.global_scheduler.execution import ExecutionMixin
+    from notebookos.global_scheduler.front import PlacementFailed
+    from notebookos.global_scheduler.loop_waits import SignallingCondition
+    from notebookos.loop_thread import LoopThread
+    from notebookos.policies.cell_order import ArrivalOrder
+    from notebookos.resources import ResourceSpec
+
+    class CountingOrder(ArrivalOrder):
+        keys = 0
+
+        def key(self, cell: Any, now: float) -> Any:
+            CountingOrder.keys += 1
+            return super().key(cell, now)
+
+    class Cells(ExecutionMixin):
+        def __init__(self) -> None:
+            self.lock = threading.RLock()
+            self._placement_cv = SignallingCondition()
+            self._kernels_changed = SignallingCondition(self._placement_cv._lock)
+            self._cell_cv = SignallingCondition()
+            self._gpu_releases = 0
+            self._withdrawn_cells: set[tuple[str, str]] = set()
+            self._stop = threading.Event()
+            self.cell_queue = CellQueue(CountingOrder())
+            self.kernels: dict = {}
+            self.cluster = SimpleNamespace(total_gpus=gpus)
+            self.cell_queue_timeout_s = 600.0
+            self.migration_retries = 3
+            self.free = 0
+            self.tries = 0
+            self.placed = 0
+            self.free_lock = threading.Lock()
+
+        def _try_place(self, kernel_id: str, msg_id: str, request: Any) -> Any:
+            with self.free_lock:
+                self.tries += 1
+                if self.free <= 0:
+                    return None, "every GPU is committed", False
+                self.free -= 1
+                self.placed += 1
+                return (1, [0]), "", False
+
+        def all_tried_since(self, releases: int) -> bool:
+            with self._placement_cv:
+                return all(w.failed_at >= releases
+                           for w in self.cell_queue._waiters.values())
+
+    def until(predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 300
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.005)
+
+    s = Cells()
+    loop = LoopThread("cell-release-bench")
+    waits = [loop.spawn(s._wait_for_gpus(f"k{i}", "m", ResourceSpec(1000, 1000, 1, 1.0)))
+             for i in range(cells)]
+    try:
+        until(lambda: s.cell_queue.waiting() == cells and s.all_tried_since(0),
+              "the cells did not all try")
+        time.sleep(0.3)
+        cpu_before = loop.run(time.thread_time, timeout=120)
+        keys_before, tries_before = CountingOrder.keys, s.tries
+        with s.free_lock:
+            s.free = gpus
+        s._gpus_released()
+        until(lambda: s.placed == gpus and s.all_tried_since(1),
+              "the release's turns did not all come")
+        cpu_after = loop.run(time.thread_time, timeout=120)
+        result = {"loop_cpu_ms": (cpu_after - cpu_before) * 1000,
+                  "order_keys": CountingOrder.keys - keys_before,
+                  "decisions": s.tries - tries_before}
+    finally:
+        s._stop.set()
+        s._wake_waiting_placements()
+        for f in waits:
+            try:
+                f.result(timeout=120)
+            except PlacementFailed:
+                pass
+        loop.close()
+    return result
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rows = [measure(args.policy, args.cells, args.hosts) for _ in range(args.repeats)]
+    if args.policy == "notebookos":
+        rows = [measure_replicated(args.cells, args.hosts) for _ in range(args.repeats)]
+    else:
+        rows = [measure(args.policy, args.cells, args.hosts) for _ in range(args.repeats)]
     out: dict[str, Any] = {"policy": args.policy, "cells": args.cells, "hosts": args.hosts,
                            "repeats": args.repeats}
     for name in rows[0]:
@@ -202,9 +303,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--policy", choices=["batch", "lcp"], default="lcp")
+    parser.add_argument("--policy", choices=["batch", "lcp", "notebookos"], default="lcp",
+                        help="notebookos: replicated kernels' cells waiting for GPUs")
     parser.add_argument("--cells", type=int, default=200)
-    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--hosts", type=int, default=2,
+                        help="1-GPU hosts (notebookos: the GPUs the release frees)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--code", type=Path, help="a checkout whose code runs (default: this)")
     parser.add_argument("--compare", type=Path, help="a checkout of the code before")

@@ -201,7 +201,7 @@ class CellContainerMixin(CycleRunnerMixin):
             entry = self.kernels.get(kernel_id)
             hints = entry.hints if entry is not None else None
             with self._placement_cv:
-                self.cell_queue.order.set_capacity(self.cluster.total_gpus)
+                self.cell_queue.set_capacity(self.cluster.total_gpus)
                 cell = self.cell_queue.join(kernel_id, msg_id,
                                             user=hints.user if hints else "",
                                             notebook=hints.notebook if hints else "",

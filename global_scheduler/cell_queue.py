@@ -13,6 +13,15 @@ scheduler waits on (``GlobalSchedulerService._placement_cv``); the callers of ``
 ``leave`` notify it. Waiters are woken by events only (a try, a cell leaving, a GPU release, a
 host added, a withdrawal, the scheduler stopping) and by their own deadline: no periodic wake
 (``wait_s``).
+
+Whose turn it is is read from the waiters sorted in the order, kept while nothing that could
+change the order happens (a cell joining, leaving, starting or finishing, the capacity): one
+sort per such event, not one key per waiting cell per look (``_Ordered``). While the release
+count stays the same, the cells that may try only grow (a failed try never takes a turn
+back), so the queue remembers how far the turns reach and a dispatcher asks only for the cells
+whose turn came since it last asked (``new_turns``): a release with N cells waiting costs
+O(N) keys in all, not O(N) per waiting cell per try. An order whose keys drift with time
+(themis) is sorted again at each look, as each waiter once looked for itself.
 """
 
 from __future__ import annotations
@@ -41,6 +50,46 @@ class _Waiter:
 
 
 @dataclass(slots=True)
+class _Ordered:
+    """The waiters sorted in the order (ties in the order's key share a group: no cell of a
+    group is ahead of another), and how far the turns reach for one release count."""
+
+    waiters: list[_Waiter]
+    index: dict[tuple[str, str], int]
+    group_start: list[int]  # where each position's group of equal keys starts
+    group_end: list[int]  # and where it ends
+    releases: int = -1  # the release count ``scan`` and ``told`` are for
+    scan: int = 0  # the groups before it all tried since ``releases`` and failed
+    told: int = 0  # the turns ``new_turns`` reported: positions before it
+
+    @classmethod
+    def of(cls, waiters: list[_Waiter], order: CellOrder, now: float) -> _Ordered:
+        keyed = sorted(((order.key(w.cell, now), w) for w in waiters), key=lambda kw: kw[0])
+        n = len(keyed)
+        start, end = [0] * n, [n] * n
+        for i in range(1, n):
+            start[i] = start[i - 1] if keyed[i][0] == keyed[i - 1][0] else i
+        for i in range(n - 2, -1, -1):
+            end[i] = end[i + 1] if keyed[i][0] == keyed[i + 1][0] else i + 1
+        ordered = [w for _, w in keyed]
+        return cls(ordered, {(w.cell.kernel_id, w.cell.msg_id): i for i, w in enumerate(ordered)},
+                   start, end)
+
+    def turns_end(self, releases: int) -> int:
+        """The positions before it may try at release count ``releases``: every cell ahead of
+        each of them (in an earlier group) tried since then and failed."""
+        if releases != self.releases:
+            self.releases, self.scan, self.told = releases, 0, 0
+        n = len(self.waiters)
+        while self.scan < n:
+            end = self.group_end[self.scan]
+            if any(w.failed_at < releases for w in self.waiters[self.scan:end]):
+                return end  # this group may try, and none after it
+            self.scan = end
+        return n
+
+
+@dataclass(slots=True)
 class CellQueue:
     order: CellOrder
     clock: Callable[[], float] = time.monotonic
@@ -48,6 +97,26 @@ class CellQueue:
     _started: dict[tuple[str, str], tuple[WaitingCell, float]] = field(default_factory=dict)
     _seq: itertools.count = field(default_factory=itertools.count)
     _recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_CELLS))
+    _ordered: _Ordered | None = None  # the waiters in the order, while it holds
+    sorts: int = 0  # how often the waiters were sorted (tests count them)
+
+    def _changed(self) -> None:
+        """Something that can change the order happened: sort again at the next look."""
+        self._ordered = None
+
+    def _in_order(self) -> _Ordered:
+        if self._ordered is None or self.order.changes_with_time:
+            self.sorts += 1
+            self._ordered = _Ordered.of(list(self._waiters.values()), self.order, self.clock())
+        return self._ordered
+
+    def _place(self, cell: WaitingCell) -> tuple[_Ordered, int] | None:
+        """The sorted waiters and ``cell``'s position among them (None: it does not wait)."""
+        waiter = self._waiters.get((cell.kernel_id, cell.msg_id))
+        if waiter is None or waiter.cell is not cell:
+            return None
+        ordered = self._in_order()
+        return ordered, ordered.index[(cell.kernel_id, cell.msg_id)]
 
     def join(self, kernel_id: str, msg_id: str, *, user: str, notebook: str, gpus: int
               ) -> WaitingCell:
@@ -55,7 +124,13 @@ class CellQueue:
         cell = WaitingCell(kernel_id, msg_id, user, notebook, gpus, now, next(self._seq))
         self._waiters[(kernel_id, msg_id)] = _Waiter(cell)
         self.order.cell_waiting(cell, now)
+        self._changed()
         return cell
+
+    def set_capacity(self, gpus: int) -> None:
+        """The cluster's GPUs now, for the order (a key may depend on them)."""
+        self.order.set_capacity(gpus)
+        self._changed()
 
     def _ahead(self, cell: WaitingCell) -> list[_Waiter]:
         now = self.clock()
@@ -65,11 +140,29 @@ class CellQueue:
 
     def may_try(self, cell: WaitingCell, releases: int) -> bool:
         """Every cell ahead of ``cell`` tried since release number ``releases`` and failed."""
-        return all(w.failed_at >= releases for w in self._ahead(cell))
+        placed = self._place(cell)
+        if placed is None:  # not waiting (any more): against the waiters, as it is
+            return all(w.failed_at >= releases for w in self._ahead(cell))
+        ordered, at = placed
+        return at < ordered.turns_end(releases)
+
+    def new_turns(self, releases: int) -> list[WaitingCell]:
+        """The waiting cells that may try at release count ``releases`` and were not returned
+        by the last call (for the same release count, the order unchanged): every one that may
+        after a release or a change of the order. A dispatcher resolves just these; a waiter
+        that joins later asks ``may_try`` first."""
+        ordered = self._in_order()
+        end = ordered.turns_end(releases)
+        start, ordered.told = ordered.told, max(ordered.told, end)
+        return [w.cell for w in ordered.waiters[start:end]]
 
     def position(self, cell: WaitingCell) -> int:
         """How many waiting cells are ahead of ``cell``."""
-        return len(self._ahead(cell))
+        placed = self._place(cell)
+        if placed is None:
+            return len(self._ahead(cell))
+        ordered, at = placed
+        return ordered.group_start[at]
 
     def tried(self, cell: WaitingCell, releases: int, placed: bool) -> None:
         """``cell`` tried (its try began at release number ``releases``)."""
@@ -80,6 +173,7 @@ class CellQueue:
             waiter.failed_at = max(waiter.failed_at, releases)
             return
         del self._waiters[(cell.kernel_id, cell.msg_id)]
+        self._changed()
         now = self.clock()
         self.order.cell_started(cell, now)
         if len(self._started) >= MAX_STARTED:
@@ -91,6 +185,7 @@ class CellQueue:
         """``cell`` stops waiting without having run (withdrawn, failed, its kernel stopped)."""
         if self._waiters.pop((cell.kernel_id, cell.msg_id), None) is not None:
             self.order.cell_left(cell, self.clock())
+            self._changed()
 
     def finished(self, kernel_id: str, msg_id: str) -> None:
         """The cell's GPUs were released (or its executor was lost): it ran until now."""
@@ -100,6 +195,7 @@ class CellQueue:
             now = self.clock()
             self._recent.append(now - at)
             self.order.cell_finished(cell, now - at, now)
+            self._changed()
 
     def kernel_gone(self, kernel_id: str) -> None:
         """The kernel stopped: its running cells end now (not learnt from: cut short)."""
@@ -107,6 +203,7 @@ class CellQueue:
         for key in [k for k in self._started if k[0] == kernel_id]:
             cell, _ = self._started.pop(key)
             self.order.cell_finished(cell, float("nan"), now)
+            self._changed()
 
     def wait_s(self, deadline: float, now: float) -> float:
         """How long a waiter sleeps before it must look again on its own: until its deadline,

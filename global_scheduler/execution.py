@@ -2,18 +2,30 @@
 host is busy. Mixed into ``GlobalSchedulerService`` (it uses the service's lock, cluster model,
 host links and kernel entries). The fronts place a cell with ``place_execute_async``, a
 coroutine on their loop: its waits (for replicas, its turn, GPUs) hold no thread, and each try
-(which calls Local Schedulers) runs on a thread of the placement pool (loop_waits.py)."""
+(which calls Local Schedulers) runs on a thread of the placement pool (loop_waits.py).
+
+A cell waiting for its turn or for a release awaits a future of its own. One dispatcher
+(loop_dispatch.py, ``_serve_gpu_waits``) wakes on ``_placement_cv``'s signal instead of every
+waiter: per event it asks the cell queue for the cells whose turn came (cell_queue.py: no key
+asked for while the order holds), resolves their futures, and the pausing cells' when the
+release count moved; it fails the waits of withdrawn cells and, on a stop, all. Each waiter's
+own deadline is a timer of its own. A release with N cells waiting used to wake all N on
+every try that followed it, each looking at every cell ahead: O(N^2) per event."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import grpc
 
 from notebookos.cluster import AccountingError
+from notebookos.global_scheduler.cell_queue import ORDER_RECHECK_S
 from notebookos.global_scheduler.cycle_runner import CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import PlacementFailed
@@ -21,6 +33,7 @@ from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.hibernation import ASLEEP
 from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.global_scheduler.loop_dispatch import LoopDispatcher
 from notebookos.global_scheduler.loop_waits import run_blocking
 from notebookos.global_scheduler.sharing import SharingMixin
 from notebookos.policies.cell_order import WaitingCell
@@ -37,6 +50,45 @@ REPLICA_WAIT_RECHECK_S = 1.0
 # A cell that wakes a hibernated notebook tries this many wakes before it fails.
 WAKE_ATTEMPTS = 3
 WITHDRAWN = "the cell was withdrawn while it waited (the kernel was interrupted)"
+
+
+@dataclass(eq=False)
+class _GpuWaiter:
+    """A cell waiting for its turn (``cell``) or for a release after ``releases``."""
+
+    kernel_id: str
+    msg_id: str
+    future: asyncio.Future[int]  # the release count it goes on from; or PlacementFailed
+    releases: int | None = None  # a pause: the release count it waits past (None: none)
+    cell: WaitingCell | None = None  # a turn: the cell whose turn it waits for
+
+
+@dataclass
+class _GpuWaits:
+    """The replicated kernels' cells waiting for GPUs, as their dispatcher sees them (under
+    ``_placement_cv``'s lock)."""
+
+    dispatcher: LoopDispatcher
+    turns: dict[WaitingCell, _GpuWaiter] = field(default_factory=dict)
+    pauses: dict[_GpuWaiter, None] = field(default_factory=dict)
+    keyed: dict[tuple[str, str], _GpuWaiter] = field(default_factory=dict)  # by cell id
+    releases_seen: int = -1  # the release count the pauses were last looked at for
+
+    def add(self, waiter: _GpuWaiter) -> None:
+        if waiter.cell is None:
+            self.pauses[waiter] = None
+        else:
+            self.turns[waiter.cell] = waiter
+        self.keyed[(waiter.kernel_id, waiter.msg_id)] = waiter
+
+    def forget(self, waiter: _GpuWaiter) -> None:
+        if waiter.cell is None:
+            self.pauses.pop(waiter, None)
+        elif self.turns.get(waiter.cell) is waiter:
+            del self.turns[waiter.cell]
+        key = (waiter.kernel_id, waiter.msg_id)
+        if self.keyed.get(key) is waiter:
+            del self.keyed[key]
 
 
 class ExecutionMixin(SharingMixin, CycleRunnerMixin):
@@ -159,21 +211,91 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         if self._stop.is_set():
             raise PlacementFailed("the Global Scheduler is stopping")
 
+    @property
+    def _gpu_waits(self) -> _GpuWaits:
+        """The cells waiting for their turn or a release, and their dispatcher, on
+        ``_placement_cv``'s signal (made on first use, on the fronts' loop)."""
+        waits = self.__dict__.get("_gpu_wait_state")
+        if waits is None:
+            waits = _GpuWaits(LoopDispatcher(self._placement_cv.signal, self._serve_gpu_waits,
+                                             "gpu-waits"))
+            self.__dict__["_gpu_wait_state"] = waits
+        return waits
+
+    async def _await_gpu_wait(self, waiter: _GpuWaiter, timeout: float) -> int | None:
+        """Sleep until the dispatcher resolves ``waiter`` (the release count it goes on from;
+        raises its PlacementFailed) or ``timeout`` passes (None). Out of the waits after, also
+        when cancelled."""
+        waits = self._gpu_waits
+        waits.dispatcher.ensure()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), max(0.0, timeout))
+        except TimeoutError:
+            pass
+        finally:
+            with self._placement_cv:
+                waits.forget(waiter)
+            if waiter.future.done() and not waiter.future.cancelled():  # its failure is not
+                waiter.future.exception()  # logged as lost when the task was cancelled
+        return waiter.future.result() if waiter.future.done() else None
+
+    def _serve_gpu_waits(self) -> float | None:
+        """One step of the GPU waits' dispatcher (loop_dispatch.py), ``_placement_cv``'s
+        signal fired: resolve the waiters that may go on now and nobody else. What each
+        waiter looked at for itself on every fire: a withdrawal or a stop ends its wait (the
+        withdrawn cells looked up by id; every waiter only on a stop); a pause ends when the
+        release count moved (all pauses looked at once per release); a turn comes when every
+        cell ahead tried since the release and failed (``CellQueue.new_turns``: just the cells
+        whose turn came since the last step). Sleeps until the next fire, or
+        ``ORDER_RECHECK_S`` for an order that drifts with time while cells wait for their
+        turn; None when nothing waits."""
+        waits = self._gpu_waits
+        with self._placement_cv:
+            if not waits.turns and not waits.pauses:
+                return None
+            releases = self._gpu_releases
+            ending = (list(waits.keyed.values()) if self._stop.is_set() else
+                      [w for key in self._withdrawn_cells if (w := waits.keyed.get(key))])
+            for waiter in ending:  # a stop, or the few cells being withdrawn
+                try:
+                    self._still_placing(waiter.kernel_id, waiter.msg_id)
+                except PlacementFailed as exc:
+                    waits.forget(waiter)
+                    waiter.future.set_exception(exc)
+            if releases != waits.releases_seen:
+                waits.releases_seen = releases
+                for waiter in [w for w in waits.pauses
+                               if w.releases is not None and w.releases != releases]:
+                    waits.forget(waiter)
+                    waiter.future.set_result(releases)
+            if waits.turns:
+                for cell in self.cell_queue.new_turns(releases):
+                    waiter = waits.turns.get(cell)
+                    if waiter is not None:
+                        waits.forget(waiter)
+                        waiter.future.set_result(releases)
+            if waits.turns and self.cell_queue.order.changes_with_time:
+                return ORDER_RECHECK_S  # its keys drift: whose turn it is may change
+            return math.inf if waits.turns or waits.pauses else None
+
     async def _placement_pause(self, kernel_id: str, msg_id: str, seconds: float,
                                releases: int | None = None) -> None:
         """Sleep up to ``seconds``, less when GPUs are released (after ``releases`` were
-        counted); raises PlacementFailed when the cell was withdrawn or the scheduler stops."""
+        counted); raises PlacementFailed when the cell was withdrawn or the scheduler stops.
+        Woken by the dispatcher (a release, a withdrawal, a stop) or its own timer, by no
+        other cell's try."""
         deadline = time.monotonic() + seconds
-        signal = self._placement_cv.signal
+        loop = asyncio.get_running_loop()
         while True:
-            woken = signal.future()
             with self._placement_cv:
                 self._still_placing(kernel_id, msg_id)
                 left = deadline - time.monotonic()
                 if left <= 0 or (releases is not None and self._gpu_releases != releases):
                     return
-            # woken by a release, a withdrawal, a stop
-            await signal.wait(woken, left)
+                waiter = _GpuWaiter(kernel_id, msg_id, loop.create_future(), releases)
+                self._gpu_waits.add(waiter)
+            if await self._await_gpu_wait(waiter, left) is not None:
+                return
 
     # -- placing a cell -----------------------------------------------------------------------
 
@@ -247,7 +369,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             hints = entry.hints if entry is not None else None
             gpus_total = self.cluster.total_gpus
         with self._placement_cv:
-            self.cell_queue.order.set_capacity(gpus_total)
+            self.cell_queue.set_capacity(gpus_total)
             cell = self.cell_queue.join(kernel_id, msg_id, user=hints.user if hints else "",
                                         notebook=hints.notebook if hints else "",
                                         gpus=request.gpus)
@@ -296,19 +418,22 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                          deadline: float) -> int:
         """Wait until the cell queue says it is ``cell``'s turn to try; returns the release
         count its try starts from. A cell that is withdrawn, or whose deadline passes, stops
-        waiting (PlacementFailed; its deadline is told by the caller after one more try)."""
-        signal = self._placement_cv.signal
+        waiting (PlacementFailed; its deadline is told by the caller after one more try).
+        It looks once itself, then sleeps until the dispatcher gives it its turn (a try or a
+        leave of a cell ahead, a release) or ends its wait (a withdrawal, a stop), or its
+        deadline."""
+        loop = asyncio.get_running_loop()
         while True:
-            woken = signal.future()
             with self._placement_cv:
                 self._still_placing(kernel_id, msg_id)
                 releases = self._gpu_releases
-                now = time.monotonic()
-                if self.cell_queue.may_try(cell, releases) or now >= deadline:
+                if self.cell_queue.may_try(cell, releases) or time.monotonic() >= deadline:
                     return releases
-                wait_s = self.cell_queue.wait_s(deadline, now)
-            # woken by a try or a leave of a cell ahead, a release, a withdrawal, a stop
-            await signal.wait(woken, wait_s)
+                waiter = _GpuWaiter(kernel_id, msg_id, loop.create_future(), cell=cell)
+                self._gpu_waits.add(waiter)
+            given = await self._await_gpu_wait(waiter, deadline - time.monotonic())
+            if given is not None:
+                return given
 
     def _tell_waiting(self, kernel_id: str, msg_id: str, request: ResourceSpec,
                       why: str) -> None:

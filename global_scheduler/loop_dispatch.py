@@ -12,13 +12,21 @@ and do not wake otherwise.
 It keeps ``loop_waits``'s rule: it takes the signal's ``future()`` before ``step`` reads the
 state, so a change made after the read wakes it again. It runs while something waits (``step``
 returns None when nothing does) and is started again by ``kick`` when a waiter joins, on
-whichever loop the waiter runs (one loop at a time: the fronts' loop; a test's own).
+whichever loop the waiter runs (one loop at a time: the fronts' loop; a test's own). A waiter
+that looked for itself before it joined (a replicated kernel's cell waiting for its turn or for
+a release, execution.py) calls ``ensure`` instead: no extra step when the dispatcher runs. A
+step that returns ``math.inf`` sleeps until the next fire (nothing waits on a clock).
+
+Users: the per-cell containers' cell queue (cell_containers.py, on ``_cell_cv``) and the
+replicated kernels' cells waiting for their turn or for GPUs (execution.py, on
+``_placement_cv``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 
 from notebookos.global_scheduler.loop_waits import LoopSignal
@@ -29,7 +37,8 @@ log = logging.getLogger(__name__)
 class LoopDispatcher:
     """Runs ``step`` on the loop once per fire of ``signal`` (fires while a step runs are
     folded into one more step). ``step`` returns how long to sleep at most before the next
-    one, or None when nothing waits any more (the dispatcher ends until the next ``kick``)."""
+    one (``math.inf``: until the next fire), or None when nothing waits any more (the
+    dispatcher ends until the next ``kick``)."""
 
     def __init__(self, signal: LoopSignal, step: Callable[[], float | None],
                  name: str = "dispatcher") -> None:
@@ -48,6 +57,15 @@ class LoopDispatcher:
             return
         self._task = loop.create_task(self._run(), name=self._name)
 
+    def ensure(self) -> None:
+        """A waiter that has looked at the state itself joined (on the loop's thread): the
+        dispatcher runs on the running loop, to serve it at the next fire; started (one step)
+        when it does not, left alone when it does."""
+        loop = asyncio.get_running_loop()
+        task = self._task
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._task = loop.create_task(self._run(), name=self._name)
+
     async def _run(self) -> None:
         while True:
             woken = self.signal.future()  # before the step reads the state
@@ -59,7 +77,7 @@ class LoopDispatcher:
                 sleep_s = 1.0
             if sleep_s is None:
                 return
-            await self.signal.wait(woken, sleep_s)
+            await self.signal.wait(woken, None if math.isinf(sleep_s) else sleep_s)
 
 
 __all__ = ["LoopDispatcher"]

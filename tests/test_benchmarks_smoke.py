@@ -14,7 +14,8 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
-# name: (extra arguments, seconds it may take here: a 2-core machine shared with other work).
+# name[:variant]: (extra arguments, seconds it may take here: a 2-core machine shared with other
+# work).
 # Quiet, they take 0.5 s each (simulator 3 s, gpu_binding 2.5 s: torch's import, routing 7 s).
 CHEAP = {
     "placement": ([], 40),
@@ -28,6 +29,8 @@ CHEAP = {
     "routing": ([], 90),  # a GS, three LSs, one kernel: the benchmark that had crashed
     "gs_scale": ([], 60),  # real fronts on stand-in replicas
     "cell_release": ([], 40),  # in-process: 10 cells waiting for a host, one release
+    # in-process: 10 replicated kernels' cells waiting for GPUs, one release
+    "cell_release:notebookos": (["--policy", "notebookos"], 40),
 }
 
 
@@ -41,7 +44,8 @@ def test_every_benchmark_has_a_smoke_mode() -> None:
 def test_a_cheap_benchmark_runs_in_its_smoke_mode(name: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
     extra, limit = CHEAP[name]
-    done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--smoke", *extra],
+    script = BENCHMARKS / f"{name.split(':')[0]}.py"
+    done = subprocess.run([sys.executable, str(script), "--smoke", *extra],
                           capture_output=True, text=True, timeout=limit + 60, cwd=tmp_path)
     took = time.monotonic() - t0
     assert done.returncode == 0, f"{name} --smoke: exit {done.returncode}\n{done.stderr[-3000:]}"
