@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import Any
 
+import zmq
 from ipykernel.ipkernel import IPythonKernel
 from jupyter_client.session import utcnow
 from traitlets import Bool, Float, Int, Unicode
@@ -1052,6 +1053,11 @@ class ReplicaKernel(IPythonKernel):
         self.session.send(
             stream, "execute_reply", content, parent, metadata=metadata, ident=ident
         )
+        # On its way now: a ZMQStream only queues a send until its loop's next turn, which for
+        # an executor came after the cell's encode and Completion proposal (issue 36: 1.1-1.6
+        # ms between this send and the Global Scheduler's receipt of the reply)
+        if hasattr(stream, "flush"):
+            stream.flush(zmq.POLLOUT)
 
     # ---- control: membership ---------------------------------------------------------------------
     async def add_replica_request(self, stream, ident, parent) -> None:
