@@ -50,7 +50,7 @@ from .records import (
     Restored,
     Vote,
 )
-from .state_sync import StateSync
+from .state_sync import CHECKPOINT_AFTER_CHANGE_S, StateSync
 
 # Exit status of a replica that could not load the committed state: the scheduler replaces it.
 DIVERGED_EXIT_CODE = 75
@@ -1024,15 +1024,20 @@ class ReplicaKernel(IPythonKernel):
 
         def committed(ok: bool, reason: str) -> None:  # on pysyncobj's thread
             if ok:  # a cell that changed nothing needs no checkpoint soon (the store has its
-                # state), unless this is a per-cell container: it is stopped once its
-                # checkpoint covers the cell, so deferring would hold the next cell back
-                now = update_bytes is not None or self.cell_container
-                checkpoint = (self.sync.checkpoint_in_background if now
-                              else self.sync.checkpoint_later)
-                checkpoint(
-                    election.execution_count,
-                    lambda count: self.raft.propose(Checkpointed(count, election.election_id)),
-                )
+                # state), one that did a moment later (past the standbys' apply: state_sync.py,
+                # CHECKPOINT_AFTER_CHANGE_S), unless this is a per-cell container: it is
+                # stopped once its checkpoint covers the cell, so deferring would hold the
+                # next cell back
+                def on_written(count: int) -> None:
+                    self.raft.propose(Checkpointed(count, election.election_id))
+
+                if self.cell_container:
+                    self.sync.checkpoint_in_background(election.execution_count, on_written)
+                elif update_bytes is not None:
+                    self.sync.checkpoint_later(election.execution_count, on_written,
+                                               delay_s=CHECKPOINT_AFTER_CHANGE_S)
+                else:
+                    self.sync.checkpoint_later(election.execution_count, on_written)
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((ok, reason)))
 
         self.raft.propose(
