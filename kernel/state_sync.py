@@ -29,6 +29,31 @@ if TYPE_CHECKING:  # sync_codec is imported when the sync is set up (it pulls in
 CHECKPOINT_AFTER_CHANGE_S = 0.05
 
 
+# A cell whose changed names are at most this many plain scalars is encoded on the kernel's
+# loop, not on a worker thread: the hop there and back (two GIL handoffs on a loaded 2-core
+# VM) took 0.5-0.6 ms of a 0.67 ms encode of ``bench_state = i`` (issue 36, the state-sync
+# figure); pickling a few scalars takes tens of microseconds.
+LIGHT_NAMES = 8
+LIGHT_STR_BYTES = 4096
+_SCALARS = (bool, int, float, complex, type(None))
+
+
+def _light(namespace: Any, names: list[str]) -> bool:
+    """Whether ``names`` are few and each is absent (deleted) or a plain scalar or short
+    string."""
+    if len(names) > LIGHT_NAMES:
+        return False
+    for name in names:
+        value = namespace.get(name)
+        kind = type(value)
+        if kind in _SCALARS:
+            continue
+        if kind in (str, bytes) and len(value) <= LIGHT_STR_BYTES:
+            continue
+        return False
+    return True
+
+
 class StateSync:
     def __init__(
         self,
@@ -106,10 +131,11 @@ class StateSync:
         effects = analyze_cell(source)
         encoder = self._encoder
         try:
-            if (effects.rescan or encoder.candidate_names(shell.user_ns, effects)
-                    or encoder.holds_tensors()):
+            if (effects.rescan or encoder.holds_tensors()
+                    or not _light(shell.user_ns, encoder.candidate_names(shell.user_ns, effects))):
                 update = await asyncio.to_thread(encoder.encode, shell.user_ns, effects)
-            else:  # the cell touched no name (``1+1``) and no tensor is held: nothing to pickle
+            else:  # the cell touched no name (``1+1``) or only a few scalars (``n = 1``), and
+                # no tensor is held: pickling them costs less than the thread's round trip
                 update = encoder.encode(shell.user_ns, effects)
         except Exception as exc:  # noqa: BLE001 - never hang or crash the kernel on sync
             self.log.exception("state sync failed")
