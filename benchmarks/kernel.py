@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -98,9 +99,13 @@ def _plain_kernel(cf: Path, cells: int) -> list[float]:
         deadline = time.monotonic() + 60
         while True:  # kernel_info handshake (wait_for_ready's heartbeat check is flaky under load)
             try:
-                wait_reply(client.get_shell_msg, client.kernel_info(), 1.0)
+                info_id = client.kernel_info()
+                wait_reply(client.get_shell_msg, info_id, 1.0)
+                # and its idle: IOPub is subscribed, so the first cell's idle is not lost (its
+                # wait ended the whole run with queue.Empty after 60 s, 2026-11-29)
+                wait_idle(client, info_id, 1.0)
                 break
-            except TimeoutError:
+            except (TimeoutError, queue.Empty):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the plain ipykernel did not start") from None
         samples = []

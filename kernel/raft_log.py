@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 CommitHandler = Callable[[Record, Applied], None]
 DEFAULT_REST = RestTimings()
+# A Completion that carries a state update is announced committed at once (``_nobody_waits_for``);
+# NOTEBOOKOS_RAFT_ANNOUNCE_UPDATES=0 in a replica's environment gives the code before (with the
+# next AppendEntries): for a test that needs the window in which a standby holds a committed
+# Completion without knowing it, and for a before/after benchmark.
+ANNOUNCE_UPDATES = os.environ.get("NOTEBOOKOS_RAFT_ANNOUNCE_UPDATES", "1") != "0"
 TRANSIENT = frozenset({"MISSING_LEADER", "NOT_LEADER", "LEADER_CHANGED", "DISCARDED", "QUEUE_FULL"})
 
 
@@ -315,13 +320,16 @@ class _BookConsumer(SyncObjConsumer):
 def _nobody_waits_for(record: Record, applied: Applied) -> bool:
     """Records of a cell on the replica that ran the previous one, which the other members
     need not learn committed at once: its LEAD, which decided the election alone (the standbys
-    were not asked, or learn it with the next record), and its Completion (the standbys apply
-    the update when they learn it; anyone's next record tells them), provided the leader
-    proposed them itself (``_BookConsumer._proposed_here``). Every other record (proposals and
-    votes of a contested election, aborts, membership, checkpoints) is announced at once:
-    members are waiting for it."""
+    were not asked, or learn it with the next record), and its Completion when it carries no
+    state update (anyone's next record tells them), provided the leader proposed them itself
+    (``_BookConsumer._proposed_here``). A Completion with an update is announced at once: the
+    standbys have state to apply, and told with the next record (the checkpoint's, a write
+    later, or a heartbeat) they held the cell's state 1-50 ms later than they could (issue
+    36, the state-sync figure). Every other record (proposals and votes of a contested
+    election, aborts, membership, checkpoints) is announced at once: members are waiting
+    for it."""
     if isinstance(record, Completion):
-        return True
+        return record.update is None or not ANNOUNCE_UPDATES
     return isinstance(record, Proposal) and record.kind == LEAD and applied.decided
 
 

@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator
 from typing import Any
 
+import zmq
 from ipykernel.ipkernel import IPythonKernel
 from jupyter_client.session import utcnow
 from traitlets import Bool, Float, Int, Unicode
@@ -50,7 +51,7 @@ from .records import (
     Restored,
     Vote,
 )
-from .state_sync import StateSync
+from .state_sync import CHECKPOINT_AFTER_CHANGE_S, StateSync
 
 # Exit status of a replica that could not load the committed state: the scheduler replaces it.
 DIVERGED_EXIT_CODE = 75
@@ -1037,15 +1038,20 @@ class ReplicaKernel(IPythonKernel):
 
         def committed(ok: bool, reason: str) -> None:  # on pysyncobj's thread
             if ok:  # a cell that changed nothing needs no checkpoint soon (the store has its
-                # state), unless this is a per-cell container: it is stopped once its
-                # checkpoint covers the cell, so deferring would hold the next cell back
-                now = update_bytes is not None or self.cell_container
-                checkpoint = (self.sync.checkpoint_in_background if now
-                              else self.sync.checkpoint_later)
-                checkpoint(
-                    election.execution_count,
-                    lambda count: self.raft.propose(Checkpointed(count, election.election_id)),
-                )
+                # state), one that did a moment later (past the standbys' apply: state_sync.py,
+                # CHECKPOINT_AFTER_CHANGE_S), unless this is a per-cell container: it is
+                # stopped once its checkpoint covers the cell, so deferring would hold the
+                # next cell back
+                def on_written(count: int) -> None:
+                    self.raft.propose(Checkpointed(count, election.election_id))
+
+                if self.cell_container:
+                    self.sync.checkpoint_in_background(election.execution_count, on_written)
+                elif update_bytes is not None:
+                    self.sync.checkpoint_later(election.execution_count, on_written,
+                                               delay_s=CHECKPOINT_AFTER_CHANGE_S)
+                else:
+                    self.sync.checkpoint_later(election.execution_count, on_written)
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((ok, reason)))
 
         self.raft.propose(
@@ -1066,6 +1072,11 @@ class ReplicaKernel(IPythonKernel):
         self.session.send(
             stream, "execute_reply", content, parent, metadata=metadata, ident=ident
         )
+        # On its way now: a ZMQStream only queues a send until its loop's next turn, which for
+        # an executor came after the cell's encode and Completion proposal (issue 36: 1.1-1.6
+        # ms between this send and the Global Scheduler's receipt of the reply)
+        if hasattr(stream, "flush"):
+            stream.flush(zmq.POLLOUT)
 
     # ---- control: membership ---------------------------------------------------------------------
     async def add_replica_request(self, stream, ident, parent) -> None:

@@ -23,6 +23,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # sync_codec is imported when the sync is set up (it pulls in cloudpickle)
     from .sync_codec import RestoreSplit
 
+# How long after a state-changing cell's Completion commits its checkpoint is written
+# (``checkpoint_later``): past the standbys' apply of the update. The checkpoint matters only
+# when every replica is lost; the update itself is on a majority once the Completion commits.
+CHECKPOINT_AFTER_CHANGE_S = 0.05
+
+
+# A cell whose changed names are at most this many plain scalars is encoded on the kernel's
+# loop, not on a worker thread: the hop there and back (two GIL handoffs on a loaded 2-core
+# VM) took 0.5-0.6 ms of a 0.67 ms encode of ``bench_state = i`` (issue 36, the state-sync
+# figure); pickling a few scalars takes tens of microseconds.
+LIGHT_NAMES = 8
+LIGHT_STR_BYTES = 4096
+_SCALARS = (bool, int, float, complex, type(None))
+
+
+def _light(namespace: Any, names: list[str]) -> bool:
+    """Whether ``names`` are few and each is absent (deleted) or a plain scalar or short
+    string."""
+    if len(names) > LIGHT_NAMES:
+        return False
+    for name in names:
+        value = namespace.get(name)
+        kind = type(value)
+        if kind in _SCALARS:
+            continue
+        if kind in (str, bytes) and len(value) <= LIGHT_STR_BYTES:
+            continue
+        return False
+    return True
+
+
 class StateSync:
     def __init__(
         self,
@@ -46,6 +77,7 @@ class StateSync:
         self._checkpoint_running = False
         self._checkpoint_on_done: Callable[[int], None] | None = None
         self._checkpoint_timer: threading.Timer | None = None
+        self._checkpoint_timer_due = 0.0  # when it fires (time.monotonic)
         # cells that may have changed the namespace (``mark_changed``), and how many of them the
         # last written checkpoint covers: a silent cell leaves execution_count alone, so this is
         # what says whether its effects are in the store yet
@@ -99,10 +131,11 @@ class StateSync:
         effects = analyze_cell(source)
         encoder = self._encoder
         try:
-            if (effects.rescan or encoder.candidate_names(shell.user_ns, effects)
-                    or encoder.holds_tensors()):
+            if (effects.rescan or encoder.holds_tensors()
+                    or not _light(shell.user_ns, encoder.candidate_names(shell.user_ns, effects))):
                 update = await asyncio.to_thread(encoder.encode, shell.user_ns, effects)
-            else:  # the cell touched no name (``1+1``) and no tensor is held: nothing to pickle
+            else:  # the cell touched no name (``1+1``) or only a few scalars (``n = 1``), and
+                # no tensor is held: pickling them costs less than the thread's round trip
                 update = encoder.encode(shell.user_ns, effects)
         except Exception as exc:  # noqa: BLE001 - never hang or crash the kernel on sync
             self.log.exception("state sync failed")
@@ -264,19 +297,29 @@ class StateSync:
     def checkpoint_later(
         self, execution_count: int, on_done: Callable[[int], None], delay_s: float = 2.0
     ) -> None:
-        """Like ``checkpoint_in_background`` after ``delay_s``, for a cell that changed nothing:
-        the store holds its state already, only the checkpoint's cell number lags (at most
-        ``delay_s``). A cell that changes state checkpoints at once and covers this one."""
+        """Like ``checkpoint_in_background`` after ``delay_s``: for a cell that changed nothing
+        (the store holds its state already, only the checkpoint's cell number lags, at most
+        ``delay_s``), and, after a short delay (``CHECKPOINT_AFTER_CHANGE_S``), for one that
+        changed state: its write then does not compete for the executor's two cores with the
+        announcement of its Completion and the standbys' apply (issue 36), and cells in quick
+        succession share one write. A pending timer due later is brought forward."""
         if self._encoder is None or self.store is None:
             return
+        due = time.monotonic() + delay_s
         with self._checkpoint_lock:
             self._checkpoint_wanted = max(self._checkpoint_wanted, execution_count)
             self._checkpoint_on_done = on_done
-            if self._checkpoint_timer is not None or self._checkpoint_running:
-                return
+            if self._checkpoint_running:
+                return  # the running write goes on with the count wanted
+            pending = self._checkpoint_timer
+            if pending is not None:
+                if self._checkpoint_timer_due <= due:
+                    return
+                pending.cancel()
             timer = threading.Timer(delay_s, self._checkpoint_timer_fired)
             timer.daemon = True
             self._checkpoint_timer = timer
+            self._checkpoint_timer_due = due
         timer.start()
 
     def checkpoint_now(self, execution_count: int, timeout_s: float = 60.0) -> int:
@@ -313,6 +356,9 @@ class StateSync:
 
     def _checkpoint_timer_fired(self) -> None:
         with self._checkpoint_lock:
+            if self._checkpoint_timer is not None and self._checkpoint_timer.is_alive() \
+                    and self._checkpoint_timer is not threading.current_thread():
+                return  # replaced by an earlier timer (``checkpoint_later``), which runs it
             self._checkpoint_timer = None
             on_done = self._checkpoint_on_done
         if on_done is not None:

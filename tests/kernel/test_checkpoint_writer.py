@@ -79,3 +79,18 @@ def test_a_cell_that_keeps_the_count_is_pending_until_a_checkpoint_holds_it(tmp_
     time.sleep(0.3)
     assert written == [2, 2]
     sync.close()
+
+
+def test_a_shorter_delay_brings_a_pending_deferred_checkpoint_forward(tmp_path):
+    """A state-changing cell checkpoints a moment after its commit (CHECKPOINT_AFTER_CHANGE_S),
+    even when a cell that changed nothing left a later timer pending; cells in quick
+    succession share one write."""
+    sync = _sync(tmp_path)
+    written: list[int] = []
+    sync.checkpoint_later(1, written.append, delay_s=30)
+    for count in (2, 3, 4):
+        sync.checkpoint_later(count, written.append, delay_s=0.2)
+    _wait(lambda: written == [4], timeout=5)
+    time.sleep(0.3)
+    assert written == [4]  # one write for the three, and the 30 s timer is gone
+    sync.close()

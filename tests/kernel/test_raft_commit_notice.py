@@ -97,6 +97,17 @@ def test_a_sticky_cells_completion_is_announced_with_the_next_append_entries() -
             [f"cell-{i}" for i in range(CELLS)]
 
 
+def test_a_completion_with_a_state_update_is_announced_at_once() -> None:
+    """The standbys have the update to apply: told with the next record (the checkpoint's, a
+    write later) or a heartbeat, they held the cell's state 1-50 ms late (issue 36)."""
+    rounds, applied = _rounds_for(lambda leader, _follower: [
+        Completion(f"cell-{i}", leader, "ok", b"update", ()) for i in range(CELLS)])
+    assert rounds >= 2 * CELLS - 1, rounds
+    for member in applied:
+        assert [r.election_id for r in member if isinstance(r, Completion)] == \
+            [f"cell-{i}" for i in range(CELLS)]
+
+
 def test_a_followers_lead_and_completion_are_announced_at_once() -> None:
     """An executor that is not the leader (leadership did not follow it: a refused transfer,
     a rested group's first cell) waits for its LEAD to commit: announced a heartbeat later

@@ -305,15 +305,19 @@ def test_the_executor_killed_after_every_cell_leaves_every_joiner_in_the_group(t
         group.stop()
 
 
-def test_a_survivor_applies_the_completion_it_had_not_learned_was_committed(tmp_path: Path):
+def test_a_survivor_applies_the_completion_it_had_not_learned_was_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The executor tells the standbys that a Completion committed only with its next message
-    (kernel/raft_log.py ``_nobody_waits_for``). Killed right after its cell, with another
+    (kernel/raft_log.py ``_nobody_waits_for``: a Completion without an update, or any with
+    NOTEBOOKOS_RAFT_ANNOUNCE_UPDATES=0, set here: one with an update is announced at once, and
+    the window below is then too short to hit). Killed right after its cell, with another
     replica gone too, the survivor holds that Completion in its log but never learns it was
     committed: the group has no quorum. Raft would have committed it (a new leader commits its
     whole log); the survivor applies it before writing the checkpoint a rebuilt group starts
     from (``apply_unconfirmed_tail``), else that cell's effects were lost (the notebook corpus:
     a rebuild that lost the last cell). The window is a heartbeat long: the executor is stopped
     at once after its cell, and the round tried again when the survivor had learned it."""
+    monkeypatch.setenv("NOTEBOOKOS_RAFT_ANNOUNCE_UPDATES", "0")
     shared = f"file://{tmp_path}/shared"
     first = ReplicaGroup(tmp_path / "a", store_url=shared,
                          store_urls={1: f"file://{tmp_path}/executors-own"})
