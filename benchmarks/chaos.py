@@ -105,7 +105,7 @@ WHOLE_TIMEOUT_S = 300.0
 # a rebuild from the store: "... rebuilt from the checkpoint taken after cell [N]. Work after
 # that cell is lost." or, from the freshest survivor's state, "... rebuilt from the checkpoint
 # of cell [N], which holds every cell replica R ... had applied."
-ROLLBACK = re.compile(r"rebuilt from the checkpoint (?:taken after|of) cell \[(\d+)\]")
+ROLLBACK = re.compile(r"(?:rebuilt|woke) from the checkpoint (?:taken after|of) cell \[(\d+)\]")
 CHAOS_LINE = re.compile(r"^CHAOS (\S+) (\S+)$", re.M)
 
 

@@ -202,10 +202,12 @@ class HibernationMixin:
             if entry is None or entry.state != "waking":
                 return
             restore = entry.checkpoint_count > 0
+            expected = entry.checkpoint_count
         self._finish_pending_stops(entry)
         try:
             self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=restore,
-                               extra_env={"NOTEBOOKOS_RESTORED_FOR": "hibernation"})
+                               extra_env={"NOTEBOOKOS_RESTORED_FOR": "hibernation",
+                                          "NOTEBOOKOS_RESTORE_EXPECTED": str(expected)})
         except StartError as exc:
             with self.lock:
                 entry.state = "hibernated"

@@ -38,6 +38,7 @@ ENV_OPTIONS = {
     "NOTEBOOKOS_ELECTION_TIMEOUT": "election-timeout",
     "NOTEBOOKOS_RESTORED_FROM_SURVIVOR": "restored-from-survivor",
     "NOTEBOOKOS_RESTORED_FOR": "restored-for",
+    "NOTEBOOKOS_RESTORE_EXPECTED": "restore-expected",
 }
 ENV_FLAGS = {
     "NOTEBOOKOS_JOIN": "join",
@@ -102,6 +103,7 @@ class ReplicaKernelApp(IPKernelApp):
         "election-timeout": "ReplicaKernel.election_timeout",
         "restored-from-survivor": "ReplicaKernel.restored_from_survivor",
         "restored-for": "ReplicaKernel.restored_for",
+        "restore-expected": "ReplicaKernel.restore_expected",
         "executor-dead-after": "ReplicaKernel.executor_dead_after",
         "raft-compaction-entries": "ReplicaKernel.raft_compaction_entries",
         "iopub-backlog-messages": "ReplicaKernelApp.iopub_backlog_messages",

@@ -151,6 +151,11 @@ class ReplicaKernel(IPythonKernel):
         "last cell, and the Global Scheduler tells the user that it woke). The first cell then "
         "announces no loss, only what could not be restored, if anything.",
     ).tag(config=True)
+    restore_expected = Int(
+        0, help="With --restored-for hibernation: the cell the checkpoint held when the "
+        "notebook went to sleep. A checkpoint found older than that (a replica cut off from its "
+        "group wrote an older one over it late) is announced as lost work, never silently.",
+    ).tag(config=True)
     cell_container = Bool(
         False, help="This replica is the container of one cell under a per-cell container policy "
         "(batch, lcp): restoring from the checkpoint is the plan, not a loss, so the first cell "
@@ -993,7 +998,14 @@ class ReplicaKernel(IPythonKernel):
             notes = self.raft.book.restore_notes
         if restored_from is None or election.term != 1:
             return
-        if self.cell_container or self.restored_for == RESTORED_FOR_HIBERNATION:
+        woke = self.restored_for == RESTORED_FOR_HIBERNATION
+        if woke and restored_from < self.restore_expected:
+            notes = [f"the notebook woke from the checkpoint of cell [{restored_from}], but it "
+                     f"had run cell [{self.restore_expected}] when it went to sleep: the work "
+                     f"of the cells after [{restored_from}] is lost (an older checkpoint "
+                     "replaced the newer one: a replica cut off from its group wrote it late)",
+                     *notes]
+        if self.cell_container or woke:
             if notes:
                 text = "".join(f"NotebookOS: {note}\n" for note in notes)
                 self.session.send(

@@ -282,3 +282,26 @@ def test_a_restart_asked_while_the_notebook_wakes_waits_for_the_wake(make_cluste
     assert len(status.replicas) == 3 and status.state == common_pb2.KERNEL_STATE_IDLE
     fresh = run_seen(kc, "print('rows' in dir())", timeout=60)
     assert stream_text(fresh, "stdout") == "False\n"
+
+
+def test_a_wake_from_a_checkpoint_older_than_the_last_cell_says_the_work_is_lost(make_cluster):  # noqa: ANN001
+    """Found by the fault campaign (chaos.py --seed 10): a replica frozen mid-write (a hung host)
+    finished its checkpoint write after it resumed, over the newer one the group had written
+    since; the notebook hibernated and woke from the older state. A wake now compares the
+    checkpoint it finds with the cell the notebook had run when it went to sleep, and says
+    which work is lost: never silently (here the older checkpoint is put back by hand)."""
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    store = cluster.workdir / "state" / "store"
+    older = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    assert any("checkpoint" in str(p) for p in older), sorted(map(str, older))
+    moved = run_seen(kc, "rows['b'] = [3]\nprint('moved')", timeout=120)
+    assert stream_text(moved, "stdout") == "moved\n"
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate again")
+    for path, data in older.items():  # the stale writer's late write
+        if "checkpoint" in path.name:
+            path.write_bytes(data)
+    woke = run_seen(kc, "print(sorted(rows))", timeout=120)
+    notes = stream_text(woke, "stderr")
+    assert "woke from the checkpoint of cell [" in notes and "is lost" in notes, notes
+    assert stream_text(woke, "stdout") == "['a']\n"
