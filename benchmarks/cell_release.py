@@ -75,7 +75,6 @@ def measure(policy: str, cells: int, hosts: int) -> dict[str, float]:
     from notebookos.global_scheduler.cell_containers import CellContainerMixin
     from notebookos.global_scheduler.cell_queue import CellQueue
     from notebookos.global_scheduler.execution import ExecutionMixin
-    from notebookos.global_scheduler.front import PlacementFailed
     from notebookos.global_scheduler.kernel_modes import CellContainers
     from notebookos.global_scheduler.kernels import KernelEntry
     from notebookos.global_scheduler.loop_waits import SignallingCondition
@@ -163,14 +162,7 @@ def measure(policy: str, cells: int, hosts: int) -> dict[str, float]:
                   "decisions": s.decisions - decisions_before}
         assert not any(f.done() for f in waits[hosts:]), "a cell went without a host"
     finally:
-        s._stop.set()
-        s._wake_waiting_placements()
-        for f in waits:
-            try:
-                f.result(timeout=60)
-            except PlacementFailed:
-                pass
-        loop.close()
+        _stop(s, loop, waits)
     return result
 
 
@@ -180,7 +172,6 @@ def measure_replicated(cells: int, gpus: int) -> dict[str, float]:
 
     from notebookos.global_scheduler.cell_queue import CellQueue
     from notebookos.global_scheduler.execution import ExecutionMixin
-    from notebookos.global_scheduler.front import PlacementFailed
     from notebookos.global_scheduler.loop_waits import SignallingCondition
     from notebookos.loop_thread import LoopThread
     from notebookos.policies.cell_order import ArrivalOrder
@@ -252,15 +243,22 @@ def measure_replicated(cells: int, gpus: int) -> dict[str, float]:
                   "order_keys": CountingOrder.keys - keys_before,
                   "decisions": s.tries - tries_before}
     finally:
-        s._stop.set()
-        s._wake_waiting_placements()
-        for f in waits:
-            try:
-                f.result(timeout=120)
-            except PlacementFailed:
-                pass
-        loop.close()
+        _stop(s, loop, waits)
     return result
+
+
+def _stop(s: Any, loop: Any, waits: list) -> None:
+    """Stop the stand-in's waits, wait for each to end, and close its loop."""
+    from notebookos.global_scheduler.front import PlacementFailed
+
+    s._stop.set()
+    s._wake_waiting_placements()
+    for f in waits:
+        try:
+            f.result(timeout=120)
+        except PlacementFailed:
+            pass
+    loop.close()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

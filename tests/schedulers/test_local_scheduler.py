@@ -165,23 +165,31 @@ def test_a_held_release_reaches_the_host_on_its_own_or_with_the_next_commit(host
         link.close()
 
 
-def test_the_next_cell_of_a_replica_takes_over_its_held_commitment(host):
-    """Cells run back to back: the next cell of the same replica, wanting as many GPUs, keeps
-    the devices its predecessor's held release would have freed, without a call to the host;
-    its own release then frees them on the host (named by the host's request id)."""
+def _counting_link(host) -> tuple[HostLink, str, list[str]]:  # noqa: ANN001
+    """A HostLink to the fixture's host, a replica of a new kernel started there, and the
+    request ids of the CommitGpus calls the link makes (in order)."""
     cluster, stub = host
     link = HostLink("solo", cluster.status().hosts[0].address, "test", [], True, connect=connect)
     kernel = f"k-{uuid.uuid4().hex[:6]}"
     assert _ready(_start(stub, kernel))
-    calls = []
+    calls: list[str] = []
+    commit = link.stub.CommitGpus
+
+    def counted(request, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        calls.append(request.request_id)
+        return commit(request, **kwargs)
+
+    link.stub.CommitGpus = counted
+    return link, kernel, calls
+
+
+def test_the_next_cell_of_a_replica_takes_over_its_held_commitment(host):
+    """Cells run back to back: the next cell of the same replica, wanting as many GPUs, keeps
+    the devices its predecessor's held release would have freed, without a call to the host;
+    its own release then frees them on the host (named by the host's request id)."""
+    _, stub = host
+    link, kernel, calls = _counting_link(host)
     try:
-        commit = link.stub.CommitGpus
-
-        def counted(request, **kwargs):  # noqa: ANN001, ANN003, ANN202
-            calls.append(request.request_id)
-            return commit(request, **kwargs)
-
-        link.stub.CommitGpus = counted
         first, _ = link.commit_gpus(kernel, 1, "cell-1", 1)
         assert first is not None
         for n in (2, 3):  # each cell takes over its predecessor's commitment
@@ -217,19 +225,8 @@ def test_a_release_is_held_its_whole_time_whatever_an_earlier_holds_timer_does(h
     from notebookos.global_scheduler import hosts
 
     monkeypatch.setattr(hosts, "RELEASE_HOLD_S", 0.4)
-    cluster, stub = host
-    link = HostLink("solo", cluster.status().hosts[0].address, "test", [], True, connect=connect)
-    kernel = f"k-{uuid.uuid4().hex[:6]}"
-    assert _ready(_start(stub, kernel))
-    calls = []
+    link, kernel, calls = _counting_link(host)
     try:
-        commit = link.stub.CommitGpus
-
-        def counted(request, **kwargs):  # noqa: ANN001, ANN003, ANN202
-            calls.append(request.request_id)
-            return commit(request, **kwargs)
-
-        link.stub.CommitGpus = counted
         first, _ = link.commit_gpus(kernel, 1, "cell-1", 1)
         assert first is not None
         link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(

@@ -450,7 +450,8 @@ class _CountingOrder(ArrivalOrder):
         return super().key(cell, now)
 
 
-def _close(w: _CellSlots, loop, waits: list) -> None:  # noqa: ANN001
+def _close(w, loop, waits: list) -> None:  # noqa: ANN001 - a placement stand-in, its loop
+    """Stop the stand-in's waits and its loop (every test's finally)."""
     w._stop.set()
     w._wake_waiting_placements()
     for f in waits:
@@ -599,12 +600,5 @@ def test_one_release_costs_o_n_for_replicated_kernels_cells_waiting_for_gpus() -
         assert keys <= 3 * cells, keys
         assert not any(f.done() for f in waits[2:])
     finally:
-        w._stop.set()
-        w._wake_waiting_placements()
-        for f in waits:
-            try:
-                f.result(timeout=10)
-            except PlacementFailed:
-                pass
-        loop.close()
+        _close(w, loop, waits)
     assert w.cell_queue.waiting() == 0
