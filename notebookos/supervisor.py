@@ -136,7 +136,15 @@ def _stop_batches(children: list[Child]) -> list[list[Child]]:
 
 
 def _say_on_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    say_on_stderr(line)
+
+
+def say_on_stderr(line: str) -> None:
+    """Print ``line`` on stderr, never raising: a terminal or pipe that went away (the shell
+    that started ``notebookos up`` closed, a ``| tee`` killed) made the print raise
+    BrokenPipeError, and ``up`` died before it stopped its daemons, which ran on orphaned."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 class Supervisor:

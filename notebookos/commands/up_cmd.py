@@ -32,7 +32,13 @@ from notebookos.security import (
     ensure_cluster_credentials,
     secure_channel,
 )
-from notebookos.supervisor import RestartPolicy, Supervisor, port_probe, state_file
+from notebookos.supervisor import (
+    RestartPolicy,
+    Supervisor,
+    port_probe,
+    say_on_stderr,
+    state_file,
+)
 
 
 def restart_policy(config: Config) -> RestartPolicy:
@@ -116,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"notebookos up: {exc}", file=sys.stderr)
         return 1
     finally:
-        print("notebookos up: stopping ...", file=sys.stderr, flush=True)
+        say_on_stderr("notebookos up: stopping ...")
         leftovers = supervisor.stop()
         if leftovers:
-            print(f"notebookos up: killed leftover processes {leftovers}", file=sys.stderr)
-        print("notebookos up: stopped", file=sys.stderr, flush=True)
+            say_on_stderr(f"notebookos up: killed leftover processes {leftovers}")
+        say_on_stderr("notebookos up: stopped")
 
 
 def start_cluster(config: Config, hosts: int, supervisor: Supervisor,

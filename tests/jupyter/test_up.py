@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,41 @@ def _processes_with_marker(marker: str | None) -> list[int]:
     from notebookos.supervisor import marked_processes
 
     return marked_processes(marker) if marker else []
+
+
+@pytest.mark.slow
+def test_up_whose_terminal_went_away_still_stops_its_daemons(tmp_path: Path) -> None:
+    """`notebookos up` started behind a pipe that then closed (its shell's terminal gone, a
+    `| tee` killed), then stopped: its last words raised BrokenPipeError before it stopped
+    anything, and every daemon ran on, orphaned (found by a test run whose driver was killed)."""
+    port, gs_port = free_ports(2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "notebookos.cli", "up", "--no-browser", "--hosts", "1",
+         "--port", str(port), "--scheduler-port", str(gs_port),
+         "--state-dir", str(tmp_path / "state")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        cwd=tmp_path,
+    )
+    marker = None
+    try:
+        deadline = time.monotonic() + 150
+        seen = ""
+        while "NotebookOS is up" not in seen and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "notebookos up exited:\n" + seen
+            seen += line
+        marker = _marker_of(proc.pid)
+        daemons = _processes_with_marker(marker)
+        assert len(daemons) >= 3, daemons  # the schedulers and JupyterLab
+        proc.stdout.close()  # the terminal goes away
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+        deadline = time.monotonic() + 30
+        while _processes_with_marker(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_with_marker(marker) == [], "daemons outlived notebookos up"
+    finally:
+        kill_group(proc)
+        for pid in _processes_with_marker(marker):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
