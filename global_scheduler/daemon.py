@@ -12,7 +12,7 @@ import grpc
 
 from notebookos.config import Config
 from notebookos.global_scheduler.autoscaler import Autoscaler
-from notebookos.global_scheduler.limits import raise_limits
+from notebookos.global_scheduler.limits import kernels_room, open_file_limit, raise_limits
 from notebookos.global_scheduler.providers import (
     HostProvider,
     LocalProcessProvider,
@@ -86,6 +86,10 @@ class GlobalSchedulerDaemon:
         self.service.migration_retries = gs.migration_retries
         self.service.silent_host_timeout_s = gs.silent_host_timeout_s
         self.service.node_probe_timeout_s = gs.node_probe_timeout_s
+        self.service.max_kernels = gs.max_kernels or kernels_room(open_file_limit())
+        log.info("room for %s open kernels (global_scheduler.max_kernels %d, open-file limit %s)",
+                 self.service.max_kernels or "any number of", gs.max_kernels,
+                 open_file_limit() or "none")
         self.service.profile = self.profile
         if self.profile.shares:
             sharing = self.service.gpu_sharing

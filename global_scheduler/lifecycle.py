@@ -15,6 +15,7 @@ from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.global_scheduler.limits import FDS_PER_OPEN_KERNEL, open_file_limit, out_of_files
 from notebookos.kernel_hints import InvalidHints, KernelHints
 from notebookos.proto import global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto.convert import resource_spec_from_proto
@@ -78,6 +79,8 @@ class KernelLifecycleMixin:
             if kernel_id in self.kernels:
                 raise StartError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"kernel {kernel_id!r} is already running; stop it first")
+            if 0 < self.max_kernels <= len(self.kernels):
+                raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message())
             self.cluster.add_kernel(kernel_id, spec)
             entry = KernelEntry(kernel_id, key, scheme, kernel_name, env or {},
                                 hints=hints or KernelHints())
@@ -105,9 +108,26 @@ class KernelLifecycleMixin:
             raise
         except Exception as exc:
             self._discard_kernel(kernel_id)
+            if out_of_files(exc):
+                log.error("kernel %s not started: %s", kernel_id, exc)
+                raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 self._full_message(str(exc))) from exc
             log.exception("kernel %s failed to start", kernel_id)
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc
+
+    def _full_message(self, error: str = "") -> str:
+        """Why a start was refused for the scheduler's own room, and what the operator does."""
+        held = len(self.kernels)
+        limit = open_file_limit()
+        why = (f"it ran out of open files ({error})" if error
+               else f"it holds {held} open kernels, its limit (global_scheduler.max_kernels "
+                    f"{self.max_kernels}")
+        if not error:
+            why += (f", from its open-file limit of {limit}" if limit else "") + ")"
+        return (f"the Global Scheduler cannot hold another kernel: {why}. Shut down notebooks "
+                f"no longer used; the operator can raise the scheduler's open-file limit "
+                f"(about {FDS_PER_OPEN_KERNEL} a kernel) or global_scheduler.max_kernels")
 
     def _start_behind_front(self, entry: KernelEntry, spec: ResourceSpec, started: float,
                             after_answer: Callable[[Callable[[], None]], bool] | None = None,
@@ -127,6 +147,10 @@ class KernelLifecycleMixin:
             raise
         except Exception as exc:
             self._discard_kernel(kernel_id)
+            if out_of_files(exc):
+                log.error("kernel %s not started: %s", kernel_id, exc)
+                raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 self._full_message(str(exc))) from exc
             log.exception("kernel %s failed to start", kernel_id)
             raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
                              f"{exc}") from exc

@@ -10,6 +10,7 @@ the scheduler at about 45 kernels.
 
 from __future__ import annotations
 
+import errno
 import logging
 import resource
 
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 
 SOCKETS_PER_KERNEL = 17  # at most, with every replica's control and stdin connected
 FDS_PER_IDLE_KERNEL = 22  # 5 bound sockets (mailbox, listener), 6 replica links (mailbox, TCP)
+FDS_PER_CLIENT = 5  # a Jupyter Server attached: its shell, control, stdin, IOPub, heartbeat
+FDS_PER_OPEN_KERNEL = FDS_PER_IDLE_KERNEL + FDS_PER_CLIENT
 
 
 def raise_limits(kernels: int = 20_000) -> int:
@@ -38,3 +41,26 @@ def raise_limits(kernels: int = 20_000) -> int:
         context.set(zmq.MAX_SOCKETS, wanted)
     room = soft // FDS_PER_IDLE_KERNEL if soft != resource.RLIM_INFINITY else kernels
     return min(kernels, room)
+
+
+def open_file_limit() -> int:
+    """This process's soft open-file limit (0: none)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 0 if soft == resource.RLIM_INFINITY else soft
+
+
+def kernels_room(open_files: int) -> int:
+    """How many open kernels, each with a client attached, a process allowed ``open_files``
+    holds while keeping a twentieth of them (at least 256) for everything else: gRPC
+    connections, the control and stdin links made on demand, replacement replicas, the
+    registry, logs (0 for no limit: any number)."""
+    if open_files <= 0:
+        return 0
+    reserve = max(256, open_files // 20)
+    return max(1, (open_files - reserve) // FDS_PER_OPEN_KERNEL)
+
+
+def out_of_files(exc: BaseException) -> bool:
+    """Whether ``exc`` (an OSError or a ZMQError) says the process is out of open files."""
+    return getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE)
+

@@ -99,6 +99,9 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self._node_probes: dict[str, float] = {}  # host -> when its last probe started or ended
         self._node_probe_said: dict[str, float] = {}  # host -> the outage its "node up" was for
         self.start_timeout_s = start_timeout_s
+        # Most kernels held open at once (0: no limit); the daemon sets its config's, or what
+        # its open-file limit leaves room for (limits.kernels_room).
+        self.max_kernels = 0
         # A kernel started behind its front (Jupyter's provisioner) starts its replicas once a
         # client attaches, or after this long (0: at once). See lifecycle._finish_start.
         self.replicas_wait_for_client_s = replicas_wait_for_client_s

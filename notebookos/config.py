@@ -184,6 +184,13 @@ class GlobalSchedulerSettings:
         "refused, unreachable or unanswered) the node is gone and the host is declared lost at "
         "once instead of after heartbeat_timeout_s. A host with no replica is left to the "
         "heartbeat timeout. 0: only the heartbeat timeout.", _at_least(0.0))
+    max_kernels: int = setting(
+        0, "Most kernels the Global Scheduler holds open at once (hibernated ones included); "
+        "a start beyond it is refused with a clear message, and the kernels already open keep "
+        "what they need. 0: as many as its open-file limit leaves room for (27 open files a "
+        "kernel with Jupyter attached, a twentieth of the limit kept for the rest: about 700 "
+        "at 20,000, 37,000 at 1,048,576). Raise the limit (`ulimit -n`, systemd's "
+        "LimitNOFILE, compose's `ulimits: nofile`) to hold more.", _at_least(0))
     migration_retries: int = setting(
         3, "Failed migrations (a target host was chosen but moving the replica failed) before a "
         "waiting cell fails; a cell that merely finds no host free waits (cell_queue_timeout_s).",

@@ -17,8 +17,9 @@ _ADVICE: dict[grpc.StatusCode, tuple[int, str, str]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: (
         503, "NotebookOS cluster has no room for this kernel",
         "Shut down notebooks you no longer use, pick a kernel that asks for fewer GPUs, or try "
-        "again later; the cluster's operator can add hosts or raise "
-        "cluster.max_subscription_ratio."),
+        "again later; the cluster's operator can add hosts or raise its limits "
+        "(cluster.max_subscription_ratio; the Global Scheduler's open-file limit or "
+        "global_scheduler.max_kernels when the scheduler itself is full)."),
     grpc.StatusCode.UNAVAILABLE: (
         503, "NotebookOS Global Scheduler unavailable",
         "Check that the cluster is running (`notebookos status`) and try again."),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -54,16 +55,24 @@ class Cluster:
         self.stub = gs_grpc.GlobalSchedulerStub(self._channel)
         self.clients: list[BlockingKernelClient] = []
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], open_files: int = 0) -> subprocess.Popen:
+        """``open_files``: the process's open-file limit (soft and hard) when not 0."""
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the test
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         proc = subprocess.Popen([*NOTEBOOKOS, *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=self.env, start_new_session=True, cwd=self.workdir)
+                                env=self.env, start_new_session=True, cwd=self.workdir,
+                                preexec_fn=limit if open_files else None)
         self.procs.append(proc)
         return proc
 
-    def start_gs(self, *extra: str, state: str = "state") -> subprocess.Popen:
+    def start_gs(self, *extra: str, state: str = "state", open_files: int = 0
+                 ) -> subprocess.Popen:
         self.gs = self._spawn("gs", ["global-scheduler", "--port", str(self.gs_port),
-                                     "--state-dir", str(self.workdir / state), *extra])
+                                     "--state-dir", str(self.workdir / state), *extra],
+                              open_files=open_files)
         assert wait_for_port(self.gs_port, 30, self.gs), self.log("gs")
         return self.gs
 
