@@ -15,7 +15,12 @@ from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.kernels import KernelEntry
-from notebookos.global_scheduler.limits import FDS_PER_OPEN_KERNEL, open_file_limit, out_of_files
+from notebookos.global_scheduler.limits import (
+    FDS_PER_OPEN_KERNEL,
+    kernels_room,
+    open_file_limit,
+    out_of_files,
+)
 from notebookos.kernel_hints import InvalidHints, KernelHints
 from notebookos.proto import global_scheduler_pb2, local_scheduler_pb2
 from notebookos.proto.convert import resource_spec_from_proto
@@ -120,11 +125,13 @@ class KernelLifecycleMixin:
         """Why a start was refused for the scheduler's own room, and what the operator does."""
         held = len(self.kernels)
         limit = open_file_limit()
-        why = (f"it ran out of open files ({error})" if error
-               else f"it holds {held} open kernels, its limit (global_scheduler.max_kernels "
-                    f"{self.max_kernels}")
-        if not error:
-            why += (f", from its open-file limit of {limit}" if limit else "") + ")"
+        if error:
+            why = f"it ran out of open files ({error})"
+        elif limit and self.max_kernels == kernels_room(limit):
+            why = (f"it holds {held} open kernels, what its open-file limit of {limit} leaves "
+                   f"room for")
+        else:
+            why = f"it holds {held} open kernels (global_scheduler.max_kernels {self.max_kernels})"
         return (f"the Global Scheduler cannot hold another kernel: {why}. Shut down notebooks "
                 f"no longer used; the operator can raise the scheduler's open-file limit "
                 f"(about {FDS_PER_OPEN_KERNEL} a kernel) or global_scheduler.max_kernels")
