@@ -23,6 +23,7 @@ from notebookos.global_scheduler.registry_store import (
     RedisRegistryStore,
     RegistryStore,
 )
+from notebookos.global_scheduler.registry_writer import FlushBeforeAnswer
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.metrics import MetricsServer
 from notebookos.policies import get_policy
@@ -97,7 +98,8 @@ class GlobalSchedulerDaemon:
                      sharing.predictor_name, getattr(sharing.predictor, "test_smape", 0.0))
         # mutual TLS; the Local Schedulers' methods also need the cluster join token
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
-                                  interceptors=[interceptor])
+                                  interceptors=[interceptor,
+                                                FlushBeforeAnswer(self.service.store.flush)])
         gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, self.server)
         try:
             port = add_secure_port(self.server, config, f"{gs.host}:{gs.grpc_port}")

@@ -43,6 +43,7 @@ from notebookos.global_scheduler.lifecycle import KernelLifecycleMixin
 from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
+from notebookos.global_scheduler.registry_writer import RegistryWriter
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
 from notebookos.global_scheduler.status import StatusMixin
 from notebookos.kernel_hints import KernelHints
@@ -83,7 +84,8 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
     ) -> None:
         self.policy = policy
         self.connect = connect  # a channel to a Local Scheduler, with this daemon's credentials
-        self.store = store
+        # writes leave the lock: one writer applies them (registry_writer.py)
+        self.store = RegistryWriter(store)
         self.ip = ip
         self.store_url = store_url
         self.replicas_per_kernel = replicas_per_kernel or policy.replicas_per_kernel
@@ -294,6 +296,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
             link.close()
         self.spare_fronts.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.store.close()  # what is pending is written first
 
 
 def new_key() -> str:

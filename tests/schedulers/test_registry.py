@@ -28,6 +28,8 @@ def test_registry_in_redis_survives_a_restart_and_an_operator_can_migrate(make_c
             cluster.start_ls(f"host-{i}")
         cluster.wait_hosts(4)
         kernel_id, kc = cluster.start_kernel(gpus=1)
+        # written before the start was answered (registry_writer.FlushBeforeAnswer)
+        assert client.hexists(f"{prefix}:kernels", kernel_id)
         assert run_cell(kc, "data = [1, 2]")["reply"]["content"]["status"] == "ok"
         assert client.hexists(f"{prefix}:kernels", kernel_id)
         assert not (cluster.workdir / "state" / "global_scheduler" / "registry.json").exists()
