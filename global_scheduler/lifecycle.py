@@ -29,6 +29,9 @@ from notebookos.resources import InvalidResourceSpec, ResourceSpec
 log = logging.getLogger(__name__)
 
 SUPPORTED_SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha1", "hmac-md5")
+# The kernel's incarnation in its replicas' environment (kernel/replica.py: ``incarnation``):
+# raised by each restart; checkpoints are fenced with (incarnation, execution_count).
+INCARNATION_ENV = "NOTEBOOKOS_INCARNATION"
 # States a restart waits out (its replicas are changing), at most RESTART_WAIT_S
 RESTART_WAITS = ("starting", "hibernating", "waking")
 RESTART_WAIT_S = 60.0
@@ -370,6 +373,9 @@ class KernelLifecycleMixin:
                 entry.session_gpus = None
                 entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
                 entry.lost_cells.clear()
+                # a new incarnation: its checkpoints, counting from cell 1 again, are fenced
+                # above the old one's, and the old replicas' late writes are refused (issue 34)
+                entry.env = {**entry.env, INCARNATION_ENV: str(_incarnation(entry.env) + 1)}
                 kernel.executor = None
                 if entry.front is not None:
                     entry.front.set_replicas([])
@@ -409,3 +415,11 @@ class KernelLifecycleMixin:
         replica = next((r for r in status.replicas if r.replica_id == rid), None)
         return global_scheduler_pb2.MigrateReplicaResponse(target_host_id=host_id,
                                                            replica=replica)
+
+
+def _incarnation(env: dict[str, str]) -> int:
+    """The kernel's incarnation, as its replicas' environment says (0 before any restart)."""
+    try:
+        return max(0, int(env.get(INCARNATION_ENV) or 0))
+    except ValueError:
+        return 0

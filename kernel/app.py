@@ -39,6 +39,7 @@ ENV_OPTIONS = {
     "NOTEBOOKOS_RESTORED_FROM_SURVIVOR": "restored-from-survivor",
     "NOTEBOOKOS_RESTORED_FOR": "restored-for",
     "NOTEBOOKOS_RESTORE_EXPECTED": "restore-expected",
+    "NOTEBOOKOS_INCARNATION": "incarnation",
 }
 ENV_FLAGS = {
     "NOTEBOOKOS_JOIN": "join",
@@ -104,6 +105,7 @@ class ReplicaKernelApp(IPKernelApp):
         "restored-from-survivor": "ReplicaKernel.restored_from_survivor",
         "restored-for": "ReplicaKernel.restored_for",
         "restore-expected": "ReplicaKernel.restore_expected",
+        "incarnation": "ReplicaKernel.incarnation",
         "executor-dead-after": "ReplicaKernel.executor_dead_after",
         "raft-compaction-entries": "ReplicaKernel.raft_compaction_entries",
         "iopub-backlog-messages": "ReplicaKernelApp.iopub_backlog_messages",

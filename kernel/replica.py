@@ -156,6 +156,12 @@ class ReplicaKernel(IPythonKernel):
         "notebook went to sleep. A checkpoint found older than that (a replica cut off from its "
         "group wrote an older one over it late) is announced as lost work, never silently.",
     ).tag(config=True)
+    incarnation = Int(
+        0, help="The kernel's incarnation: 0 at its start, raised by each restart (the Global "
+        "Scheduler sets NOTEBOOKOS_INCARNATION). Checkpoints are fenced with (incarnation, "
+        "execution_count): the store refuses a late write over a newer checkpoint, and a "
+        "restarted kernel, counting from 1 again, is not fenced out by the old one's.",
+    ).tag(config=True)
     cell_container = Bool(
         False, help="This replica is the container of one cell under a per-cell container policy "
         "(batch, lcp): restoring from the checkpoint is the plan, not a loss, so the first cell "
@@ -253,6 +259,7 @@ class ReplicaKernel(IPythonKernel):
             kernel_id=self.kernel_id or "kernel",
             threshold_bytes=self.sync_threshold_bytes,
             log=self.log,
+            epoch=self.incarnation,
         )
         self.gpu = GpuGlue(self.log)
         self.raft = RaftLog(
@@ -1247,6 +1254,8 @@ class ReplicaKernel(IPythonKernel):
                 # a cell ran here whose effects no written checkpoint holds yet (per-cell
                 # containers; a silent cell leaves the counts equal)
                 "checkpoint_pending": self.sync.checkpoint_pending(),
+                # its checkpoint writes the store refused, holding a newer one (issue 34)
+                "checkpoints_refused": self.sync.checkpoints_refused,
                 "raft_ready": self._raft_ready.is_set(),
                 # what this replica's namespace lacks of the committed state (it never executes
                 # while this is non-empty), and whether it is still applying earlier cells

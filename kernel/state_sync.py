@@ -29,6 +29,11 @@ if TYPE_CHECKING:  # sync_codec is imported when the sync is set up (it pulls in
 CHECKPOINT_AFTER_CHANGE_S = 0.05
 
 
+# Tests only: seconds each background checkpoint write waits before it starts writing (a replica
+# frozen mid-write, as the fault campaign's SIGSTOP did; tests/kernel/test_checkpoint_fence.py).
+WRITE_DELAY_VAR = "NOTEBOOKOS_TEST_CHECKPOINT_DELAY_S"
+
+
 # A cell whose changed names are at most this many plain scalars is encoded on the kernel's
 # loop, not on a worker thread: the hop there and back (two GIL handoffs on a loaded 2-core
 # VM) took 0.5-0.6 ms of a 0.67 ms encode of ``bench_state = i`` (issue 36, the state-sync
@@ -62,9 +67,15 @@ class StateSync:
         kernel_id: str,
         threshold_bytes: int,
         log: logging.Logger,
+        epoch: int = 0,
     ) -> None:
         self.log = log
         self.kernel_id = kernel_id
+        # the kernel's incarnation (NOTEBOOKOS_INCARNATION, raised by each restart): checkpoints
+        # are fenced with (epoch, execution_count), so a late write never replaces a newer one
+        self.epoch = epoch
+        self.checkpoints_refused = 0  # writes the store refused: it held a newer checkpoint
+        self.newer_checkpoint: tuple[int, int] | None = None  # the fence that refused the last
         self.store = None
         self.disabled_reason = ""
         self._encoder = None
@@ -109,7 +120,7 @@ class StateSync:
             self._imports = LibraryImports()
             self._warmer = ModuleWarmer()
             # a checkpoint writes what changed since the last one (docs/state-sync.md)
-            self._checkpoints = CheckpointLog(self.store, kernel_id)
+            self._checkpoints = CheckpointLog(self.store, kernel_id, epoch=epoch)
         except Exception as exc:  # noqa: BLE001 - reported on every cell, never silent
             self.disabled_reason = f"could not set up state sync: {exc}"
             log.error("state sync disabled: %s", exc)
@@ -328,14 +339,16 @@ class StateSync:
         holds a group's latest state when the group cannot commit any more (lost quorum): the
         Global Scheduler rebuilds the group from it instead of from an older checkpoint.
         Nothing is written when the store's checkpoint is as recent or more (an executor wrote
-        it before it died): returns 0 then, else ``execution_count``. Raises RuntimeError when
+        it before it died; compared as (epoch, cell), atomically at the store): returns 0 then,
+        else ``execution_count``. Raises RuntimeError when
         there is no store, TimeoutError when a background write does not end within
         ``timeout_s``, and the store's error when the write fails."""
         if self._encoder is None or self.store is None:
             raise RuntimeError(f"no store to write a checkpoint to ({self.disabled_reason})")
-        from .sync_codec import stored_checkpoint_count
+        from .sync_codec import checkpoint_key
 
-        if stored_checkpoint_count(self.store, self._encoder.kernel_id) >= execution_count:
+        stored = self.store.fence_of(checkpoint_key(self._encoder.kernel_id))
+        if stored is not None and stored >= (self.epoch, execution_count):
             return 0
         with self._checkpoint_ended:  # the log has one writer at a time: wait for its turn
             if not self._checkpoint_ended.wait_for(lambda: not self._checkpoint_running,
@@ -344,7 +357,7 @@ class StateSync:
             self._checkpoint_running = True
             generation = self._generation
         try:
-            self._checkpoints.write(self._state, execution_count)
+            refused = self._checkpoints.write(self._state, execution_count)
             with self._checkpoint_lock:
                 self._checkpoint_written = max(self._checkpoint_written, execution_count)
                 self._generation_written = max(self._generation_written, generation)
@@ -352,7 +365,23 @@ class StateSync:
             with self._checkpoint_lock:
                 self._checkpoint_running = False
                 self._checkpoint_ended.notify_all()
+        if refused is not None:
+            self._refused(execution_count, refused)
+            return 0
         return execution_count
+
+    def _refused(self, count: int, stored: tuple[int, int]) -> None:
+        """The store refused this replica's checkpoint of cell ``count``: it holds a newer one
+        (another executor's, written while this replica was frozen or cut off). Not an error
+        for any cell: this replica's state is the older one, and its cell is not reported as
+        checkpointed. Logged and counted (``replica_status``: ``checkpoints_refused``)."""
+        with self._checkpoint_lock:
+            self.checkpoints_refused += 1
+            self.newer_checkpoint = stored
+        self.log.warning(
+            "checkpoint of cell %d (incarnation %d) refused: the store holds a newer one "
+            "(incarnation %d, cell %d), written by another replica while this one lagged; "
+            "this replica's state is the older", count, self.epoch, stored[0], stored[1])
 
     def _checkpoint_timer_fired(self) -> None:
         with self._checkpoint_lock:
@@ -376,7 +405,10 @@ class StateSync:
                     self._checkpoint_ended.notify_all()
                     return
             try:
-                self._checkpoints.write(self._state, count)
+                delay = float(os.environ.get(WRITE_DELAY_VAR) or 0)
+                if delay > 0:  # a test's stand-in for a replica frozen mid-write
+                    time.sleep(delay)
+                refused = self._checkpoints.write(self._state, count)
             except Exception:  # noqa: BLE001 - the next cell's checkpoint retries
                 self.log.exception("checkpoint after cell %d failed", count)
                 with self._checkpoint_lock:
@@ -386,6 +418,9 @@ class StateSync:
             with self._checkpoint_lock:
                 self._checkpoint_written = count
                 self._generation_written = generation
+            if refused is not None:  # a newer checkpoint stays: nothing to report as written
+                self._refused(count, refused)
+                continue
             try:
                 on_done(count)
             except Exception:  # noqa: BLE001
@@ -404,6 +439,11 @@ class StateSync:
         started = time.monotonic()
         checkpoint = read_checkpoint(self.store, self.kernel_id)
         self.last_restore = RestoreSplit()
+        if checkpoint.epoch < self.epoch:  # the kernel was restarted since: it starts empty
+            self.log.info("the store's checkpoint (cell %d) is of incarnation %d, before the "
+                          "restart to incarnation %d: not restored", checkpoint.execution_count,
+                          checkpoint.epoch, self.epoch)
+            return 0, []
         failed = restore_namespace(self.store, checkpoint, namespace, state=self._state,
                                    split=self.last_restore, started=started)
         self._learn_modules(checkpoint.modules)

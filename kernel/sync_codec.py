@@ -260,6 +260,7 @@ class Checkpoint:
     execution_count: int
     kernel_id: str
     modules: list[str] = field(default_factory=list)  # library modules the namespace came with
+    epoch: int = 0  # the kernel's incarnation that wrote it (RestartKernel starts a new one)
 
 
 def _load_plain(data: bytes, magic: bytes, what: str) -> dict[str, Any]:
@@ -2114,15 +2115,21 @@ def _replace_array_data(current: Any, loaded: Any) -> bool:
 
 
 def write_checkpoint(
-    store: LargeObjectStore, kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int
-) -> None:
-    """Store the synced namespace (inline values, pointers to objects already in the store)."""
-    store.put(checkpoint_key(kernel_id), checkpoint_bytes(kernel_id, entries, execution_count))
+    store: LargeObjectStore, kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int,
+    *, epoch: int = 0,
+) -> tuple[int, int] | None:
+    """Store the synced namespace (inline values, pointers to objects already in the store),
+    fenced with ``(epoch, execution_count)``: None when written, else the fence of the newer
+    checkpoint the store holds, which stays (``LargeObjectStore.put_fenced``)."""
+    return store.put_fenced(
+        checkpoint_key(kernel_id),
+        checkpoint_bytes(kernel_id, entries, execution_count, epoch=epoch),
+        (epoch, execution_count))
 
 
 def checkpoint_bytes(
     kernel_id: str, entries: Mapping[str, SyncEntry], execution_count: int,
-    *, keep_deleted: bool = False, modules: list[str] | None = None,
+    *, keep_deleted: bool = False, modules: list[str] | None = None, epoch: int = 0,
 ) -> bytes:
     """A checkpoint record (also a part of a segmented one: then ``keep_deleted``)."""
     if not isinstance(execution_count, int) or execution_count < 0:
@@ -2136,13 +2143,16 @@ def checkpoint_bytes(
     }
     if modules:
         plain["m"] = list(modules)
+    if epoch:
+        plain["epoch"] = epoch
     return CHECKPOINT_MAGIC + pickle.dumps(plain, protocol=5)
 
 
-def manifest_bytes(kernel_id: str, base: str, segments: list[str], execution_count: int) -> bytes:
+def manifest_bytes(kernel_id: str, base: str, segments: list[str], execution_count: int,
+                   epoch: int = 0) -> bytes:
     """A segmented checkpoint: the store keys of a full part and of the changes since, in order."""
     plain = {"v": 1, "kernel_id": kernel_id, "execution_count": execution_count,
-             "base": base, "segments": list(segments)}
+             "base": base, "segments": list(segments), "epoch": epoch}
     return CHECKPOINT_MANIFEST_MAGIC + pickle.dumps(plain, protocol=5)
 
 
@@ -2180,7 +2190,7 @@ def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
     if not bytes(data[:len(CHECKPOINT_MANIFEST_MAGIC)]) == CHECKPOINT_MANIFEST_MAGIC:
         decoded, count, kid, modules = _checkpoint_part(data)
         return Checkpoint({e.name: e for e in decoded if e.kind != "deleted"}, count, kid,
-                          modules)
+                          modules, _epoch_of(_load_plain(data, CHECKPOINT_MAGIC, "checkpoint")))
     plain = _load_plain(data, CHECKPOINT_MANIFEST_MAGIC, "checkpoint manifest")
     base, segments, count = plain.get("base"), plain.get("segments"), plain.get("execution_count")
     if not (isinstance(base, str) and isinstance(segments, list) and isinstance(count, int)
@@ -2196,7 +2206,14 @@ def read_checkpoint(store: LargeObjectStore, kernel_id: str) -> Checkpoint:
             else:
                 entries[entry.name] = entry
         modules.update(dict.fromkeys(part_modules))
-    return Checkpoint(entries, count, str(plain.get("kernel_id")), list(modules))
+    return Checkpoint(entries, count, str(plain.get("kernel_id")), list(modules),
+                      _epoch_of(plain))
+
+
+def _epoch_of(plain: Mapping[str, Any]) -> int:
+    """A checkpoint record's incarnation (0 in those written before epochs)."""
+    epoch = plain.get("epoch", 0)
+    return epoch if isinstance(epoch, int) and epoch >= 0 else 0
 
 
 def restore_namespace(

@@ -268,6 +268,104 @@ def test_redis_overwrite_leaves_no_old_chunks(redis_store_url: str) -> None:
     assert not list(client.scan_iter(f"{store.prefix}:*"))  # type: ignore[attr-defined]
 
 
+# -- fenced writes (issue 34) ---------------------------------------------------------------------
+# A checkpoint writer frozen by SIGSTOP mid-write finished after it resumed, over the newer
+# checkpoint written meanwhile. ``put_fenced`` refuses a value whose (epoch, count) fence is lower
+# than the stored one's, atomically on every backend.
+
+
+@pytest.mark.parametrize("size", [1000, 2 * BLOCK_SIZE + 5])  # one piece; chunks or multipart
+def test_a_late_write_with_a_lower_fence_does_not_replace_a_newer_value(
+        store: LargeObjectStore, size: int) -> None:
+    assert store.fence_of("k/head") is None
+    assert store.put_fenced("k/head", payload(size, seed=1), (0, 5)) is None
+    assert store.put_fenced("k/head", payload(size, seed=2), (0, 3)) == (0, 5)
+    assert store.get("k/head") == payload(size, seed=1)
+    assert store.fence_of("k/head") == (0, 5)
+    # an equal fence replaces (a silent cell changes state without a new execution count)
+    assert store.put_fenced("k/head", payload(size, seed=3), (0, 5)) is None
+    assert store.get("k/head") == payload(size, seed=3)
+
+
+def test_a_new_epoch_writes_from_count_one_and_fences_the_old_one_out(
+        store: LargeObjectStore) -> None:
+    """A restarted kernel (epoch 1) counts from 1 again; the old incarnation's late write of
+    its cell 50 must not land after the restart."""
+    assert store.put_fenced("k/head", b"old incarnation", (0, 50)) is None
+    assert store.put_fenced("k/head", b"restarted", (1, 1)) is None
+    assert store.put_fenced("k/head", b"late write of the old one", (0, 51)) == (1, 1)
+    assert store.get("k/head") == b"restarted"
+    assert store.fence_of("k/head") == (1, 1)
+
+
+def test_a_plain_put_has_the_lowest_fence(store: LargeObjectStore) -> None:
+    store.put("k/plain", b"unfenced")
+    assert store.fence_of("k/plain") == (0, 0)
+    assert store.put_fenced("k/plain", b"fenced", (0, 1)) is None
+    assert store.get("k/plain") == b"fenced"
+
+
+def test_a_writer_frozen_mid_write_cannot_land_over_a_newer_value(
+        store: LargeObjectStore) -> None:
+    """The fault campaign's loss, at the store: the older write is under way (its value
+    still streaming in, as in a replica stopped by SIGSTOP) while a newer one completes."""
+    import threading
+
+    release, started = threading.Event(), threading.Event()
+
+    def slow_value() -> Iterator[bytes]:
+        yield payload(1000, seed=7)
+        started.set()
+        assert release.wait(30)
+        yield payload(1000, seed=8)
+
+    outcome: list[object] = []
+    late = threading.Thread(target=lambda: outcome.append(
+        store.put_fenced("k/head", slow_value(), (2, 7))))
+    late.start()
+    assert started.wait(30)
+    assert store.put_fenced("k/head", b"newer", (2, 9)) is None
+    release.set()
+    late.join(30)
+    assert outcome == [(2, 9)]
+    assert store.get("k/head") == b"newer"
+
+
+def test_racing_fenced_writers_leave_the_highest_fence(store: LargeObjectStore) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    fences = [(epoch, count) for epoch in range(2) for count in range(6)]
+    for _round in range(3):
+        store.delete("k/race")
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda f: store.put_fenced("k/race", repr(f).encode(), f),
+                          reversed(fences) if _round % 2 else fences))
+        assert store.fence_of("k/race") == max(fences)
+        assert store.get("k/race") == repr(max(fences)).encode()
+
+
+def test_fences_are_pairs_of_small_ints(store: LargeObjectStore) -> None:
+    for bad in [(1,), (0, -1), (0, 2**53), (0, 1.0), [0, 1]]:
+        with pytest.raises(ValueError, match="fence"):
+            store.put_fenced("k/bad", b"x", bad)  # type: ignore[arg-type]
+
+
+def test_s3_server_honours_conditional_puts(s3_server) -> None:
+    """What the S3 fence rests on: the server refuses a put whose If-Match or If-None-Match
+    no longer holds (SeaweedFS 4.48 does; one that ignored them would fence only loosely)."""
+    import botocore.exceptions
+
+    client = s3_server.client()
+    bucket = s3_server.new_bucket()
+    etag = client.put_object(Bucket=bucket, Key="k", Body=b"one")["ETag"]
+    client.put_object(Bucket=bucket, Key="k", Body=b"two", IfMatch=etag)
+    for condition in ({"IfMatch": etag}, {"IfNoneMatch": "*"}):
+        with pytest.raises(botocore.exceptions.ClientError) as refused:
+            client.put_object(Bucket=bucket, Key="k", Body=b"stale", **condition)
+        assert refused.value.response["Error"]["Code"] in ("PreconditionFailed", "412")
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"two"
+
+
 # -- value formats --------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [1000, 3 * BLOCK_SIZE + 7, CHUNK_SIZE + BLOCK_SIZE + 3])
 def test_values_of_the_earlier_sha256_format_still_read(

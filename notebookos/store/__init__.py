@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from notebookos.store.base import (
     CHUNK_SIZE,
+    Fence,
     IntegrityError,
     KeyNotFound,
     LargeObjectStore,
@@ -24,6 +25,7 @@ from notebookos.store.url import SCHEMES, open_store
 
 __all__ = [
     "CHUNK_SIZE",
+    "Fence",
     "SCHEMES",
     "IntegrityError",
     "KeyNotFound",

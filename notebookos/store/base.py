@@ -63,6 +63,19 @@ class KeyNotFound(StoreError, KeyError):
         return StoreError.__str__(self)
 
 
+Fence = tuple[int, int]  # (epoch, count): a value's place in its writers' order (put_fenced)
+MAX_FENCE_PART = 2**53 - 1  # Redis compares fences in Lua, whose numbers are doubles
+
+
+def check_fence(fence: Fence) -> Fence:
+    """``fence`` as a pair of ints in 0..2**53-1, else ``ValueError`` saying why."""
+    if (not isinstance(fence, tuple) or len(fence) != 2
+            or not all(isinstance(part, int) and not isinstance(part, bool) for part in fence)
+            or not all(0 <= part <= MAX_FENCE_PART for part in fence)):
+        raise ValueError(f"a fence is a pair of ints in 0..{MAX_FENCE_PART}, not {fence!r}")
+    return fence
+
+
 class IntegrityError(StoreError):
     """The stored value's HMAC does not match its bytes (tampered, truncated or foreign key)."""
 
@@ -124,6 +137,20 @@ class LargeObjectStore(abc.ABC):
     @abc.abstractmethod
     def put(self, key: str, value: Value) -> None:
         """Store ``value`` under ``key`` atomically: readers see the old value or the whole new one."""
+
+    @abc.abstractmethod
+    def put_fenced(self, key: str, value: Value, fence: Fence) -> Fence | None:
+        """Store ``value`` under ``key`` with ``fence`` unless the value stored there has a
+        higher fence (pairs compare in order: epoch first); an equal one is replaced. One atomic
+        compare-and-set: a writer that was frozen (SIGSTOP) mid-write cannot land its older value
+        over a newer one written meanwhile (issue 34). Returns None when written, else the
+        stored fence that refused it (nothing was written then). A value stored by ``put`` has
+        fence (0, 0)."""
+
+    @abc.abstractmethod
+    def fence_of(self, key: str) -> Fence | None:
+        """The fence of the value stored under ``key`` ((0, 0) for one stored by ``put``); None
+        when there is none."""
 
     @abc.abstractmethod
     def get_stream(self, key: str) -> Iterator[bytes]:

@@ -8,14 +8,23 @@ A put writes a temporary file in the same directory and renames it over the targ
 ``os.replace``, so a reader opens the old file or the complete new one, never a partial one.
 With ``fsync=True`` the file (and its directory) are flushed to disk before the rename, which makes
 the new value survive a power loss as well as a crashed process.
+
+A ``put_fenced`` writes its fence into the header's last 16 bytes (zero: fence (0, 0)) and renames
+its temporary file only while it holds an exclusive ``flock`` on ``<name>.v.lock``, after reading
+the stored header's fence: compare and rename are one step for every fenced writer. The lock is
+held for a 64-byte read and a rename, and the kernel drops it when its holder dies; a holder frozen
+inside that window (SIGSTOP) makes the others wait, at most ``LOCK_TIMEOUT_S``, then fail.
+``flock`` needs a local file system (or one that forwards it, as NFSv4 does).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
 import struct
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -25,9 +34,11 @@ from notebookos.store.base import (
     CHUNK_SIZE,
     AuthenticatedStore,
     Buffer,
+    Fence,
     KeyNotFound,
     Value,
     allocated,
+    check_fence,
     iter_value,
     validate_key,
 )
@@ -35,6 +46,9 @@ from notebookos.store.integrity import BLOCK_SIZE, MAC_SIZE, block_digest_later
 
 MAGIC_STEM = b"NBOSOBJ"  # + the value's format digit: the header names the format
 HEADER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
+FENCE = struct.Struct(">QQ")  # a put_fenced's fence, in the header's reserved bytes
+FENCE_OFFSET = HEADER.size - FENCE.size
+LOCK_TIMEOUT_S = 30.0
 WRITE_PIECE = BLOCK_SIZE  # small enough that the MAC thread reads it while still in cache
 
 
@@ -58,6 +72,72 @@ class FileStore(AuthenticatedStore):
 
     def put(self, key: str, value: Value) -> None:
         path = self.path_of(key)
+        tmp = self._write_temporary(key, path, value, (0, 0))
+        self._publish(key, path, tmp)
+
+    def put_fenced(self, key: str, value: Value, fence: Fence) -> Fence | None:
+        fence = check_fence(fence)
+        path = self.path_of(key)
+        tmp = self._write_temporary(key, path, value, fence)
+        try:
+            with self._locked(key, path):
+                stored = self._stored_fence(path)
+                if stored is not None and stored > fence:
+                    _unlink_quietly(tmp)
+                    return stored
+                self._publish(key, path, tmp)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        return None
+
+    def fence_of(self, key: str) -> Fence | None:
+        return self._stored_fence(self.path_of(key))
+
+    @staticmethod
+    def _stored_fence(path: Path) -> Fence | None:
+        try:
+            with open(path, "rb", buffering=0) as handle:
+                header = handle.read(HEADER.size)
+        except FileNotFoundError:
+            return None
+        if len(header) < HEADER.size:
+            return (0, 0)  # truncated: any fenced value may replace it
+        epoch, count = FENCE.unpack_from(header, FENCE_OFFSET)
+        return epoch, count
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, path: Path) -> Iterator[None]:
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise self._error(
+                            key, f"another writer held the value's lock for {LOCK_TIMEOUT_S:g} s "
+                            "(frozen?); nothing was stored") from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _publish(self, key: str, path: Path, tmp: Path) -> None:
+        try:
+            os.replace(tmp, path)
+            if self.fsync:
+                _fsync_dir(path.parent)
+        except BaseException as exc:
+            _unlink_quietly(tmp)
+            if isinstance(exc, Exception):
+                raise self._error(key, f"write failed, nothing was stored: {exc!r}") from exc
+            raise
+
+    def _write_temporary(self, key: str, path: Path, value: Value, fence: Fence) -> Path:
+        """The value in a temporary file beside ``path``, header and all, flushed if asked."""
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
         mac = self._writer_mac(key, value)
         try:
@@ -68,13 +148,12 @@ class FileStore(AuthenticatedStore):
                     mac.update(piece)
                     _write_all(out, piece)
                 out.seek(0)
-                _write_all(out, HEADER.pack(self._magic(MAGIC_STEM, mac.format), mac.length,
-                                                mac.digest()))
+                header = bytearray(HEADER.pack(self._magic(MAGIC_STEM, mac.format), mac.length,
+                                               mac.digest()))
+                FENCE.pack_into(header, FENCE_OFFSET, *fence)
+                _write_all(out, header)
                 if self.fsync:
                     os.fsync(out.fileno())
-            os.replace(tmp, path)
-            if self.fsync:
-                _fsync_dir(path.parent)
         except TypeError:
             mac.close()
             _unlink_quietly(tmp)
@@ -85,6 +164,7 @@ class FileStore(AuthenticatedStore):
             if isinstance(exc, Exception):
                 raise self._error(key, f"write failed, nothing was stored: {exc!r}") from exc
             raise
+        return tmp
 
     def _open(self, key: str) -> tuple[io.FileIO, int, int, bytes]:
         """The open file past its header, the value's format, length and MAC."""

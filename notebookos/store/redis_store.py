@@ -9,7 +9,9 @@ Layout (``P`` is the prefix, ``notebookos:store`` unless the URL says ``?prefix=
 
 A put writes its chunks under a fresh ``gen`` with a TTL (``pending_ttl``), then one Lua script
 checks that every chunk is there, removes their TTL, replaces the manifest and unlinks the chunks of
-the previous value: all or nothing, since Redis runs a script atomically. Readers start from the
+the previous value: all or nothing, since Redis runs a script atomically. A ``put_fenced`` keeps its
+fence in the manifest (fields ``fe``, ``fc``; absent: (0, 0)) and the same script first compares it
+with the stored one: a higher stored fence leaves the manifest alone and unlinks the new chunks. Readers start from the
 manifest, so they only ever follow a complete value; if a writer dies mid-put its chunks expire on
 their own. Chunks are never modified once written, only deleted. Values of any size work (a single
 Redis string is limited to 512 MB; chunks are 8 MiB by default). Multi-key scripts need a single
@@ -27,8 +29,10 @@ import redis
 from notebookos.store.base import (
     CHUNK_SIZE,
     AuthenticatedStore,
+    Fence,
     KeyNotFound,
     Value,
+    check_fence,
     iter_value,
     validate_key,
 )
@@ -48,13 +52,25 @@ for i = 0, n - 1 do
     return redis.error_reply('chunk ' .. i .. ' of the new value is missing (expired?)')
   end
 end
+if ARGV[4] == '1' then
+  local stored_e = tonumber(redis.call('HGET', KEYS[1], 'fe') or '0')
+  local stored_c = tonumber(redis.call('HGET', KEYS[1], 'fc') or '0')
+  local e, c = tonumber(ARGV[5]), tonumber(ARGV[6])
+  if redis.call('EXISTS', KEYS[1]) == 1
+      and (stored_e > e or (stored_e == e and stored_c > c)) then
+    for i = 0, n - 1 do
+      redis.call('UNLINK', chunk_base .. gen .. ':' .. i)
+    end
+    return {stored_e, stored_c}
+  end
+end
 for i = 0, n - 1 do
   redis.call('PERSIST', chunk_base .. gen .. ':' .. i)
 end
 local old_gen = redis.call('HGET', KEYS[1], 'gen')
 local old_n = tonumber(redis.call('HGET', KEYS[1], 'chunks') or '0')
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 if old_gen and old_gen ~= gen then
   for i = 0, old_n - 1 do
     redis.call('UNLINK', chunk_base .. old_gen .. ':' .. i)
@@ -114,6 +130,25 @@ class RedisStore(AuthenticatedStore):
 
     # -- writes ---------------------------------------------------------------------------
     def put(self, key: str, value: Value) -> None:
+        self._put(key, value, None)
+
+    def put_fenced(self, key: str, value: Value, fence: Fence) -> Fence | None:
+        return self._put(key, value, check_fence(fence))
+
+    def fence_of(self, key: str) -> Fence | None:
+        manifest_key = self.manifest_key(key)
+        try:
+            with self._client.pipeline(transaction=True) as batch:
+                batch.exists(manifest_key)
+                batch.hmget(manifest_key, ["fe", "fc"])
+                present, (epoch, count) = batch.execute()
+        except redis.RedisError as exc:
+            raise self._error(key, f"read from {self._where()} failed: {exc!r}") from exc
+        if not present:
+            return None
+        return int(epoch or 0), int(count or 0)
+
+    def _put(self, key: str, value: Value, fence: Fence | None) -> Fence | None:
         manifest_key = self.manifest_key(key)
         pieces = iter_value(value, self.chunk_size)
         if not isinstance(value, bytes | bytearray | memoryview):
@@ -137,16 +172,19 @@ class RedisStore(AuthenticatedStore):
                 "gen": gen,
                 "mac": mac.digest().hex(),
             }
-            args: list[object] = [self._chunk_base, gen, count]
+            if fence is not None:
+                fields["fe"], fields["fc"] = fence
+            args: list[object] = [self._chunk_base, gen, count,
+                                  "0" if fence is None else "1", *(fence or (0, 0))]
             for name, field in fields.items():
                 args += [name, field]
             # The publish rides in the same round trip as the last chunks; the script checks
             # that every chunk arrived, so a chunk lost on the way fails the whole put.
             batch.execute_command("EVALSHA", self._publish.sha, 1, manifest_key, *args)
             try:
-                batch.execute()
+                published = batch.execute()[-1]
             except redis.exceptions.NoScriptError:  # first use on this server: load, run
-                self._publish(keys=[manifest_key], args=args)
+                published = self._publish(keys=[manifest_key], args=args)
         except TypeError:
             mac.close()
             self._discard(gen, count + 1)
@@ -160,6 +198,9 @@ class RedisStore(AuthenticatedStore):
             raise self._error(
                 key, f"write to {self._where()} failed, nothing was stored{leftover}: {exc!r}"
             ) from exc
+        if isinstance(published, list):  # refused: the stored fence is higher
+            return int(published[0]), int(published[1])
+        return None
 
     def _discard(self, gen: str, count: int) -> bool:
         """Best effort: drop the chunks of a failed write. False when the server is unreachable."""

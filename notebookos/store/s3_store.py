@@ -10,6 +10,15 @@ upload whose parts go up in parallel (``threads``) and which becomes visible onl
 ``complete_multipart_upload`` succeeds. Any failure aborts the upload, so nothing partial is ever
 readable under the key. Reads fetch parts in parallel with ranged GETs pinned to the first
 response's ETag (``If-Match``), so a value replaced mid-read is noticed instead of mixed.
+
+Fences (``put_fenced``): the fence rides in the object's metadata (``x-amz-meta-nbos-fence``:
+"epoch count"; absent: (0, 0)). The put reads the stored object's fence and ETag (HEAD), and
+publishes only if the stored fence is not higher, conditionally: ``put_object`` (or
+``complete_multipart_upload``) with ``If-Match`` that ETag, or ``If-None-Match: *`` where there was
+no object. A write landing between the HEAD and the publish fails the condition (412) and the
+compare is done again. AWS S3 honours both conditions (since 2024) and so does SeaweedFS (4.48;
+tests/test_store.py checks it against the real server); a server that ignored them would leave a
+window of one HEAD's round trip in which a newer value could still be replaced.
 """
 
 from __future__ import annotations
@@ -31,10 +40,12 @@ from notebookos.store.base import (
     CHUNK_SIZE,
     AuthenticatedStore,
     Buffer,
+    Fence,
     KeyNotFound,
     StoreError,
     Value,
     allocated,
+    check_fence,
     iter_value,
     validate_key,
 )
@@ -50,6 +61,9 @@ MAGIC_STEM = b"NBOSTRL"  # + the value's format digit: the trailer names the for
 TRAILER = struct.Struct(f">8sQ{MAC_SIZE}s16x")  # magic, length, mac, reserved: 64 bytes
 DEFAULT_PART_SIZE = 2 * BLOCK_SIZE
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+_CONDITION_FAILED = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+FENCE_META = "nbos-fence"
+FENCE_ATTEMPTS = 20  # compare-and-publish rounds before a fenced put gives up (writers racing)
 
 
 class _ViewReader(io.RawIOBase):
@@ -162,7 +176,49 @@ class S3Store(AuthenticatedStore):
 
     # -- writes ---------------------------------------------------------------------------
     def put(self, key: str, value: Value) -> None:
+        self._put(key, value, None)
+
+    def put_fenced(self, key: str, value: Value, fence: Fence) -> Fence | None:
+        return self._put(key, value, check_fence(fence))
+
+    def fence_of(self, key: str) -> Fence | None:
+        return self._stored_fence(key, self.object_key(key))[0]
+
+    def _stored_fence(self, key: str, object_key: str) -> tuple[Fence | None, str | None]:
+        """The stored object's fence and ETag; (None, None) when there is none."""
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=object_key)
+        except Exception as exc:
+            if _error_code(exc) in _MISSING:
+                return None, None
+            raise self._failure(key, "head", exc) from exc
+        text = (head.get("Metadata") or {}).get(FENCE_META, "")
+        try:
+            epoch, count = (int(part) for part in text.split())
+        except ValueError:
+            epoch, count = 0, 0  # stored by put (or unreadable): the lowest fence
+        return (epoch, count), head["ETag"]
+
+    def _publish_fenced(self, key: str, object_key: str, fence: Fence,
+                        publish: Callable[[dict[str, str]], Any]) -> Fence | None:
+        """Call ``publish(condition)`` unless the stored fence is higher (then return it);
+        ``condition`` makes the server refuse it if the object changed since it was compared."""
+        for _attempt in range(FENCE_ATTEMPTS):
+            stored, etag = self._stored_fence(key, object_key)
+            if stored is not None and stored > fence:
+                return stored
+            try:
+                publish({"IfMatch": etag} if etag else {"IfNoneMatch": "*"})
+                return None
+            except Exception as exc:
+                if _error_code(exc) not in _CONDITION_FAILED:
+                    raise
+        raise self._error(key, f"the value kept changing during {FENCE_ATTEMPTS} fenced "
+                          "publish attempts; nothing was stored")
+
+    def _put(self, key: str, value: Value, fence: Fence | None) -> Fence | None:
         object_key = self.object_key(key)
+        extra = {} if fence is None else {"Metadata": {FENCE_META: f"{fence[0]} {fence[1]}"}}
         parts = blocks_of(iter_value(value, self.part_size), self.part_size)
         mac = self._new_mac(key, self.write_format)
         try:
@@ -177,18 +233,27 @@ class S3Store(AuthenticatedStore):
         if second is None:  # small: one atomic put_object
             mac.update(first)
             body = bytes(first) + self._trailer(mac)
+
+            def publish(condition: dict[str, str]) -> None:
+                self._client.put_object(Bucket=self.bucket, Key=object_key, Body=body,
+                                        **extra, **condition)
             try:
-                self._client.put_object(Bucket=self.bucket, Key=object_key, Body=body)
+                if fence is None:
+                    publish({})
+                    return None
+                return self._publish_fenced(key, object_key, fence, publish)
+            except StoreError:
+                raise
             except Exception as exc:
                 raise self._failure(key, "put (nothing was stored)", exc) from exc
-            return
-        self._put_multipart(key, object_key, mac, _chain(first, second, parts))
+        return self._put_multipart(key, object_key, mac, _chain(first, second, parts), fence,
+                                   extra)
 
-    def _put_multipart(self, key: str, object_key: str, mac: Any, parts: Iterator[Any]) -> None:
+    def _put_multipart(self, key: str, object_key: str, mac: Any, parts: Iterator[Any],
+                       fence: Fence | None, extra: dict[str, Any]) -> Fence | None:
         try:
-            upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=object_key)[
-                "UploadId"
-            ]
+            upload_id = self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=object_key, **extra)["UploadId"]
         except Exception as exc:
             raise self._failure(key, "put (nothing was stored)", exc) from exc
         in_flight: deque[Future] = deque()
@@ -217,12 +282,23 @@ class S3Store(AuthenticatedStore):
                     while len(in_flight) > self.threads:
                         done.append(self._settle(in_flight.popleft(), mac))
                 pending = following
-            self._client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=object_key,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": sorted(done, key=lambda part: part["PartNumber"])},
-            )
+            def complete(condition: dict[str, str]) -> None:
+                self._client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=object_key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": sorted(done, key=lambda part: part["PartNumber"])},
+                    **condition,
+                )
+            if fence is None:
+                complete({})
+                return None
+            refused = self._publish_fenced(key, object_key, fence, complete)
+            if refused is not None:
+                with contextlib.suppress(Exception):
+                    self._client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=object_key, UploadId=upload_id)
+            return refused
         except BaseException as exc:
             for future in in_flight:
                 future.cancel()

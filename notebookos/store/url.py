@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from notebookos.store.base import Buffer, LargeObjectStore, Value
+from notebookos.store.base import Buffer, Fence, LargeObjectStore, Value
 from notebookos.store.integrity import check_hmac_key
 
 SCHEMES = ("file", "redis", "rediss", "s3")
@@ -81,6 +81,12 @@ class LazyStore(LargeObjectStore):
 
     def put(self, key: str, value: Value) -> None:
         self.real().put(key, value)
+
+    def put_fenced(self, key: str, value: Value, fence: Fence) -> Fence | None:
+        return self.real().put_fenced(key, value, fence)
+
+    def fence_of(self, key: str) -> Fence | None:
+        return self.real().fence_of(key)
 
     def get_stream(self, key: str) -> Iterator[bytes]:
         return self.real().get_stream(key)

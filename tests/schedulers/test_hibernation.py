@@ -245,6 +245,30 @@ def test_a_hibernated_notebook_restarts_empty_behind_the_same_front(make_cluster
     assert "woke" not in stream_text(fresh, "stderr")
 
 
+def test_a_restarted_notebook_checkpoints_from_cell_one_over_its_older_incarnation(make_cluster):  # noqa: ANN001
+    """Issue 34: checkpoints are fenced with (incarnation, cell), so that a late write never
+    replaces a newer checkpoint. A restart counts cells from 1 again: RestartKernel starts a new
+    incarnation, whose checkpoint of cell [1] replaces the old one's of cell [2] (a fence on the
+    cell alone would refuse it, and the notebook could not hibernate: its checkpoint would never
+    be confirmed), and the notebook wakes with the restarted kernel's state."""
+    from notebookos.kernel.sync_codec import checkpoint_key
+    from notebookos.store.file_store import FileStore
+
+    cluster, kernel_id, kc = _kernel_with_state(make_cluster)
+    assert run_cell(kc, "n = 2")["reply"]["content"]["status"] == "ok"
+    store = FileStore(cluster.workdir / "state" / "store", bytes(kc.session.key))
+    cluster.wait(lambda: store.fence_of(checkpoint_key(kernel_id)) == (0, 2), 30,
+                 "the checkpoint of cell [2]")
+    cluster.stub.RestartKernel(
+        global_scheduler_pb2.RestartKernelRequest(kernel_id=kernel_id), timeout=120)
+    fresh = run_seen(kc, "after = 'restart'\nprint('rows' in dir())", timeout=60)
+    assert stream_text(fresh, "stdout") == "False\n"
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    assert store.fence_of(checkpoint_key(kernel_id)) == (1, 1)
+    woke = run_seen(kc, "print(after, 'rows' in dir())", timeout=120)
+    assert stream_text(woke, "stdout") == "restart False\n", woke["reply"]["content"]
+
+
 def test_a_notebook_whose_cell_left_a_thread_running_does_not_hibernate_until_it_ends(
         make_cluster):  # noqa: ANN001
     """A cell that starts its training in a thread of its own (or a subprocess) leaves the
