@@ -121,6 +121,7 @@ class ReplicaGroup:
         self.key = key or uuid.uuid4().hex
         self.extra_args = list(extra_args)
         self.replicas: dict[int, Replica] = {}
+        self.replica_env: dict[int, dict[str, str]] = {}  # replica id -> its own extra env
         self.last_message: dict[str, Any] = {}
         self._next_id = 1
         for _ in range(size):
@@ -148,7 +149,7 @@ class ReplicaGroup:
 
     def _launch(self, replica: Replica, peers: dict[int, str], *flags: str) -> None:
         log = open(replica.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.replica_env.get(replica.replica_id, {}))
         replica.proc = subprocess.Popen(
             self.command(replica, peers, *flags), stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=env, cwd=self.workdir,

@@ -9,6 +9,7 @@ with ``put_fenced``, fenced with (incarnation, execution_count).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -179,3 +180,32 @@ def test_a_restarted_kernel_does_not_restore_the_old_incarnations_checkpoint(
 
 def store_fence(store: LargeObjectStore, kernel: str) -> tuple[int, int] | None:
     return store.fence_of(checkpoint_key(kernel))
+
+
+def test_a_replica_whose_checkpoint_write_lags_does_not_replace_the_next_executors(
+        tmp_path) -> None:  # noqa: ANN001
+    """Real replicas: replica 1 runs cell 1 and its checkpoint write stalls (as when its host
+    was frozen mid-write); replica 2 runs cell 2 and writes its checkpoint; replica 1's write
+    lands afterwards and is refused: the store keeps cell 2. On the code before, cell 1's
+    checkpoint replaced it and a wake or a rebuild lost cell 2."""
+    from harness import ReplicaGroup
+
+    from notebookos.kernel.state_sync import WRITE_DELAY_VAR
+
+    store_url = f"file://{tmp_path}/store"
+    group = ReplicaGroup(tmp_path / "group", store_url=store_url)
+    group.replica_env[1] = {WRITE_DELAY_VAR: "3"}
+    try:
+        group.start()
+        assert group.execute("x = 1", target=1).executor() == 1
+        assert group.execute("x = 2", target=2).executor() == 2
+        store = open_store(store_url, group.key.encode())
+        time.sleep(4)  # replica 1's stalled write has landed (or been refused) by now
+        checkpoint = read_checkpoint(store, group.kernel_id)
+        assert checkpoint.execution_count == 2
+        namespace = {}
+        restore_namespace(store, checkpoint, namespace)
+        assert namespace["x"] == 2
+        assert group.status()[1]["checkpoints_refused"] >= 1
+    finally:
+        group.stop()
