@@ -28,7 +28,8 @@ CHEAP = {
     "cell_order": (["--no-live"], 40),  # the simulated orders; the live one needs a cluster
     "routing": ([], 90),  # a GS, three LSs, one kernel: the benchmark that had crashed
     "gs_scale": ([], 60),  # real fronts on stand-in replicas
-    "cell_release": ([], 40),  # in-process: 10 cells waiting for a host, one release
+    "cell_release": ([], 40),
+    "registry_writes": ([], 40),  # the file registry, 20 records  # in-process: 10 cells waiting for a host, one release
     # in-process: 10 replicated kernels' cells waiting for GPUs, one release
     "cell_release:notebookos": (["--policy", "notebookos"], 40),
 }
