@@ -211,7 +211,7 @@ class ForkServer:
         finally:
             with self._lock:
                 self._importing -= 1
-        self.loaded.update(doc.get("imported") or ())
+        self.loaded.update(doc.get("modules") or doc.get("imported") or ())
         return doc
 
     def modules(self) -> list[str]:

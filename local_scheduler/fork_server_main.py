@@ -13,8 +13,11 @@ a kernel start). It answers on stdout, one JSON line each:
 
 ``{"tag": T, "import": [NAMES]}`` imports installed top-level packages the host learned its
 replicas use (``preload_learning``), so later children are forked with them: answered ``{"tag":
-T, "imported": {NAME: seconds}, "failed": {NAME: reason}, "rss_kb": K, "threads": N}`` (the
-server's resident memory and thread count after). A name that is not an installed library
+T, "imported": {NAME: seconds}, "failed": {NAME: reason}, "rss_before_kb": B, "rss_kb": K,
+"modules": [...]}`` (the server's resident memory before and after, the top-level modules it
+holds then). While it imports (seconds: torch) one thread reaps and reports the children that
+exit meanwhile (a stopped replica is not left a zombie whose stop waits for the import); it is
+joined before the next fork. A name that is not an installed library
 module is refused, not imported; an import that leaves a thread running is reported as failed
 with ``"unsafe": true``: forking a threaded interpreter copies its locks but not its threads,
 and the Local Scheduler then restarts the server without that module. ``{"tag": T, "modules":
@@ -46,6 +49,7 @@ import os
 import selectors
 import signal
 import sys
+import threading
 import time
 
 from notebookos.library_paths import TOP_LEVEL_NAME, refusal
@@ -99,6 +103,7 @@ def import_learned(names: list) -> dict:
     imported: dict[str, float] = {}
     failed: dict[str, str] = {}
     unsafe = False
+    rss_before = _status_value("VmRSS")
     for name in names:
         if isinstance(name, str) and TOP_LEVEL_NAME.match(name) and name in sys.modules:
             imported[name] = 0.0
@@ -120,7 +125,28 @@ def import_learned(names: list) -> dict:
             unsafe = True
             break
     return {"imported": imported, "failed": failed, "unsafe": unsafe,
-            "rss_kb": _status_value("VmRSS"), "threads": _status_value("Threads")}
+            "rss_before_kb": rss_before, "rss_kb": _status_value("VmRSS"),
+            "modules": loaded_modules()}
+
+
+def _import_reaping(names: list) -> tuple[dict, list[int]]:
+    """``import_learned`` while a thread reaps the children that exit meanwhile (their exit
+    notices go out at once); that thread has ended when this returns: the next fork copies a
+    one-thread interpreter. Also the pids reaped."""
+    stop = threading.Event()
+    reaped: list[int] = []
+
+    def reap() -> None:
+        while not stop.wait(0.05):
+            reaped.extend(_reap())
+
+    reaper = threading.Thread(target=reap, name="reap-while-importing", daemon=True)
+    reaper.start()
+    try:
+        return import_learned(names), reaped
+    finally:
+        stop.set()
+        reaper.join()
 
 
 def _become_child(server_pid: int, server_fds: tuple[int, ...]) -> None:
@@ -193,10 +219,16 @@ def serve(module: str) -> int:
                 try:
                     order = json.loads(line)
                     tag = order["tag"]
-                    if "import" in order or "modules" in order:
-                        _answer({"tag": tag, **(import_learned(list(order["import"]))
-                                               if "import" in order
-                                               else {"modules": loaded_modules()})})
+                    if "import" in order:
+                        result, reaped = _import_reaping(list(order["import"]))
+                        for pid in reaped:  # a waiting child that died: its pipe goes too
+                            fd = waiting.pop(pid, None)
+                            if fd is not None:
+                                os.close(fd)
+                        _answer({"tag": tag, **result})
+                        continue
+                    if "modules" in order:
+                        _answer({"tag": tag, "modules": loaded_modules()})
                         continue
                     wait = order.get("wait") is True
                     if not wait:

@@ -172,7 +172,7 @@ class PreloadLearner:
             return
         imported = [n for n in names if n in (answer.get("imported") or {})]
         failed = {n: str(why) for n, why in (answer.get("failed") or {}).items()}
-        before = self.fork_server_rss_kb
+        before = int(answer.get("rss_before_kb") or 0)
         self.fork_server_rss_kb = int(answer.get("rss_kb") or 0)
         for name, why in failed.items():
             log.warning("the fork server could not preload %r: %s (not tried again)", name, why)
@@ -189,7 +189,7 @@ class PreloadLearner:
                      ", ".join(imported),
                      ", ".join(f"{answer['imported'][n]:.2f} s" for n in imported),
                      self.fork_server_rss_kb >> 10,
-                     (self.fork_server_rss_kb - before) >> 10 if before else 0)
+                     (self.fork_server_rss_kb - before) >> 10)
         self._learned(imported)
 
     def _learned(self, names: list[str], restart: bool = False) -> None:

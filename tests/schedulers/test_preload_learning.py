@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.timeout(180)
 STAND_IN = "idna"
 
 PROBE = """
-import sys
+import os, sys, time
+time.sleep(float(os.environ.get("PROBE_SLEEP", "0")))
 print(sorted(n for n in ("idna", "certifi") if n in sys.modules), flush=True)
 """
 
@@ -61,6 +63,26 @@ def test_the_fork_server_imports_learned_packages_and_forks_with_them(
     assert answer["rss_kb"] > 0 and not answer["unsafe"]
     assert STAND_IN in fork_server.modules()  # asked of the server itself
     assert _forked_sees(fork_server, tmp_path / "after.log") == f"['{STAND_IN}']"
+
+
+def test_a_replica_that_exits_while_the_server_imports_is_reaped_at_once(
+        fork_server: ForkServer, tmp_path: Path) -> None:
+    """The server imports on its one thread (seconds, for torch); a replica stopped meanwhile is
+    reaped and reported then, not left a zombie whose stop waits for the import."""
+    child = fork_server.fork([], {"PROBE_SLEEP": "0.3"}, tmp_path / "child.log")
+    done: dict[str, float] = {}
+
+    def import_torch() -> None:  # 1.5 s on an idle 2-core VM
+        fork_server.import_modules(["torch"])
+        done["import"] = time.monotonic()
+
+    importer = threading.Thread(target=import_torch)
+    importer.start()
+    assert child.wait(30) == 0
+    exited = time.monotonic()
+    importer.join(60)
+    assert done["import"] - exited > 0.2, "the exit was reported only after the import"
+    assert "torch" in fork_server.modules()
 
 
 def test_a_restarted_fork_server_imports_what_was_learned(fork_server: ForkServer,
