@@ -154,6 +154,8 @@ class PreloadLearner:
                                 "preloaded either", name, s.max_modules)
                 return
             self.pending.append(name)
+            log.info("a replica imported %r: the fork server imports it once the host is idle",
+                     name)
 
     def import_pending(self) -> None:
         with self._lock:
