@@ -15,13 +15,14 @@ Local Scheduler decides what is an installed package worth importing and bounds 
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
 import time
 
 ENV_IMPORT_REPORT = "NOTEBOOKOS_IMPORT_REPORT"
-POLL_S = 1.0
+POLL_S = 0.5
 STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 
 
@@ -29,8 +30,11 @@ def start_from_environment() -> None:
     """Start the reporter when the launcher named a report file (else nothing)."""
     path = os.environ.pop(ENV_IMPORT_REPORT, "")
     if path:
-        threading.Thread(target=report, args=(path, top_level_names()), daemon=True,
+        known = top_level_names()
+        threading.Thread(target=report, args=(path, known), daemon=True,
                          name="nbos-import-report").start()
+        # a replica stopped (hibernation) while it imports torch still tells
+        atexit.register(_last_report, path, known)
 
 
 def top_level_names() -> set[str]:
@@ -63,13 +67,27 @@ def report(path: str, known: set[str], poll_s: float = POLL_S) -> None:
             names = candidates(known)
         except RuntimeError:  # sys.modules changed while read: next time
             continue
-        if not names:
-            continue
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, "".join(f"{name}\n" for name in names).encode())
-            finally:
-                os.close(fd)
-        except OSError:
+        if names and not _write(path, names):
             return  # the Local Scheduler's folder is gone: nothing to tell
+
+
+def _last_report(path: str, known: set[str]) -> None:
+    try:
+        _write(path, candidates(known))
+    except RuntimeError:  # the reporter thread was at it: it wrote what it found
+        pass
+
+
+def _write(path: str, names: list[str]) -> bool:
+    """Append ``names``, one a line, in one write; False when the file cannot be written."""
+    if not names:
+        return True
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, "".join(f"{name}\n" for name in names).encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True

@@ -109,7 +109,10 @@ class PreloadLearner:
 
     def poll(self) -> None:
         """Read what the replicas reported since the last call; import what was kept when
-        the host is idle."""
+        the host is idle. Nothing while the fork server is not up: what it holds (not to be
+        learned) is known once it is, and an import it cannot take would be dropped."""
+        if self.fork_server is not None and not self.fork_server.alive:
+            return
         for name in self._read_report():
             self.consider(name)
         if self.pending and self.idle():
