@@ -25,59 +25,15 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import site
 import sys
-import sysconfig
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+# the library folders are the core's (the Local Scheduler's preload learning checks the same)
+from notebookos.library_paths import library_roots, pth_folders  # noqa: F401 - re-exported
+
 log = logging.getLogger(__name__)
-
-
-def library_roots() -> tuple[str, ...]:
-    """The folders of the standard library and of installed packages, each ending in a slash:
-    the interpreter's own site-packages, every other site directory (``site``'s, the user's),
-    and the folders their ``.pth`` files add (a virtual environment layered on another one's
-    packages, a distribution's dist-packages): torch found through one of those is as much a
-    library as torch in the venv's own site-packages."""
-    paths = sysconfig.get_paths()
-    folders = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
-               if paths.get(key)]
-    site_dirs = [*folders, *_site_directories()]
-    folders += site_dirs
-    for site_dir in site_dirs:
-        folders += pth_folders(site_dir)
-    roots = {os.path.realpath(folder) for folder in folders if os.path.isdir(folder)}
-    return tuple(sorted(root.rstrip(os.sep) + os.sep for root in roots))
-
-
-def _site_directories() -> list[str]:
-    folders = list(getattr(site, "getsitepackages", list)())
-    if site.ENABLE_USER_SITE:
-        folders.append(site.getusersitepackages())
-    return folders
-
-
-def pth_folders(site_dir: str) -> list[str]:
-    """The folders that ``site`` adds to ``sys.path`` for the ``.pth`` files in ``site_dir``
-    (one path a line, relative to ``site_dir``; comments and ``import`` lines skipped)."""
-    try:
-        names = sorted(name for name in os.listdir(site_dir) if name.endswith(".pth"))
-    except OSError:
-        return []
-    folders = []
-    for name in names:
-        try:
-            with open(os.path.join(site_dir, name), encoding="utf-8") as pth:
-                lines = pth.read().splitlines()
-        except (OSError, UnicodeDecodeError):
-            continue
-        for line in lines:
-            line = line.strip()
-            if line and not line.startswith(("#", "import ", "import\t")):
-                folders.append(os.path.join(site_dir, line))
-    return folders
 
 
 # computed once, at import (a forked replica inherits it from the fork server's preload)

@@ -17,6 +17,7 @@ from notebookos.config import Config
 from notebookos.local_scheduler.gpus import detect_gpus
 from notebookos.local_scheduler.gs_link import GlobalSchedulerLink
 from notebookos.local_scheduler.launcher import ExitCallback, Launcher, ProcessLauncher
+from notebookos.local_scheduler.preload_learning import LearnSettings
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmPool
 from notebookos.local_scheduler.prewarm_main import PRELOAD_ENV
 from notebookos.local_scheduler.service import HostInfo, LocalSchedulerService
@@ -90,9 +91,14 @@ class LocalSchedulerDaemon:
 
         def make_launcher(on_exit: ExitCallback) -> Launcher:
             if docker is None:
+                # learned preloads renew the pool: its waiting replicas were forked before
                 return ProcessLauncher(workdir, on_exit, ip=ls.host, module=ls.replica_module,
                                        fork_server=ls.fork_server,
-                                       orphan_grace_s=ls.orphan_grace_s)
+                                       orphan_grace_s=ls.orphan_grace_s,
+                                       learn=LearnSettings.of(ls), on_learned=self.pool.renew,
+                                       preload_modules=[n.strip() for n in
+                                                        ls.preload_modules.split(",")
+                                                        if n.strip()])
             return docker_launcher.DockerLauncher(
                 docker, on_exit, host_id=self.host_id, image=ls.docker_image,
                 network=ls.docker_network, user=ls.docker_user, module=ls.replica_module,

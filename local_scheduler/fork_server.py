@@ -5,12 +5,17 @@ A forked replica is the fork server's child, not the Local Scheduler's: ``Forked
 the launcher needs of a ``subprocess.Popen`` (pid, poll, wait, returncode), fed by the server's
 exit notices. One thread per server reads its answers. If the server dies, its replicas die with
 it (``PR_SET_PDEATHSIG``): each is reported exited (-9), and the launcher starts a new server.
+
+``import_modules`` has the server import packages the host learned its replicas use
+(``preload_learning``); a server started afterwards imports them at its start
+(``prewarm_main.PRELOAD_ENV``, with the configured ``preload_modules``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import select
 import signal
 import subprocess
@@ -21,11 +26,15 @@ from pathlib import Path
 
 from notebookos.local_scheduler import spawn
 from notebookos.local_scheduler.pid_watch import WatchedProcess, open_pidfd
+from notebookos.local_scheduler.prewarm_main import PRELOAD_ENV
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 60.0
 ORDER_TIMEOUT_S = 10.0
+# the longest an ``import`` order may take (torch: 1.5 s on an idle 2-core VM, 10 s loaded);
+# a fork ordered meanwhile waits for it as long (it is forked with the modules, as it should)
+IMPORT_TIMEOUT_S = 120.0
 
 
 class ForkServerError(OSError):
@@ -90,6 +99,10 @@ class ForkServer:
         self._starting = False
         self._settled = threading.Event()  # set while no start is in progress
         self._settled.set()
+        # imported at the server's start besides the configured preload_modules (learned ones)
+        self.learned: list[str] = []
+        self.loaded: set[str] = set()  # the top-level modules the server said it holds
+        self._importing = 0  # import orders unanswered
 
     @property
     def alive(self) -> bool:
@@ -145,16 +158,20 @@ class ForkServer:
 
     def start(self) -> None:
         """Start the server and wait until its imports are done; ForkServerError if it fails."""
+        preload = [n for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
+        env = {**os.environ, PRELOAD_ENV: ",".join([*preload, *self.learned])}
         with open(self.log_path, "ab") as log_file:
             process = spawn.popen(
                 [self.python, "-m", "notebookos.local_scheduler.fork_server_main", self.module],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, env=env)
         assert process.stdout is not None
         readable, _, _ = select.select([process.stdout], [], [], READY_TIMEOUT_S)
         line = process.stdout.readline() if readable else b""
         try:
-            ok = json.loads(line).get("ready") is True
-        except ValueError:
+            ready = json.loads(line)
+            ok = ready.get("ready") is True
+            self.loaded = set(ready.get("modules") or ())
+        except (ValueError, AttributeError, TypeError):
             ok = False
         if not ok:
             _kill(process)
@@ -180,6 +197,48 @@ class ForkServer:
         """Hand waiting child ``pid`` its order (``fork``'s arguments)."""
         self._order({"promote": pid, "argv": argv, "env": env, "log": str(log_path)})
 
+    def import_modules(self, names: list[str]) -> dict:
+        """Have the server import ``names`` (installed top-level packages), so the replicas it
+        forks afterwards hold them; its answer (``fork_server_main``: imported, failed, unsafe,
+        rss_kb). Raises ForkServerError when it is not running or does not answer in
+        IMPORT_TIMEOUT_S."""
+        answer = self._send({"import": list(names)}, importing=True)
+        try:
+            doc = answer.result(timeout=IMPORT_TIMEOUT_S)
+        except TimeoutError:
+            raise ForkServerError(f"the fork server did not import {names} in "
+                                  f"{IMPORT_TIMEOUT_S:g} s") from None
+        finally:
+            with self._lock:
+                self._importing -= 1
+        self.loaded.update(doc.get("modules") or doc.get("imported") or ())
+        return doc
+
+    def modules(self) -> list[str]:
+        """The top-level modules the server holds now (asked of it)."""
+        return list(self._send({"modules": True}).result(timeout=ORDER_TIMEOUT_S)["modules"])
+
+    def _send(self, order: dict, importing: bool = False) -> Future:
+        """Write ``order``; the future of its answer document (not waited for here)."""
+        with self._lock:
+            process = self._process
+            if process is None or process.poll() is not None or process.stdin is None:
+                raise ForkServerError("the fork server is not running")
+            self._orders += 1
+            tag = str(self._orders)
+            answer: Future = Future()
+            self._answers[tag] = answer
+            answer.add_done_callback(lambda _f: self._answers.pop(tag, None))
+            try:
+                process.stdin.write(json.dumps({"tag": tag, **order}).encode() + b"\n")
+                process.stdin.flush()
+            except (OSError, ValueError) as exc:
+                self._answers.pop(tag, None)
+                raise ForkServerError(f"the fork server is gone: {exc}") from None
+            if importing:
+                self._importing += 1
+            return answer
+
     def _order(self, order: dict) -> ForkedProcess:
         with self._lock:
             process = self._process
@@ -196,8 +255,9 @@ class ForkServer:
             except (OSError, ValueError) as exc:
                 self._answers.pop(tag, None)
                 raise ForkServerError(f"the fork server is gone: {exc}") from None
-            try:
-                return answer.result(timeout=ORDER_TIMEOUT_S)
+            try:  # behind an import the server is doing: forked once it is done
+                return answer.result(timeout=ORDER_TIMEOUT_S +
+                                     (IMPORT_TIMEOUT_S if self._importing else 0.0))
             except TimeoutError:
                 raise ForkServerError("the fork server did not answer") from None
             finally:
@@ -225,6 +285,8 @@ class ForkServer:
                     answer.set_result(child)
                 else:  # its order timed out meanwhile: nobody will watch it
                     spawn.signal_group(child.pid, signal.SIGKILL)
+            elif answer is not None and "error" not in doc:
+                answer.set_result(doc)  # an import's or a question's answer
             elif answer is not None:
                 answer.set_exception(ForkServerError(f"the fork server could not fork: "
                                                      f"{doc.get('error')}"))
@@ -249,6 +311,15 @@ class ForkServer:
                 continue
             threading.Thread(target=_watch_orphan, args=(child, pidfd), daemon=True,
                              name=f"watch-pid-{child.pid}").start()
+
+    def restart(self) -> None:
+        """Replace the server by a new one (its ``learned`` changed): waiting children die with
+        it, replicas it forked live on (``spawn.become_replica``)."""
+        with self._lock:
+            process = self._process
+        if process is not None:
+            _kill(process)
+        self.start_in_background()
 
     def close(self) -> None:
         """Stop the server (its replicas die with it: stop them first)."""

@@ -11,6 +11,19 @@ a kernel start). It answers on stdout, one JSON line each:
 - ``{"tag": T, "pid": P}`` once the child is forked (``{"tag": T, "error": ...}`` if not);
 - ``{"exited": P, "code": C}`` when a child exits (C as ``Popen.returncode``: -N for signal N).
 
+``{"tag": T, "import": [NAMES]}`` imports installed top-level packages the host learned its
+replicas use (``preload_learning``), so later children are forked with them: answered ``{"tag":
+T, "imported": {NAME: seconds}, "failed": {NAME: reason}, "rss_before_kb": B, "rss_kb": K,
+"modules": [...]}`` (the server's resident memory before and after, the top-level modules it
+holds then). While it imports (seconds: torch) one thread reaps and reports the children that
+exit meanwhile (a stopped replica is not left a zombie whose stop waits for the import); it is
+joined before the next fork. A name that is not an installed library
+module is refused, not imported; an import that leaves a thread running is reported as failed
+with ``"unsafe": true``: forking a threaded interpreter copies its locks but not its threads,
+and the Local Scheduler then restarts the server without that module. ``{"tag": T, "modules":
+true}`` is answered ``{"tag": T, "modules": [top-level names loaded]}``. The ``ready`` line
+carries the same list.
+
 An order ``{"tag": T, "wait": true}`` forks a child that waits for its order instead: a
 prewarmed replica for the pool that costs a fork, not an interpreter's start. ``{"tag": T,
 "promote": P, "argv": ..., "env": ..., "log": ...}`` hands child P its order (over a pipe only
@@ -30,12 +43,16 @@ child: NumPy's global random state (Python's ``random`` is reseeded by CPython i
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import selectors
 import signal
 import sys
+import threading
+import time
 
+from notebookos.library_paths import TOP_LEVEL_NAME, refusal
 from notebookos.local_scheduler.prewarm_main import preload, run_order
 from notebookos.local_scheduler.spawn import PR_SET_PDEATHSIG, die_with_parent
 
@@ -61,6 +78,75 @@ def _reap() -> list[int]:
             return reaped
         reaped.append(pid)
         _answer({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def loaded_modules() -> list[str]:
+    """The top-level modules this interpreter holds."""
+    return sorted({name.partition(".")[0] for name in list(sys.modules)})
+
+
+def _status_value(key: str) -> int:
+    """A number of /proc/self/status (``VmRSS`` in kB, ``Threads``); 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def import_learned(names: list) -> dict:
+    """Import ``names`` (installed top-level packages only), one at a time, in this thread:
+    the answer to an ``import`` order."""
+    imported: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    unsafe = False
+    rss_before = _status_value("VmRSS")
+    for name in names:
+        if isinstance(name, str) and TOP_LEVEL_NAME.match(name) and name in sys.modules:
+            imported[name] = 0.0
+            continue
+        why = refusal(name)
+        if why is not None:
+            failed[str(name)] = f"refused: {why}"
+            continue
+        threads = _status_value("Threads")
+        started = time.monotonic()
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - reported; the server goes on
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        imported[name] = round(time.monotonic() - started, 3)
+        if _status_value("Threads") > threads:
+            failed[name] = "its import started a thread: forking this interpreter is unsafe now"
+            unsafe = True
+            break
+    return {"imported": imported, "failed": failed, "unsafe": unsafe,
+            "rss_before_kb": rss_before, "rss_kb": _status_value("VmRSS"),
+            "modules": loaded_modules()}
+
+
+def _import_reaping(names: list) -> tuple[dict, list[int]]:
+    """``import_learned`` while a thread reaps the children that exit meanwhile (their exit
+    notices go out at once); that thread has ended when this returns: the next fork copies a
+    one-thread interpreter. Also the pids reaped."""
+    stop = threading.Event()
+    reaped: list[int] = []
+
+    def reap() -> None:
+        while not stop.wait(0.05):
+            reaped.extend(_reap())
+
+    reaper = threading.Thread(target=reap, name="reap-while-importing", daemon=True)
+    reaper.start()
+    try:
+        return import_learned(names), reaped
+    finally:
+        stop.set()
+        reaper.join()
 
 
 def _become_child(server_pid: int, server_fds: tuple[int, ...]) -> None:
@@ -107,7 +193,7 @@ def serve(module: str) -> int:
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    _answer({"ready": True})
+    _answer({"ready": True, "modules": loaded_modules()})
     pending = b""
     waiting: dict[int, int] = {}  # a waiting child's pid -> the pipe its order goes down
     while True:
@@ -133,6 +219,17 @@ def serve(module: str) -> int:
                 try:
                     order = json.loads(line)
                     tag = order["tag"]
+                    if "import" in order:
+                        result, reaped = _import_reaping(list(order["import"]))
+                        for pid in reaped:  # a waiting child that died: its pipe goes too
+                            fd = waiting.pop(pid, None)
+                            if fd is not None:
+                                os.close(fd)
+                        _answer({"tag": tag, **result})
+                        continue
+                    if "modules" in order:
+                        _answer({"tag": tag, "modules": loaded_modules()})
+                        continue
                     wait = order.get("wait") is True
                     if not wait:
                         order["argv"]  # noqa: B018 - checked before forking

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from notebookos.local_scheduler import replica_records, spawn
+from notebookos.local_scheduler import import_report, replica_records, spawn
 from notebookos.local_scheduler.exit_watch import ExitWatcher
 from notebookos.local_scheduler.fork_server import ForkedPrewarmed, ForkedProcess, ForkServer
 from notebookos.local_scheduler.pid_watch import (
@@ -31,6 +31,7 @@ from notebookos.local_scheduler.pid_watch import (
     same_process,
     start_ticks,
 )
+from notebookos.local_scheduler.preload_learning import LearnSettings, PreloadLearner, idle_for
 from notebookos.local_scheduler.prewarm import Prewarmed, PrewarmedProcess, start_prewarm_process
 from notebookos.loop_thread import LoopThread
 from notebookos.ports import bindable, free_ports
@@ -170,7 +171,13 @@ class ProcessLauncher(Launcher):
         python: str = sys.executable,
         fork_server: bool = False,
         orphan_grace_s: float = 60.0,
+        learn: LearnSettings | None = None,
+        on_learned: Callable[[], None] | None = None,
+        preload_modules: list[str] | None = None,
     ) -> None:
+        """``learn``: learn what to preload from what the replicas import
+        (``preload_learning``; None: not), calling ``on_learned`` each time it learned
+        something; ``preload_modules``: the configured ones (not learned again)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.on_exit = on_exit
@@ -188,8 +195,15 @@ class ProcessLauncher(Launcher):
                             if fork_server else None)
         self.exits = ExitWatcher()
         self.events_loop = self.exits.loop
+        self.last_launch = 0.0  # time.monotonic() of the latest launch
+        self.learner = (PreloadLearner(learn, self.workdir, self.fork_server,
+                                       idle=idle_for(lambda: self.last_launch),
+                                       on_learned=on_learned, configured=preload_modules)
+                        if learn is not None and learn.enabled else None)
         if self.fork_server is not None:
             self.fork_server.start_in_background()
+        if self.learner is not None:
+            self.learner.start()
 
     def argv(self, spec: ReplicaSpec, connection_file: Path) -> list[str]:
         """The replica's arguments after ``python -m MODULE`` (the kernel's documented flags)."""
@@ -199,7 +213,8 @@ class ProcessLauncher(Launcher):
         """Forked by the fork server (a fork, not an interpreter's start and imports) when it
         runs; while it starts, once it is up; else a new process."""
         waiting = self.fork_server.waiting_or_none() if self.fork_server is not None else None
-        return waiting or start_prewarm_process(self.python, self.module)
+        return waiting or start_prewarm_process(
+            self.python, self.module, self.learner.learned if self.learner is not None else None)
 
     def launch(
         self, spec: ReplicaSpec, prewarmed: Prewarmed | None = None,
@@ -225,6 +240,9 @@ class ProcessLauncher(Launcher):
         env = {**spec.env, replica_records.ENV_LS_PID: str(os.getpid()),
                replica_records.ENV_STATE_FILE: str(self.records.path),
                replica_records.ENV_ORPHAN_GRACE_S: str(self.orphan_grace_s)}
+        if self.learner is not None:  # what its cells import, for the host to preload
+            env[import_report.ENV_IMPORT_REPORT] = str(self.learner.report_path)
+        self.last_launch = time.monotonic()
         process: ReplicaProcess | None = None
         if prewarmed is not None:
             process = prewarmed.promote(argv, env, log_path)
@@ -320,6 +338,8 @@ class ProcessLauncher(Launcher):
             os.kill(replica.pid, signal.SIGINT)
 
     def close(self) -> None:
+        if self.learner is not None:
+            self.learner.close()
         if self.fork_server is not None:
             self.fork_server.close()
         self.exits.close()

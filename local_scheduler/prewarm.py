@@ -59,11 +59,19 @@ class PrewarmedProcess:
         self.process.wait(timeout=10)
 
 
-def start_prewarm_process(python: str, module: str) -> PrewarmedProcess:
-    """Start ``prewarm_main MODULE`` and wait for its ``ready`` line."""
+def start_prewarm_process(python: str, module: str,
+                          learned: list[str] | None = None) -> PrewarmedProcess:
+    """Start ``prewarm_main MODULE`` and wait for its ``ready`` line; it preloads the host's
+    ``preload_modules`` and ``learned`` (``preload_learning``)."""
+    env = None
+    if learned:
+        from notebookos.local_scheduler.prewarm_main import PRELOAD_ENV
+
+        env = {**os.environ, PRELOAD_ENV: ",".join(
+            [*os.environ.get(PRELOAD_ENV, "").split(","), *learned]).strip(",")}
     proc = spawn.popen(
         [python, "-m", "notebookos.local_scheduler.prewarm_main", module],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "ready" once the imports are done
@@ -118,6 +126,15 @@ class PrewarmPool:
             extra = self._ready[target:] if len(self._ready) > target else []
             self._ready = self._ready[:target]
         for p in extra:
+            p.discard()
+        self._wake.set()
+
+    def renew(self) -> None:
+        """Replace the ready replicas by new ones (the interpreter they fork from, or their
+        preloads, changed: ``preload_learning``); the refill starts at once."""
+        with self._lock:
+            stale, self._ready = self._ready, []
+        for p in stale:
             p.discard()
         self._wake.set()
 

@@ -318,7 +318,27 @@ class LocalSchedulerSettings:
         "(the fork server and the prewarm pool; `process` launcher), for example `torch`: a "
         "replica, a replacement and a hibernated notebook's wake then find them imported "
         "instead of importing them (torch: 2-3 s of CPU per replica). Forked replicas share "
-        "these pages copy-on-write, but each one's RSS counts them.", _module_list)
+        "these pages copy-on-write, but each one's RSS counts them. Not needed for what "
+        "`learn_preload` learns; set it for a host that should hold them from its start, before "
+        "any notebook there imported them.", _module_list)
+    learn_preload: bool = setting(
+        True, "`process` launcher: learn what to preload. Installed top-level packages that "
+        "replicas' cells import on this host (torch, pandas...) are imported by the fork server "
+        "(and the prewarm pool's new interpreters) once the host is idle, so replicas started, "
+        "replaced or woken from hibernation afterwards find them imported, as with "
+        "`preload_modules` but without setting it. Only packages found under the standard "
+        "library or site-packages, never a notebook's own modules; a failed import is logged "
+        "and not retried; the fork server's memory is logged (shared copy-on-write with the "
+        "replicas). What was learned: `preload-learned.json` in the host's state folder.")
+    learn_preload_max: int = setting(
+        8, "`learn_preload`: the most packages a host learns to preload (the configured "
+        "`preload_modules` do not count).", _at_least(0))
+    learn_preload_deny: str = setting(
+        "debugpy", "`learn_preload`: comma-separated top-level packages never learned (debugpy: "
+        "replicas leave the debugger unloaded on purpose).", _module_list)
+    learn_preload_allow: str = setting(
+        "", "`learn_preload`: when set, only these comma-separated top-level packages are "
+        "learned; empty: any installed package.", _module_list)
     orphan_grace_s: float = setting(
         60.0, "`process` launcher: how long a replica whose Local Scheduler died waits for a "
         "restarted one to take it back before it ends itself (replicas outlive a crashed Local "

@@ -58,8 +58,11 @@ def test_packages_of_a_venv_layered_on_another_venvs_site_packages_count_as_libr
         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     Path(site_dir, "outer-site.pth").write_text(f"# the outer venv\n{outer_site}\n")
     warmup = Path(__file__).resolve().parents[2] / "kernel" / "module_warmup.py"
+    # the core (notebookos/library_paths.py: the library folders) from the source tree; the
+    # layered venv has the outer venv's packages only, not its editable install of this project
     script = textwrap.dedent(f"""
-        import importlib.util
+        import importlib.util, sys
+        sys.path.insert(0, {str(warmup.parents[1])!r})
         spec = importlib.util.spec_from_file_location("module_warmup", {str(warmup)!r})
         module_warmup = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module_warmup)
