@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from notebookos.import_report import ImportReport
+
 if TYPE_CHECKING:  # sync_codec is imported when the sync is set up (it pulls in cloudpickle)
     from .sync_codec import RestoreSplit
 
@@ -78,6 +80,8 @@ class StateSync:
         self.newer_checkpoint: tuple[int, int] | None = None  # the fence that refused the last
         self.store = None
         self.disabled_reason = ""
+        # the packages its cells import, for the host to preload (notebookos.import_report)
+        self._import_report = ImportReport.from_environment()
         self._encoder = None
         self._applier = None
         self._checkpoint_lock = threading.Lock()
@@ -222,6 +226,8 @@ class StateSync:
         replica lacks, in the background: a standby then takes over without importing them."""
         if not names:
             return
+        if self._import_report is not None:  # the host learns what to preload
+            self._import_report.add(names)
         if warm:  # received: never reported back from here (our own new() already saw them)
             self._imports.known(names)
         with self._state.lock:

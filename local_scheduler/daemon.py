@@ -118,6 +118,9 @@ class LocalSchedulerDaemon:
                                         ls.heartbeat_interval_s, ls.prewarm_pool_size,
                                         channel=secure_channel(config, ls.global_scheduler),
                                         tokens=JoinTokens(config))
+        learner = getattr(self.service.launcher, "learner", None)
+        if learner is not None:  # reads the replicas' import reports on each heartbeat
+            self.link.on_heartbeat.append(learner.tick)
         ls_grpc.add_LocalSchedulerServicer_to_server(self.service, self.server)
 
     def _start_prewarmed(self) -> Prewarmed:

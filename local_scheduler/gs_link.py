@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import uuid
+from collections.abc import Callable
 
 import grpc
 
@@ -46,6 +47,8 @@ class GlobalSchedulerLink:
         self._hb_seq = itertools.count(1)
         self._stop = threading.Event()
         self._registered = threading.Event()
+        # called after each heartbeat: the host's own periodic duties, on no timer of their own
+        self.on_heartbeat: list[Callable[[], None]] = []
         self._threads = [
             threading.Thread(target=self._heartbeat_loop, daemon=True, name="gs-heartbeat"),
             threading.Thread(target=self._event_loop, daemon=True, name="gs-events"),
@@ -167,6 +170,11 @@ class GlobalSchedulerLink:
                     self._stop.wait(min(1.0, self.heartbeat_interval_s))
                     continue
             self._heartbeat()
+            for duty in self.on_heartbeat:
+                try:
+                    duty()
+                except Exception:  # noqa: BLE001 - a duty must not stop the heartbeats
+                    log.exception("after a heartbeat")
             self._stop.wait(self.heartbeat_interval_s)
 
     def _heartbeat(self) -> None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from notebookos.local_scheduler import import_report, replica_records, spawn
+from notebookos import import_report
+from notebookos.local_scheduler import replica_records, spawn
 from notebookos.local_scheduler.exit_watch import ExitWatcher
 from notebookos.local_scheduler.fork_server import ForkedPrewarmed, ForkedProcess, ForkServer
 from notebookos.local_scheduler.pid_watch import (

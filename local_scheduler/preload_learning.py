@@ -8,7 +8,9 @@ its next cell could run (2.5 s on an idle 2-core VM, 9.9 s loaded) unless the op
 imports torch teaches it.
 
 Replicas append the top-level modules their cells imported to a file in the launcher's folder
-(``import_report``). ``PreloadLearner`` reads it every ``POLL_S`` and keeps a name only if it is
+(``notebookos.import_report``, after each cell: no replica polls). ``PreloadLearner`` reads it
+on each of the host's heartbeats (``tick``: a size check when nothing was reported; no timer of
+its own) and keeps a name only if it is
 
 - an installed library module: a top-level name found under the standard library or
   site-packages, never in a notebook's folder (``notebookos.library_paths.refusal``; the fork
@@ -18,7 +20,7 @@ Replicas append the top-level modules their cells imported to a file in the laun
 - within ``learn_preload_max`` learned names (the configured ``preload_modules`` do not count).
 
 Once no replica was launched for ``IDLE_S`` it asks the fork server to import the names kept
-(``ForkServer.import_modules``). A failed import is logged and never retried in this run; an
+(``ForkServer.import_modules``, on a thread of its own while it runs: the heartbeat goes on). A failed import is logged and never retried in this run; an
 import that leaves a thread running makes the server unsafe to fork: the module is dropped and
 the server restarted without it. The server's resident memory after each import is logged and
 kept in ``preload-learned.json`` (next to the report): forked replicas share those pages
@@ -45,7 +47,6 @@ log = logging.getLogger(__name__)
 
 REPORT_FILE = "imported-modules"
 STATUS_FILE = "preload-learned.json"
-POLL_S = 0.5
 IDLE_S = 1.0  # no replica launched for this long: the host is idle enough to import
 MAX_REPORT_LINE = 200
 
@@ -91,35 +92,61 @@ class PreloadLearner:
         self._full_said = False
         self._closed = threading.Event()
         self._lock = threading.RLock()  # consider() saves the status under it
-        self._thread = threading.Thread(target=self._run, daemon=True, name="preload-learner")
+        self._importing = False  # an import_pending thread runs
 
     def start(self) -> None:
-        if self.settings.enabled:
-            self._thread.start()
+        """Nothing runs of its own: the host's heartbeat calls ``tick``."""
 
     def close(self) -> None:
         self._closed.set()
 
-    def _run(self) -> None:
-        while not self._closed.wait(POLL_S):
+    def tick(self) -> None:
+        """On each heartbeat: read what was reported (cheap), and import what was kept on a
+        thread of its own when the host is idle (an import of torch takes seconds)."""
+        if self._closed.is_set() or not self.settings.enabled:
+            return
+        try:
+            if not self._consider_reported():
+                return
+            with self._lock:
+                if self._importing or not (self.pending and self.idle()):
+                    return
+                self._importing = True
+        except Exception:  # noqa: BLE001 - learning is an optimisation: never hurt the host
+            log.exception("preload learning failed")
+            return
+
+        def run() -> None:
             try:
-                self.poll()
-            except Exception:  # noqa: BLE001 - learning is an optimisation: never kill the host
+                self.import_pending()
+            except Exception:  # noqa: BLE001
                 log.exception("preload learning failed")
+            finally:
+                with self._lock:
+                    self._importing = False
+
+        threading.Thread(target=run, daemon=True, name="preload-import").start()
 
     def poll(self) -> None:
         """Read what the replicas reported since the last call; import what was kept when
-        the host is idle. Nothing while the fork server is not up: what it holds (not to be
-        learned) is known once it is, and an import it cannot take would be dropped."""
+        the host is idle, here. Nothing while the fork server is not up: what it holds (not to
+        be learned) is known once it is, and an import it cannot take would be dropped."""
+        if self._consider_reported() and self.pending and self.idle():
+            self.import_pending()
+
+    def _consider_reported(self) -> bool:
+        """Consider what was reported since the last call; False while the fork server is
+        not up (then nothing is read)."""
         if self.fork_server is not None and not self.fork_server.alive:
-            return
+            return False
         for name in self._read_report():
             self.consider(name)
-        if self.pending and self.idle():
-            self.import_pending()
+        return True
 
     def _read_report(self) -> list[str]:
         try:
+            if os.stat(self.report_path).st_size <= self._offset:
+                return []  # nothing new: the usual heartbeat
             with open(self.report_path, "rb") as f:
                 f.seek(self._offset)
                 data = f.read(1 << 20)

@@ -64,10 +64,9 @@ def become_replica() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
         except (OSError, AttributeError):
             pass
-    from notebookos.local_scheduler import import_report, orphan_watch
+    from notebookos.local_scheduler import orphan_watch
 
     orphan_watch.start_from_environment()
-    import_report.start_from_environment()  # what its cells import: the host preloads it
 
 
 class _Spawner:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sched_cluster import make_cluster_fixture, run_seen, stream_text  # noqa: F401 - the fixture
 
-from notebookos.local_scheduler import import_report
+from notebookos.import_report import ImportReport
 from notebookos.local_scheduler.fork_server import ForkServer
 from notebookos.local_scheduler.preload_learning import (
     REPORT_FILE,
@@ -128,15 +128,15 @@ def test_a_package_in_the_notebooks_folder_is_never_learned(
     assert "mytrain" not in caplog.text and learned == [1]
 
 
-def test_a_replica_reports_the_packages_its_cells_import(tmp_path: Path) -> None:
-    known = import_report.top_level_names()
-    import certifi  # noqa: F401 - what a cell would import (idna may be loaded by other tests)
-
-    sys.modules.pop("certifi", None)
-    known.discard("certifi")
-    __import__("certifi")
-    names = import_report.candidates(known)
-    assert "certifi" in names and "json" not in names and not any(n.startswith("_") for n in names)
+def test_a_replica_reports_the_packages_its_cells_import_once_each(tmp_path: Path) -> None:
+    """What the state sync lists after a cell (library modules, dotted) is reported as
+    top-level package names, once each; the standard library and private names are not."""
+    report = ImportReport(str(tmp_path / REPORT_FILE))
+    said = report.add(["torch", "torch.nn", "torch.nn.functional", "json", "_distutils_hack",
+                       "certifi.core"])
+    assert said == ["certifi", "torch"]
+    assert report.add(["torch.optim", "numpy"]) == ["numpy"]
+    assert (tmp_path / REPORT_FILE).read_text().splitlines() == ["certifi", "torch", "numpy"]
 
 
 def test_a_package_one_notebook_imported_is_preloaded_for_the_next(make_cluster) -> None:  # noqa: ANN001
