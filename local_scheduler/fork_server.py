@@ -112,6 +112,11 @@ class ForkServer:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def importing(self) -> bool:
+        """An ``import`` order is unanswered: a fork or a promotion would wait behind it."""
+        return self._importing > 0
+
     def start_in_background(self) -> None:
         """Start the server on a thread of its own, unless it runs, starts or was closed."""
         with self._lock:

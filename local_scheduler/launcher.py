@@ -244,12 +244,20 @@ class ProcessLauncher(Launcher):
         if self.learner is not None:  # what its cells import, for the host to preload
             env[import_report.ENV_IMPORT_REPORT] = str(self.learner.report_path)
         self.last_launch = time.monotonic()
+        # The fork server imports a learned package (seconds, for torch): a fork or a promotion
+        # of its waiting child would wait behind it, and this launch holds the host's service
+        # lock, which its heartbeats need. A new interpreter starts instead.
+        server_busy = self.fork_server is not None and self.fork_server.importing
+        if server_busy and isinstance(prewarmed, ForkedPrewarmed):
+            log.info("the fork server is importing: %s starts as a new interpreter", spec.owner)
+            prewarmed.discard()
+            prewarmed = None
         process: ReplicaProcess | None = None
         if prewarmed is not None:
             process = prewarmed.promote(argv, env, log_path)
         else:
             process = (self.fork_server.fork_or_none(argv, env, log_path)
-                       if self.fork_server is not None else None)
+                       if self.fork_server is not None and not server_busy else None)
         if process is None:
             with open(log_path, "ab") as log_file:
                 process = spawn.popen(

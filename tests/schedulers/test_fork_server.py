@@ -258,3 +258,35 @@ def test_an_exit_reported_while_a_fork_waits_for_the_callbacks_lock_does_not_sta
         _wait_for("the exits were not reported", lambda: len(exits) == 2)
     finally:
         launcher.close()
+
+
+def test_a_launch_while_the_fork_server_imports_a_learned_package_does_not_wait_for_it(
+        tmp_path: Path, probe_module: str) -> None:
+    """The server imports learned packages on its one thread (torch: seconds). A launch then
+    (a woken notebook's replica) holds the host's service lock, which its heartbeats need: it
+    starts a new interpreter instead of waiting (found by benchmarks/hibernate.py: two hosts
+    missed their heartbeats behind a torch import and were dropped)."""
+    import threading
+
+    launcher = ProcessLauncher(tmp_path / "work", lambda r, code: None, module=probe_module,
+                               fork_server=True)
+    server = launcher.fork_server
+    assert server is not None
+    spec = ReplicaSpec("k1", 1, "127.0.0.1:0", (), "file:///nowhere", "key", "hmac-sha256",
+                       env={"PROBE_EXIT": "0"})
+    try:
+        _wait_for("the fork server did not start", lambda: server.alive)
+        importer = threading.Thread(target=server.import_modules, args=(["torch"],))
+        importer.start()
+        _wait_for("the import was not ordered", lambda: server.importing, timeout=10)
+        started = time.monotonic()
+        replica = launcher.launch(spec)
+        took = time.monotonic() - started
+        still_importing = server.importing
+        importer.join(120)
+        assert took < 1.0, f"the launch waited {took:.1f} s behind the import"
+        if still_importing:  # (torch imported in under the launch's time: nothing to tell)
+            assert not replica.forked
+        assert replica.log_path is not None and _output(replica.log_path)
+    finally:
+        launcher.close()
