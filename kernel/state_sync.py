@@ -210,6 +210,10 @@ class StateSync:
             parsed = SyncUpdate.from_bytes(update)
         except ValueError as exc:
             return {"<update>": str(exc)}
+        if parsed.modules and self._import_report is not None:
+            # told before the apply, which may import torch for seconds first: a notebook that
+            # hibernates meanwhile stops this replica before it would have told
+            self._import_report.add(parsed.modules)
         try:
             self._applier.apply(namespace, parsed)
         except SyncApplyError as exc:
@@ -450,6 +454,8 @@ class StateSync:
                           "restart to incarnation %d: not restored", checkpoint.execution_count,
                           checkpoint.epoch, self.epoch)
             return 0, []
+        if checkpoint.modules and self._import_report is not None:  # before the imports
+            self._import_report.add(checkpoint.modules)
         failed = restore_namespace(self.store, checkpoint, namespace, state=self._state,
                                    split=self.last_restore, started=started)
         self._learn_modules(checkpoint.modules)

@@ -167,3 +167,11 @@ def test_a_package_one_notebook_imported_is_preloaded_for_the_next(make_cluster)
         _, kc = cluster.start_kernel(gpus=0)
         seen = run_seen(kc, f"import sys\nprint({STAND_IN!r} in sys.modules)")
         assert stream_text(seen, "stdout") == "True\n", seen["reply"]["content"]
+
+    # a standby tells what it received before it applies it (an apply that imports torch first
+    # takes seconds, and a notebook that hibernates meanwhile stops it before it would tell)
+    held = run_seen(first, "import torch\nmodel = torch.nn.Linear(2, 2)")
+    assert held["reply"]["content"]["status"] == "ok", held["reply"]["content"]
+    reports = [state / f"host-{i}" / REPORT_FILE for i in range(3)]
+    cluster.wait(lambda: all("torch" in r.read_text().split() for r in reports if r.exists())
+                 and all(r.exists() for r in reports), 1.5, "every host told of torch at once")
