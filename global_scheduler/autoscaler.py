@@ -20,6 +20,7 @@ from notebookos.global_scheduler.providers import HostProvider
 from notebookos.global_scheduler.service import GlobalSchedulerService
 from notebookos.policies import ScalingView
 from notebookos.policies.forecast_scaling import ForecastScaling
+from notebookos.policies.scale_in import DEFAULT_LIMIT, effective_mode, releasable_hosts
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +75,15 @@ class Autoscaler:
                 del self._provisioning[host_id]
             cluster = svc.cluster
             svc.policy.observe(cluster)
-            replicas_on: dict[str, int] = {h: 0 for h in cluster.hosts}
-            for kernel in cluster.kernels.values():
-                for r in kernel.live_replicas():
-                    replicas_on[r.host_id] = replicas_on.get(r.host_id, 0) + 1
-            # The policy's scale_in: `empty` releases only hosts that hold no replica; `idle`
-            # (and `drain`) hosts with no GPU bound, whose replicas move first (release()).
-            only_empty = getattr(svc.policy, "scale_in", "idle") == "empty"
-            releasable = sorted(
-                (h for h, host in cluster.hosts.items()
-                 if host.committed.gpus == 0 and host.pending.gpus == 0
-                 and not svc.hosts[h].draining
-                 and not (only_empty and replicas_on.get(h, 0) > 0)
-                 and self.provider.can_release(h)),
-                key=lambda h: (replicas_on.get(h, 0), -list(cluster.hosts).index(h)))
+            # Which hosts may go, and in which order: the decision the simulator takes too
+            # (policies/scale_in.py): under the policy's scale_in, hosts holding nothing
+            # (`empty`) or with no GPU bound (`idle`, `drain`: their replicas move first,
+            # release()); fewest replicas first, the newest host first. Kept: hosts draining
+            # already and those the provider cannot release.
+            releasable = releasable_hosts(
+                cluster, effective_mode(svc.policy),
+                keep=self._keeps,
+                limit=getattr(svc.policy, "candidate_limit", DEFAULT_LIMIT))
             active = [h for h, link in svc.hosts.items() if not link.draining]
             gpus = sum(cluster.hosts[h].capacity.gpus for h in active)
             per_host = round(gpus / len(active)) if active and gpus else self.gpus_per_host
@@ -118,6 +114,12 @@ class Autoscaler:
                     svc.metrics.scale_events.labels(direction="out").inc()
         for host_id in decision.release_host_ids:
             self.release(host_id)
+
+    def _keeps(self, host_id: str) -> bool:
+        """Scale-in vetoes (under the service's lock): a host not registered (any more), one
+        draining already, one the provider cannot release."""
+        link = self.service.hosts.get(host_id)
+        return link is None or link.draining or not self.provider.can_release(host_id)
 
     @staticmethod
     def _load_history(path: Path) -> list[float]:

@@ -14,7 +14,9 @@ holder is identified by an *owner* string (for example ``"<kernel id>/<replica i
 holds at most one subscription, one reservation and one commitment per host.
 
 ``Cluster`` keeps hosts in an index by idle GPU count, so a policy can ask for the hosts with the
-most idle GPUs without scanning every host (the simulator runs 10,000 hosts).
+most idle GPUs without scanning every host (the simulator runs 10,000 hosts); and, for the
+scale-in (``policies/scale_in.py``), the hosts with no GPU bound and the hosts holding nothing,
+each in the order they became so, and each host's registration number (newest = highest).
 """
 
 from __future__ import annotations
@@ -349,6 +351,13 @@ class Cluster:
         self.subscribed_gpus = 0
         self.committed_gpus = 0
         self._counted: dict[str, tuple[int, int]] = {}  # host -> (subscribed, committed) GPUs
+        # The scale-in's indexes, kept in O(1) per host change: hosts with no GPU committed or
+        # pending, and hosts holding nothing (``Host.is_empty``), each in the order they became
+        # so; and each host's registration number.
+        self._unbound: dict[str, Host] = {}
+        self._empty: dict[str, Host] = {}
+        self._registration: dict[str, int] = {}
+        self._registrations = 0
 
     # -- hosts ------------------------------------------------------------------------------
 
@@ -356,6 +365,8 @@ class Cluster:
         if host.host_id in self.hosts:
             raise ValueError(f"host {host.host_id} is already registered")
         self.hosts[host.host_id] = host
+        self._registration[host.host_id] = self._registrations
+        self._registrations += 1
         self.total_gpus += host.capacity.gpus
         self._recount(host)
         host._on_change = self._host_changed
@@ -369,6 +380,9 @@ class Cluster:
                 f"host {host_id} still holds resources for {sorted(host.owners)}; move them first"
             )
         del self.hosts[host_id]
+        del self._registration[host_id]
+        self._unbound.pop(host_id, None)
+        self._empty.pop(host_id, None)
         bucket = self._host_bucket.pop(host_id)
         del self._by_idle[bucket][host_id]
         if not self._by_idle[bucket]:
@@ -404,6 +418,21 @@ class Cluster:
                 if limit is not None and given >= limit:
                     return
 
+    def registration(self, host_id: str) -> int:
+        """The host's registration number: hosts registered later have higher ones (a host that
+        registers again counts as new)."""
+        return self._registration[host_id]
+
+    def unbound_hosts(self) -> Iterator[Host]:
+        """Hosts with no GPU committed or pending, those unbound the longest first. Lazy: costs
+        the hosts taken, not the cluster's size (do not change accounting while iterating)."""
+        return iter(self._unbound.values())
+
+    def empty_hosts(self) -> Iterator[Host]:
+        """Hosts holding nothing (no subscription, reservation or commitment), those empty the
+        longest first. Lazy, as ``unbound_hosts``."""
+        return iter(self._empty.values())
+
     def subscription_ratio(self) -> float:
         """Cluster-wide SR = subscribed GPUs / (all GPUs x R)."""
         if self.total_gpus == 0:
@@ -414,6 +443,20 @@ class Cluster:
         bucket = host.idle_gpus
         self._by_idle.setdefault(bucket, {})[host.host_id] = host
         self._host_bucket[host.host_id] = bucket
+        self._index_scale_in(host)
+
+    def _index_scale_in(self, host: Host) -> None:
+        host_id = host.host_id
+        if host.committed.gpus == 0 and host.pending.gpus == 0:
+            if host_id not in self._unbound:
+                self._unbound[host_id] = host
+        else:
+            self._unbound.pop(host_id, None)
+        if host.is_empty:
+            if host_id not in self._empty:
+                self._empty[host_id] = host
+        else:
+            self._empty.pop(host_id, None)
 
     def _host_changed(self, host: Host, idle: int) -> None:
         old = self._host_bucket[host.host_id]
@@ -422,6 +465,8 @@ class Cluster:
             if not self._by_idle[old]:
                 del self._by_idle[old]
             self._index(host)
+        else:
+            self._index_scale_in(host)
         self._recount(host)
 
     def _recount(self, host: Host) -> None:

@@ -290,8 +290,11 @@ class GlobalSchedulerSettings:
     scale_in: str = setting(
         policy_defaults.SCALE_IN,
         "notebookos: which hosts the autoscaler may release: `empty` (holding no replica), "
-        "`idle` (no GPU bound: their standby replicas move to other hosts first) or `drain` (as idle here; the simulator adds the prototype's hysteresis). The simulator's "
-        "default is the same (docs/evaluation.md measures the three).",
+        "`idle` (no GPU bound: their standby replicas move to other hosts first) or `drain` (as "
+        "idle, fewest last executors first; the simulator adds the prototype's hysteresis). "
+        "Fewest replicas first, then the newest host; the same decision as the simulator's "
+        "(notebookos/policies/scale_in.py), whose default is the same (docs/evaluation.md "
+        "measures the three). A policy that cannot migrate releases empty hosts only.",
         lambda v: None if v in ("empty", "idle", "drain") else "empty, idle or drain")
 
 

@@ -24,6 +24,7 @@ from notebookos.policies.cell_order import ArrivalOrder, WaitingCell, cell_order
 from notebookos.policies.container_cycle import run_container_cycle
 from notebookos.policies.cycle import Action, Snapshot, Status
 from notebookos.policies.profile import Profile
+from notebookos.policies.scale_in import DEFAULT_LIMIT, effective_mode, releasable_hosts
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.hibernation import Hibernation
 from notebookos.simulator.hosts import HostFactory
@@ -110,7 +111,7 @@ class SessionSimulator:
         self.running_gpus = 0
         self.waiting_hosts = 0
         self.reserved: dict[str, None] = {}  # new hosts held for kernels that wait for hosts
-        self.scale_in = getattr(policy, "scale_in", "idle")
+        self.scale_in = effective_mode(policy)  # a policy that cannot migrate: empty hosts only
         self.sr_limit = getattr(policy, "sr_limit_for", None)
         span = workload.span_s
         self.sample_every = max(1.0, span / config.timeline_points)
@@ -187,22 +188,28 @@ class SessionSimulator:
             waiting_hosts=self.waiting_hosts)
         decision = self.policy.scaling(view)
         surplus = view.hosts - max(floor, self.policy.target_hosts(view))
-        migrating = self.policy.supports_migration
-        idle_mode = migrating and self.scale_in == "idle"
-        drain = migrating and self.scale_in == "drain" and now >= self.next_drain
-        if decision.add_hosts == 0 and surplus > 0 and (self.maybe_empty or drain or idle_mode):
-            # Only now look for empty hosts (a bounded walk of the idle-GPU index), and only if
-            # something left a host since the last look found none. scale_in=idle (the paper):
-            # idle hosts (no GPU bound) are released after their standby replicas move;
-            # scale_in=drain (the prototype): that only above a hysteresis, at most once every
-            # 10 scaling intervals; scale_in=empty: only hosts that hold nothing.
+        mode = self.scale_in
+        drain = mode == "drain" and now >= self.next_drain \
+            and surplus > self.config.drain_hysteresis_hosts
+        if decision.add_hosts == 0 and surplus > 0 and (self.maybe_empty or mode == "idle"
+                                                        or drain):
+            # Which hosts go, in which order, is the live autoscaler's decision
+            # (policies/scale_in.py): scale_in=empty, hosts holding nothing; scale_in=idle (the
+            # paper), hosts with no GPU bound, whose standby replicas move first; scale_in=drain
+            # (the prototype), that only above a hysteresis, at most once every 10 scaling
+            # intervals (when to look is the simulator's; below it, empty hosts only). Looked
+            # for only now (a bounded walk of the cluster's indexes), and for empty hosts only if
+            # something left a host since the last look found none. Hosts held for waiting
+            # kernels are kept.
             count = min(surplus, self.policy.max_release_per_tick)
-            releasable = self._empty_hosts(count)
-            if not releasable and idle_mode:
-                releasable = self._drain_hosts(count, order="replicas")
-            elif not releasable and drain and surplus > self.config.drain_hysteresis_hosts:
+            if mode == "drain" and not drain:
+                mode = "empty"
+            candidates = releasable_hosts(
+                self.cluster, mode, keep=self.reserved.__contains__,
+                limit=getattr(self.policy, "candidate_limit", DEFAULT_LIMIT))[:count]
+            if mode == "drain" and any(not self.cluster.hosts[h].is_empty for h in candidates):
                 self.next_drain = now + 10 * self.config.scaling_interval_s
-                releasable = self._drain_hosts(count)
+            releasable = self._drain_hosts(candidates)
             self.maybe_empty = bool(releasable)
             if releasable:
                 decision = self.policy.scaling(
@@ -232,37 +239,14 @@ class SessionSimulator:
             changed = True
         return changed
 
-    def _drain_hosts(self, count: int, order: str = "executors") -> list[str]:
-        """Move the standby replicas off up to ``count`` idle hosts (no GPU bound or pending);
-        returns the hosts left empty. ``order="executors"`` (the prototype): fewest last
-        executors, then fewest subscriptions first; ``"replicas"`` (the live Global Scheduler's
-        autoscaler): fewest replicas first."""
-        gph = self.config.gpus_per_host
-        def executors(host) -> int:  # noqa: ANN001 - replicas here that ran their kernel's last cell
-            count = 0
-            for owner in host.owners:
-                kernel_id, _, rid = owner.rpartition("/")
-                kernel = self.cluster.kernels.get(kernel_id)
-                count += kernel is not None and str(kernel.executor) == rid
-            return count
-
-        # Fewest last executors first (moving one costs the next cell its warm replica), then
-        # fewest subscriptions.
-        if order == "replicas":
-            candidates = sorted(placement.most_idle_first(self.cluster, min_idle=gph, limit=64),
-                                key=lambda h: (len(h.owners), h.host_id))
-        else:
-            candidates = sorted(
-                placement.most_idle_first(self.cluster, min_idle=gph, limit=64),
-                key=lambda h: (executors(h), h.subscribed.gpus, h.host_id))
+    def _drain_hosts(self, candidates: list[str]) -> list[str]:
+        """Move the replicas off the ``candidates`` (``releasable_hosts``' first ones, in its
+        order) that hold some; returns the hosts left empty, in that order."""
         emptied: list[str] = []
         draining: set[str] = set()
-        for host in candidates:
-            if len(emptied) == count:
-                break
-            if host.host_id in self.reserved:
-                continue
-            draining.add(host.host_id)
+        for host_id in candidates:
+            host = self.cluster.hosts[host_id]
+            draining.add(host_id)
             for owner in sorted(host.owners):
                 kernel_id, _, rid_text = owner.rpartition("/")
                 kernel = self.cluster.kernels.get(kernel_id)
@@ -285,18 +269,8 @@ class SessionSimulator:
                 self.record.migrations += 1
                 self.record.scale_in_migrations += 1
             if host.is_empty:
-                emptied.append(host.host_id)
+                emptied.append(host_id)
         return emptied
-
-    def _empty_hosts(self, count: int) -> list[str]:
-        found = []
-        gph = self.config.gpus_per_host
-        for host in placement.most_idle_first(self.cluster, min_idle=gph, limit=64):
-            if host.subscribed.is_zero and host.is_empty and host.host_id not in self.reserved:
-                found.append(host.host_id)
-                if len(found) == count:
-                    break
-        return found
 
     # -- waiting -----------------------------------------------------------------------------------
 
