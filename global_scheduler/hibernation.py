@@ -65,6 +65,8 @@ class HibernationMixin:
                 or len(entry.replicas) < self.replicas_per_kernel \
                 or self.migration_running(kernel_id)
             if left > 0 or busy:
+                if busy and left <= -2 * self.hibernate_after_s:
+                    self._say_why_awake(entry)
                 self._arm_hibernation(entry, left if left > 0 else self.hibernate_after_s)
                 return
             entry.state = "hibernating"
@@ -74,6 +76,27 @@ class HibernationMixin:
             holder = holder or next(iter(entry.replicas.values()))
             self._save_kernel(entry)
         self._hibernate(entry, holder)
+
+    def _say_why_awake(self, entry: KernelEntry) -> None:
+        """A kernel idle for three hibernation times that still counts as busy: log why, once
+        per reason (a cell's bookkeeping left behind keeps it awake for good). Lock held."""
+        why = []
+        if entry.executions:
+            why.append(f"cells running {sorted(entry.executions)}")
+        if entry.cell_arrived:
+            why.append(f"cells waiting to start {sorted(entry.cell_arrived)}")
+        if entry.state != "idle":
+            why.append(f"state {entry.state}")
+        if len(entry.replicas) < self.replicas_per_kernel:
+            why.append(f"{len(entry.replicas)} replicas")
+        if self.migration_running(entry.kernel_id):
+            why.append("a change of its replicas in progress")
+        said = "; ".join(why)
+        if said != entry.awake_because:
+            entry.awake_because = said
+            log.info("kernel %s: no cell arrived or ended for %.0f s, not hibernated: %s",
+                     entry.kernel_id,
+                     time.monotonic() - entry.last_active, said)
 
     # -- going to sleep -------------------------------------------------------------------------
 

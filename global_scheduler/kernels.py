@@ -64,6 +64,7 @@ class KernelEntry:
     # What the status shows of the last cell: the GPUs each replica had bound for the last cell
     # it executed, and the interactivity delay (request at the front -> execute_input).
     cell_arrived: dict[str, float] = field(default_factory=dict)  # msg -> monotonic arrival
+    awake_because: str = ""  # why an idle kernel was last found busy (hibernation._say_why_awake)
     last_cell_gpus: dict[int, list[int]] = field(default_factory=dict)
     last_interactivity_ms: dict[int, float] = field(default_factory=dict)
     kernel_interactivity_ms: float = 0.0  # the last cell's, whichever replica ran it
