@@ -40,6 +40,7 @@ from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernel_modes import kernel_mode_for
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.lifecycle import KernelLifecycleMixin
+from notebookos.global_scheduler.lock_holds import service_lock
 from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
@@ -114,7 +115,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.cluster = Cluster(self.replicas_per_kernel)
         self.hosts: dict[str, HostLink] = {}
         self.kernels: dict[str, KernelEntry] = {}
-        self.lock = threading.RLock()
+        self.lock = service_lock()  # an RLock (timed per site under lock_holds.ENV)
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
         # A replica's kernel_info reply content: what a front answers while its replicas start.
