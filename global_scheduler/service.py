@@ -116,6 +116,8 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.hosts: dict[str, HostLink] = {}
         self.kernels: dict[str, KernelEntry] = {}
         self.lock = service_lock()  # an RLock (timed per site under lock_holds.ENV)
+        # effects decided under the lock, run once it is released (host_registry._defer)
+        self._deferred: list[Callable[[], None]] = []
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
         # A replica's kernel_info reply content: what a front answers while its replicas start.
@@ -193,6 +195,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
                     self._restore_kernel(kernel_id, doc)
                 except Exception as exc:  # noqa: BLE001 - one bad record must not stop the rest
                     log.exception("registry: could not restore kernel %s: %s", kernel_id, exc)
+        self._run_deferred()  # the hosts' watches
         log.info("registry restored: %d host(s), %d kernel(s)", len(self.hosts),
                  len(self.kernels))
         self.spare_fronts.prepare()
