@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -31,6 +32,26 @@ NODE_FAST_REPROBE_FOR_S = 3.0
 
 
 class HostRegistryMixin:
+    # -- effects decided under the lock, done once it is released ----------------------------
+
+    def _defer(self, effect: Callable[[], None]) -> None:
+        """Lock held: run ``effect`` (a host link's channel closed, its watch call started)
+        once the caller released the lock (``_run_deferred``). Such an effect waits for gRPC's
+        threads: under the lock it held up every thread that takes it, the fronts' loop too
+        (issue 32). Each effect tolerates what happened meanwhile (a watch started on a link
+        closed since starts nothing; a close of a closed link does nothing)."""
+        self._deferred.append(effect)
+
+    def _run_deferred(self) -> None:
+        """Lock not held: run the effects deferred so far (by any thread), in order."""
+        with self.lock:
+            effects, self._deferred = self._deferred, []
+        for effect in effects:
+            try:
+                effect()
+            except Exception:  # noqa: BLE001 - one link's failure must not skip the others
+                log.exception("a host link's deferred effect failed")
+
     def _save_host(self, host_id: str) -> None:
         link, host = self.hosts[host_id], self.cluster.hosts[host_id]
         self.store.put_host(host_id, link.to_doc(host.capacity.to_dict()))
@@ -44,7 +65,9 @@ class HostRegistryMixin:
         self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual,
                                        prewarm_pool_target=self._pool_target(prewarm),
                                        connect=self.connect, on_reset=self._host_link_reset)
-        self.hosts[host_id].watch()  # its daemon's death shows at once (unreachable_since)
+        # its daemon's death shows at once (unreachable_since); the call starts once the lock
+        # is released: starting it starts a channel's thread and waits for it (up to 44 ms)
+        self._defer(self.hosts[host_id].watch)
         self._capacity_added()  # cells waiting for GPUs or a host try it now
 
     def _pool_target(self, offered: int) -> int:
@@ -86,6 +109,21 @@ class HostRegistryMixin:
                           f"host {request.host_id} is registered from {old[0]} (instance "
                           f"{old[1][:8]}), which still answers; two Local Schedulers claim one "
                           "host id")
+        try:
+            link = self._register_host(request, context, capacity, gpus, stale)
+        finally:
+            self._run_deferred()  # the links' channels closed and watches started, if any
+        if self.on_hosts_changed is not None:
+            self.on_hosts_changed()
+        return global_scheduler_pb2.RegisterHostResponse(
+            scheduler_instance_id=self.instance_id,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            prewarm_pool_target=link.prewarm_pool_target, stale_replicas=stale)
+
+    def _register_host(self, request, context, capacity: ResourceSpec,  # noqa: ANN001
+                       gpus: list[dict], stale: list) -> HostLink:
+        """RegisterHost's change of the registry, under the lock: returns the host's link;
+        the caller runs what it deferred (``_run_deferred``)."""
         with self.lock:
             link = self.hosts.get(request.host_id)
             if link is not None:
@@ -102,7 +140,7 @@ class HostRegistryMixin:
                                  request.address, link.address)
                         self.cluster.hosts[request.host_id].address = request.address
                     # a fresh channel and watch: the old one may be backing off its reconnects
-                    link.readdress(request.address)
+                    self._defer(link.readdress(request.address))
                     self._lose_unreported(request.host_id, request.replicas)
             if link is None:
                 try:
@@ -123,12 +161,7 @@ class HostRegistryMixin:
                     stale.append(global_scheduler_pb2.ReplicaRef(kernel_id=r.kernel_id,
                                                                 replica_id=r.replica_id))
             self._save_host(request.host_id)
-        if self.on_hosts_changed is not None:
-            self.on_hosts_changed()
-        return global_scheduler_pb2.RegisterHostResponse(
-            scheduler_instance_id=self.instance_id,
-            heartbeat_interval_s=self.heartbeat_interval_s,
-            prewarm_pool_target=link.prewarm_pool_target, stale_replicas=stale)
+        return link
 
     def _instance_answers(self, host_id: str, address: str, instance_id: str) -> bool:
         """Whether the Local Scheduler instance registered for ``host_id`` still answers at its
@@ -213,12 +246,14 @@ class HostRegistryMixin:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"host {request.host_id!r} is not "
                               "registered")
             lost = self._drop_host(request.host_id, request.reason or "deregistered")
+        self._run_deferred()
         if self.on_hosts_changed is not None:
             self.on_hosts_changed()
         return global_scheduler_pb2.DeregisterHostResponse(replicas_lost=lost)
 
     def _drop_host(self, host_id: str, reason: str) -> int:
-        """Forget a host; its replicas are lost and replaced elsewhere. Caller holds the lock."""
+        """Forget a host; its replicas are lost and replaced elsewhere. Caller holds the lock,
+        and runs ``_run_deferred`` once it released it (the link's close)."""
         lost = 0
         for entry in list(self.kernels.values()):
             for rid, rl in list(entry.replicas.items()):
@@ -233,7 +268,8 @@ class HostRegistryMixin:
             self.cluster.remove_host(host_id)
         link = self.hosts.pop(host_id, None)
         if link is not None:
-            link.close()
+            # closed once the lock is released: closing a channel waits for gRPC's thread
+            self._defer(link.close)
         self.store.delete_host(host_id)
         log.warning("host %s removed (%s); %d replica(s) lost", host_id, reason, lost)
         return lost
@@ -257,6 +293,7 @@ class HostRegistryMixin:
             reprobe = [h for h, link in self.hosts.items()
                        if link.unreachable_since and not link.silent_since
                        and now - self._node_probes.get(h, 0.0) >= NODE_REPROBE_S]
+        self._run_deferred()
         if silent and self.on_hosts_changed is not None:
             self.on_hosts_changed()
         for host_id in reprobe:
@@ -335,6 +372,7 @@ class HostRegistryMixin:
             self._drop_host(host_id, f"its Local Scheduler's connection was reset and none of "
                             f"its {len(replicas)} replica(s) accepts a connection ({how}): the "
                             "node is gone")
+        self._run_deferred()
         if self.on_hosts_changed is not None:
             self.on_hosts_changed()
 

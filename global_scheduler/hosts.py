@@ -128,16 +128,25 @@ class HostLink:
         self.unreachable_since = 0.0
         self.silent_since = 0.0
 
-    def readdress(self, address: str) -> None:
+    def readdress(self, address: str) -> Callable[[], None]:
         """The host's Local Scheduler restarted (at a new address, or the same): calls go there
-        from now on, on a fresh channel with a fresh watch."""
+        from now on, on a fresh channel with a fresh watch. Returns the slow part, to be run
+        without the Global Scheduler's lock: the old channel closed (which waits for gRPC's
+        thread) and the new watch started (which starts the channel's thread)."""
         with self._lock:
             self.address = address
             channel, self._channel, self._stub = self._channel, None, None
-        self._stop_watch()
-        if channel is not None:
-            channel.close()
-        self.watch()
+            call, self._watch_call = self._watch_call, None
+        self.unreachable_since = 0.0
+        self.silent_since = 0.0
+
+        def finish() -> None:
+            if call is not None:
+                call.cancel()
+            if channel is not None:
+                channel.close()
+            self.watch()
+        return finish
 
     @property
     def stub(self) -> ls_grpc.LocalSchedulerStub:

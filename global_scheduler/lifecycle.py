@@ -14,6 +14,7 @@ import grpc
 from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.limits import (
     FDS_PER_OPEN_KERNEL,
@@ -101,8 +102,12 @@ class KernelLifecycleMixin:
                                  lambda: self.mode.start_containers(kernel_id))
             if self.binding.binds_at_placement:
                 self._bind_for_session(entry, spec)
+            # bound out of the lock (its sockets, when no spare is ready: ms); it touches no
+            # state the lock guards until it is the entry's and started, under the lock
+            front = self._new_front(entry)
+            FrontLoop.shared()  # the first front's start starts the loop's thread: not here
             with self.lock:
-                entry.front = self._new_front(entry)
+                entry.front = front
                 entry.front.set_replicas(entry.endpoints())
                 entry.front.start()
                 entry.state = "idle"
@@ -148,8 +153,10 @@ class KernelLifecycleMixin:
         kernel_id = entry.kernel_id
         try:
             plan = self._plan_replicas(kernel_id, self.replicas_per_kernel, join=False)
+            front = self._new_front(entry, starting=True)  # bound out of the lock, as above
+            FrontLoop.shared()
             with self.lock:
-                entry.front = self._new_front(entry, starting=True)
+                entry.front = front
                 entry.front.start()
                 self._save_kernel(entry)
         except StartError:

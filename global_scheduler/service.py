@@ -40,6 +40,7 @@ from notebookos.global_scheduler.hosts import HostLink
 from notebookos.global_scheduler.kernel_modes import kernel_mode_for
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.lifecycle import KernelLifecycleMixin
+from notebookos.global_scheduler.lock_holds import service_lock
 from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
@@ -114,7 +115,9 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.cluster = Cluster(self.replicas_per_kernel)
         self.hosts: dict[str, HostLink] = {}
         self.kernels: dict[str, KernelEntry] = {}
-        self.lock = threading.RLock()
+        self.lock = service_lock()  # an RLock (timed per site under lock_holds.ENV)
+        # effects decided under the lock, run once it is released (host_registry._defer)
+        self._deferred: list[Callable[[], None]] = []
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
         # A replica's kernel_info reply content: what a front answers while its replicas start.
@@ -192,6 +195,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
                     self._restore_kernel(kernel_id, doc)
                 except Exception as exc:  # noqa: BLE001 - one bad record must not stop the rest
                     log.exception("registry: could not restore kernel %s: %s", kernel_id, exc)
+        self._run_deferred()  # the hosts' watches
         log.info("registry restored: %d host(s), %d kernel(s)", len(self.hosts),
                  len(self.kernels))
         self.spare_fronts.prepare()
