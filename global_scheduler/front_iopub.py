@@ -23,6 +23,7 @@ from collections import OrderedDict
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
 from notebookos.global_scheduler.front_requests import _Pending
+from notebookos.zmq_frames import send_frames
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class IOPubMerger:
     def _publish(self, frames: list[bytes]) -> None:
         """Send on the client IOPub, or hold while no client subscribes."""
         if self._iopub_topics and not self.iopub_held and not self._iopub_settling():
-            self._sockets["iopub"].send_multipart(frames)
+            send_frames(self._sockets["iopub"], frames)
             return
         dropped = self.iopub_held.append(frames)
         if dropped:
@@ -95,7 +96,7 @@ class IOPubMerger:
         if self._iopub_settling():
             return  # the loop flushes once the subscriptions have settled
         while self.iopub_held and self._iopub_topics:
-            self._sockets["iopub"].send_multipart(self.iopub_held.popleft()[0])
+            send_frames(self._sockets["iopub"], self.iopub_held.popleft()[0])
 
     def _send_status(self, state: str, parent: dict) -> None:
         """A status message of the front's own (``busy``/``idle``) for the client's ``parent``."""

@@ -23,6 +23,7 @@ import zmq
 
 from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.front_replicas import _ReplicaSockets
+from notebookos.zmq_frames import NOBLOCK, recv_frames
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class SocketPump:
                 continue
             name, rid = role
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(sock, NOBLOCK)
             except zmq.Again:
                 continue
             except zmq.ZMQError as exc:  # closed under us
