@@ -106,7 +106,7 @@ class ReplyMerger:
         metadata["notebookos"] = {**(metadata.get("notebookos") or {}), **extra}
         msg["metadata"] = metadata
         frames = [msg_list[1], msg_list[2], self.session.pack(metadata), msg_list[4]]
-        return [self.session.sign(frames), *frames, *msg_list[5:]]
+        return [self._sign(frames), *frames, *msg_list[5:]]
 
     def _orphan_reply(self, channel: str, rid: int, msg: dict, msg_list: list[bytes]) -> None:
         """A reply to a request this front did not route (sent before a Global Scheduler
