@@ -67,6 +67,7 @@ from notebookos.global_scheduler.front_replies import (  # noqa: F401 - re-expor
 from notebookos.global_scheduler.front_requests import MAX_RESUBMISSIONS, _Pending  # noqa: F401
 from notebookos.global_scheduler.front_sockets import FrontSockets
 from notebookos.unrouted import UnroutedReplies
+from notebookos.zmq_frames import send_frames
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class KernelFront(StartGate, ExecuteRouter, ReplyMerger, IOPubMerger, ReplicaLin
         handler(channel, rid, frames)
 
     def _echo_heartbeat(self, channel: str, rid: int | None, frames: list[bytes]) -> None:
-        self._sockets["hb"].send_multipart(frames)
+        send_frames(self._sockets["hb"], frames)
 
     def _client_subscription(self, channel: str, rid: int | None, frames: list[bytes]) -> None:
         self._iopub_subscription(frames)
@@ -289,7 +290,7 @@ class KernelFront(StartGate, ExecuteRouter, ReplyMerger, IOPubMerger, ReplicaLin
         self._pending[msg_id] = _Pending(channel, idents, msg_type, source, asked=set(targets),
                                          client_msg=msg, frames=list(msg_list))
         for rid in targets:
-            self._replica_socket(rid, channel).send_multipart([b"<IDS|MSG>", *msg_list])
+            send_frames(self._replica_socket(rid, channel), [b"<IDS|MSG>", *msg_list])
 
     # -- stdin ------------------------------------------------------------------------------
 
@@ -302,7 +303,7 @@ class KernelFront(StartGate, ExecuteRouter, ReplyMerger, IOPubMerger, ReplicaLin
         pending = self._pending.get(msg["parent_header"].get("msg_id", ""))
         if pending is not None and rid is not None and rid == pending.source:
             self._remember(self._input_source, msg["header"]["msg_id"], rid)
-            self._sockets["stdin"].send_multipart([*pending.idents, b"<IDS|MSG>", *msg_list])
+            send_frames(self._sockets["stdin"], [*pending.idents, b"<IDS|MSG>", *msg_list])
 
     def _input_reply(self, msg: dict, msg_list: list[bytes]) -> None:
         """The client's answer: to the replica that asked. jupyter_client's ``input()`` (the
@@ -313,4 +314,4 @@ class KernelFront(StartGate, ExecuteRouter, ReplyMerger, IOPubMerger, ReplicaLin
         if rid is None and not parent_id and self._input_source:
             rid = next(reversed(self._input_source.values()))
         if rid is not None and rid in self._replicas:
-            self._replica_socket(rid, "stdin").send_multipart([b"<IDS|MSG>", *msg_list])
+            send_frames(self._replica_socket(rid, "stdin"), [b"<IDS|MSG>", *msg_list])

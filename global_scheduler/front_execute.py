@@ -19,6 +19,7 @@ Mixed into ``KernelFront``; what the replicas answer is the reply merger's (fron
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
@@ -174,7 +175,9 @@ class ExecuteRouter:
         place_async = getattr(self.hooks, "place_execute_async", None)
         if self._started and place_async is not None:
             assert self._loop is not None
-            future = self._loop.spawn(place_async(self.kernel_id, msg_id, metadata))
+            # on the loop (the front's own routing), a task; else through the thread-safe hop
+            future: Any = (self._loop.task if self._loop.on_loop() else self._loop.spawn)(
+                place_async(self.kernel_id, msg_id, metadata))
             future.add_done_callback(
                 lambda done: self._run_on_loop(lambda: deliver(self._outcome(msg_id, done))))
             return
@@ -194,7 +197,7 @@ class ExecuteRouter:
         else:
             self._placer.submit(place)
 
-    def _outcome(self, msg_id: str, done: concurrent.futures.Future) -> Any:
+    def _outcome(self, msg_id: str, done: concurrent.futures.Future | asyncio.Task) -> Any:
         """What a finished placement task gives the front: its result, or a PlacementFailed
         that says why."""
         if done.cancelled():

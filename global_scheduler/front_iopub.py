@@ -23,6 +23,7 @@ from collections import OrderedDict
 
 from notebookos.backlog import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES, Backlog
 from notebookos.global_scheduler.front_requests import _Pending
+from notebookos.zmq_frames import send_frames
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class IOPubMerger:
     def _publish(self, frames: list[bytes]) -> None:
         """Send on the client IOPub, or hold while no client subscribes."""
         if self._iopub_topics and not self.iopub_held and not self._iopub_settling():
-            self._sockets["iopub"].send_multipart(frames)
+            send_frames(self._sockets["iopub"], frames)
             return
         dropped = self.iopub_held.append(frames)
         if dropped:
@@ -95,7 +96,7 @@ class IOPubMerger:
         if self._iopub_settling():
             return  # the loop flushes once the subscriptions have settled
         while self.iopub_held and self._iopub_topics:
-            self._sockets["iopub"].send_multipart(self.iopub_held.popleft()[0])
+            send_frames(self._sockets["iopub"], self.iopub_held.popleft()[0])
 
     def _send_status(self, state: str, parent: dict) -> None:
         """A status message of the front's own (``busy``/``idle``) for the client's ``parent``."""
@@ -122,7 +123,7 @@ class IOPubMerger:
         idents, msg_list = self.session.feed_identities(frames, copy=True)
         if len(msg_list) < 5:
             raise ValueError(f"IOPub message with {len(msg_list)} frames")
-        parent = self.session.unpack(msg_list[2])
+        parent = self._unpack(msg_list[2])
         parent_id = str(parent.get("msg_id", ""))
         source = self._iopub_source.get(parent_id)
         header: dict | None = None
@@ -148,7 +149,7 @@ class IOPubMerger:
             return
         if not self._signature_ok(msg_list):
             return
-        header = header or self.session.unpack(msg_list[1])
+        header = header or self._unpack(msg_list[1])
         msg_type = header.get("msg_type")
         log.debug("kernel %s: iopub %s from replica %d (parent %s)", self.kernel_id, msg_type,
                   rid, parent_id[-12:])
@@ -176,7 +177,7 @@ class IOPubMerger:
         if (pending is None or pending.msg_type != "execute_request"
                 or parent_id in self._source_seen or not self._signature_ok(msg_list)):
             return False
-        if self.session.unpack(msg_list[1]).get("msg_type") == "status":
+        if self._unpack(msg_list[1]).get("msg_type") == "status":
             return False
         log.info("kernel %s: replica %d publishes the output of %s, which was sent to replica "
                  "%s: it runs the cell", self.kernel_id, rid, parent_id[:8], pending.source)
@@ -206,7 +207,7 @@ class IOPubMerger:
         and, when the executor was killed right after its reply, the cell's state as well."""
         if parent_id in self._superseded:
             return True  # a failed attempt's busy or idle: the cell runs again
-        if self.session.unpack(msg_list[4]).get("execution_state") != "idle":
+        if self._unpack(msg_list[4]).get("execution_state") != "idle":
             return False
         pending = self._pending.get(parent_id)
         if pending is None or pending.msg_type != "execute_request":

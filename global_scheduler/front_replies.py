@@ -22,6 +22,7 @@ from typing import Any
 
 from notebookos.global_scheduler.front_hooks import call_optional
 from notebookos.global_scheduler.front_requests import MAX_RESUBMISSIONS, _Pending, _retry_id
+from notebookos.zmq_frames import send_frames
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class ReplyMerger:
         metadata["notebookos"] = {**(metadata.get("notebookos") or {}), **extra}
         msg["metadata"] = metadata
         frames = [msg_list[1], msg_list[2], self.session.pack(metadata), msg_list[4]]
-        return [self.session.sign(frames), *frames, *msg_list[5:]]
+        return [self._sign(frames), *frames, *msg_list[5:]]
 
     def _orphan_reply(self, channel: str, rid: int, msg: dict, msg_list: list[bytes]) -> None:
         """A reply to a request this front did not route (sent before a Global Scheduler
@@ -132,7 +133,7 @@ class ReplyMerger:
                 pending.asked = {live[0]}
                 self._remember(self._iopub_source, msg_id, live[0])
                 sock = self._replica_socket(live[0], pending.channel)
-                sock.send_multipart([b"<IDS|MSG>", *pending.frames])
+                send_frames(sock, [b"<IDS|MSG>", *pending.frames])
                 return
             del self._pending[msg_id]
             if pending.client_msg is not None and pending.msg_type.endswith("_request"):
@@ -200,7 +201,7 @@ class ReplyMerger:
         if channel == "shell":
             self._unrouted.send(frames)
         else:
-            self._sockets[channel].send_multipart(frames)
+            send_frames(self._sockets[channel], frames)
 
     def _reply_error(self, channel: str, idents: list[bytes], parent: dict, ename: str,
                      evalue: str) -> None:

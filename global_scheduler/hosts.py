@@ -383,8 +383,13 @@ class _DelayedCalls:
     def after(self, delay_s: float, call: Any) -> None:
         with self._cond:
             self._seq += 1
-            heapq.heappush(self._due, (time.monotonic() + delay_s, self._seq, call))
-            self._cond.notify()
+            entry = (time.monotonic() + delay_s, self._seq, call)
+            heapq.heappush(self._due, entry)
+            # The thread sleeps until the first call is due: only a new first one moves that.
+            # A notebook's cells back to back each add a release due after the ones held
+            # before, and woke the thread for nothing once per cell (issue 36).
+            if self._due[0] is entry:
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:

@@ -58,6 +58,9 @@ class LoopSignal:
         loop, future = self._loop, self._future
         if loop is None or future is None or future.done() or loop.is_closed():
             return
+        if asyncio._get_running_loop() is loop:  # noqa: SLF001 - on the loop: no self-pipe
+            loop.call_soon(self._resolve, future)
+            return
         try:
             loop.call_soon_threadsafe(self._resolve, future)
         except RuntimeError:  # the loop closed meanwhile

@@ -216,6 +216,8 @@ class ReplicaKernel(IPythonKernel):
         members = {self.replica_id: self.raft_address, **self._peer_map}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._change: asyncio.Future | None = None  # set by the next change (_next_change)
+        # whether a wait other than the apply loop's holds ``_change`` (see ``_on_commit``)
+        self._change_watched = False
         self._group_waits = 0  # waits for the group under way: SIGINT is ignored meanwhile
         self._first_lead_at: dict[str, float] = {}
         self._first_proposal_at: dict[str, float] = {}
@@ -334,6 +336,7 @@ class ReplicaKernel(IPythonKernel):
             self._first_proposal_at.setdefault(record.election_id, now)
             if record.kind == LEAD:
                 self._first_lead_at.setdefault(record.election_id, now)
+        queued = False
         if applied.completed and applied.update is not None:
             election = applied.election
             if election is not None and election.executor != self.replica_id:
@@ -341,6 +344,7 @@ class ReplicaKernel(IPythonKernel):
                 with self._apply_lock:
                     self._applies.append((election.election_id, applied.update))
                     self._applies_pending += 1
+                queued = True
         if applied.decided and applied.election is not None:
             executor = applied.election.executor
             if executor is not None and executor in applied_members(self.raft):
@@ -360,7 +364,15 @@ class ReplicaKernel(IPythonKernel):
                 )
                 sys.stderr.flush()
                 os._exit(70)
-        self._wake()
+        # The main thread is woken only when someone there has a use for this commit: an
+        # update to apply, a wait on the group (an election, a checkpoint: they look at the
+        # book), or a record other than a cell's proposal or completion (a restore, a member
+        # change: the apply loop looks at those). A standby's apply loop, otherwise asleep,
+        # was woken by every proposal and completion of every cell for nothing (issue 36).
+        # The waits take ``_change`` (and set ``_change_watched``) before they look at the
+        # state, and the state changed before this reads the flag: no wake is missed.
+        if queued or self._change_watched or not isinstance(record, (Proposal, Completion)):
+            self._wake()
 
     def _raft_diverged(self, why: str) -> None:
         """pysyncobj replaced a log record this replica had applied (raft_log.py,
@@ -398,17 +410,21 @@ class ReplicaKernel(IPythonKernel):
 
     def _notify(self) -> None:
         change, self._change = self._change, None
+        self._change_watched = False
         if change is not None and not change.done():
             change.set_result(None)
 
-    def _next_change(self) -> asyncio.Future:
+    def _next_change(self, watch: bool = True) -> asyncio.Future:
         """What the next change sets (a commit, a snapshot, an applied update, a restore): take
         it before looking at the state, then ``_wait_for`` it. One future for every waiter,
         and no task per wait (``asyncio.wait_for`` made one each time, every 20 ms and on
-        every commit, on the kernel's loop)."""
+        every commit, on the kernel's loop). ``watch``: the waiter looks at the book, so
+        every commit wakes it (the apply loop passes False: only what it applies does)."""
         change = self._change
         if change is None:
             change = self._change = asyncio.get_running_loop().create_future()
+        if watch:
+            self._change_watched = True
         return change
 
     @staticmethod
@@ -418,7 +434,8 @@ class ReplicaKernel(IPythonKernel):
             await asyncio.wait((change,), timeout=timeout)
 
     async def _wait_change(self, timeout: float) -> None:
-        await self._wait_for(self._next_change(), timeout)
+        """The apply loop's wait: woken by what it applies or loads, not by every commit."""
+        await self._wait_for(self._next_change(watch=False), timeout)
 
     @contextlib.contextmanager
     def _waiting_for_group(self) -> Iterator[None]:

@@ -24,6 +24,7 @@ class LoopThread:
         self.name = name
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
         self._ready.wait()
@@ -45,8 +46,14 @@ class LoopThread:
         return threading.current_thread() is self._thread
 
     def call(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` on the loop, after what was handed to it before (thread-safe)."""
-        self.loop.call_soon_threadsafe(fn)
+        """Run ``fn`` on the loop, after what was handed to it before (thread-safe). On the
+        loop's own thread this is ``call_soon``: the same queue, in the same order, without
+        ``call_soon_threadsafe``'s write to the loop's self-pipe and the wake-up that reads it
+        back (a front hands itself work several times per cell, issue 36)."""
+        if self.on_loop():
+            self.loop.call_soon(fn)
+        else:
+            self.loop.call_soon_threadsafe(fn)
 
     def run(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
         """Run ``fn`` on the loop and wait for its result (at once when called on the loop).
@@ -67,6 +74,15 @@ class LoopThread:
     def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         """Run ``coroutine`` as a task on the loop (thread-safe); its future for other threads."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def task(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coroutine`` as a task on the loop, called on the loop's thread (``spawn``
+        without the hop through ``call_soon_threadsafe`` and a thread-safe future). The task
+        is referenced until it ends (the loop keeps only a weak reference)."""
+        task = self.loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def close(self, timeout: float = 5.0) -> None:
         """Cancel what still runs on the loop and end its thread."""

@@ -18,6 +18,8 @@ from collections import deque
 
 import zmq
 
+from notebookos.zmq_frames import NOBLOCK, send_frames
+
 log = logging.getLogger(__name__)
 
 NOT_ROUTED = (zmq.EHOSTUNREACH, zmq.EAGAIN)
@@ -40,7 +42,7 @@ class UnroutedReplies:
     def send(self, frames: list[bytes]) -> None:
         """Send now, or keep the frames when their peer is not there."""
         try:
-            self.socket.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self.socket, frames, NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno not in NOT_ROUTED:
                 raise
@@ -62,7 +64,7 @@ class UnroutedReplies:
         for _ in range(len(self._kept)):
             keep_until, frames = self._kept.popleft()
             try:
-                self.socket.send_multipart(frames, zmq.NOBLOCK)
+                send_frames(self.socket, frames, NOBLOCK)
             except zmq.ZMQError as exc:
                 if exc.errno in NOT_ROUTED and now < keep_until:
                     self._kept.append((keep_until, frames))
