@@ -32,7 +32,7 @@ from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.hibernation import ASLEEP
 from notebookos.global_scheduler.hosts import HostLink
-from notebookos.global_scheduler.kernels import KernelEntry
+from notebookos.global_scheduler.kernels import RELEASED_ARRIVALS_KEPT, KernelEntry
 from notebookos.global_scheduler.loop_dispatch import LoopDispatcher
 from notebookos.global_scheduler.loop_waits import run_blocking
 from notebookos.global_scheduler.sharing import SharingMixin
@@ -599,10 +599,17 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 # Given up without running here (its executor was lost first and the cell was
                 # resubmitted under another id, or it was never placed): it no longer waits to
                 # start. A leftover arrival kept the kernel busy to hibernation for ever. A cell
-                # that ran keeps its arrival until its execute_input is seen, which a short
-                # cell's reply can overtake (the interactivity delay is observed then).
+                # that ran keeps its arrival aside (``released_arrivals``) for its
+                # execute_input, which a short cell's reply can overtake (the interactivity
+                # delay is observed then), and which a resent cell the replicas answer from
+                # their record never has (chaos seed 12: the kernel never hibernated again).
                 entry.cell_arrived.pop(msg_id, None)
                 return
+            arrived = entry.cell_arrived.pop(msg_id, None)
+            if arrived is not None:  # released before its execute_input: no longer waiting
+                entry.released_arrivals[msg_id] = arrived
+                if len(entry.released_arrivals) > RELEASED_ARRIVALS_KEPT:
+                    entry.released_arrivals.pop(next(iter(entry.released_arrivals)))
             committed = entry.gpu_commits.pop(msg_id, None)
             if committed is not None:  # the cell's GPU time: its GPUs x commit -> release
                 entry.gpu_seconds += committed[1] * (time.monotonic() - committed[0])
@@ -629,7 +636,11 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
     def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:
             entry = self.kernels.get(kernel_id)
-            arrived = entry.cell_arrived.pop(msg_id, None) if entry is not None else None
+            arrived = None
+            if entry is not None:
+                arrived = entry.cell_arrived.pop(msg_id, None)
+                if arrived is None:
+                    arrived = entry.released_arrivals.pop(msg_id, None)
             if arrived is not None:
                 now = time.monotonic()
                 entry.last_interactivity_ms[replica_id] = (now - arrived) * 1000

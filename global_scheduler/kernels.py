@@ -9,6 +9,8 @@ from typing import Any
 from notebookos.global_scheduler.front import KernelFront, ReplicaEndpoint
 from notebookos.kernel_hints import KernelHints
 
+RELEASED_ARRIVALS_KEPT = 64
+
 
 @dataclass
 class ReplicaLink:
@@ -64,6 +66,11 @@ class KernelEntry:
     # What the status shows of the last cell: the GPUs each replica had bound for the last cell
     # it executed, and the interactivity delay (request at the front -> execute_input).
     cell_arrived: dict[str, float] = field(default_factory=dict)  # msg -> monotonic arrival
+    # arrivals of cells released before their execute_input was seen (a short cell's reply can
+    # overtake it; a resent cell answered from the replicas' record has none): kept for the
+    # interactivity delay, but no longer a cell waiting to start (hibernation looks at the
+    # one above). At most RELEASED_ARRIVALS_KEPT, oldest dropped first.
+    released_arrivals: dict[str, float] = field(default_factory=dict)
     awake_because: str = ""  # why an idle kernel was last found busy (hibernation._say_why_awake)
     last_cell_gpus: dict[int, list[int]] = field(default_factory=dict)
     last_interactivity_ms: dict[int, float] = field(default_factory=dict)

@@ -329,3 +329,37 @@ def test_a_wake_from_a_checkpoint_older_than_the_last_cell_says_the_work_is_lost
     notes = stream_text(woke, "stderr")
     assert "woke from the checkpoint of cell [" in notes and "is lost" in notes, notes
     assert stream_text(woke, "stdout") == "['a']\n"
+
+
+def test_a_notebook_hibernates_after_a_cell_its_client_resent_to_a_restarted_scheduler(
+        make_cluster):  # noqa: ANN001
+    """Found by the fault campaign (chaos.py seed 12): after a Global Scheduler restart Jupyter
+    Server resends a cell it had no reply to; the replicas, which had run it, answer the copy
+    from their record without running it, so no execute_input comes, and its arrival stayed
+    among the cells waiting to start: the notebook never hibernated again."""
+    cluster = make_cluster({"NOTEBOOKOS_GLOBAL_SCHEDULER_HIBERNATE_AFTER_S": "3"})
+    cluster.start(hosts=3)
+    kernel_id, kc = cluster.start_kernel(gpus=1)
+    msg = kc.session.msg("execute_request", {
+        "code": "x = 41\nx += 1", "silent": False, "store_history": True,
+        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    msg_id = msg["header"]["msg_id"]
+
+    def reply_to(wanted: str) -> dict:
+        while True:
+            reply = kc.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == wanted:
+                return reply
+
+    kc.shell_channel.send(msg)
+    assert reply_to(msg_id)["content"]["status"] == "ok"
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    cluster.start_gs()
+    cluster.wait(lambda: cluster.kernel(kernel_id) is not None
+                 and len(cluster.kernel(kernel_id).replicas) == 3, 30,
+                 "the restarted scheduler to know the kernel")
+    kc.shell_channel.send(msg)  # the same request again, as Jupyter Server resends it
+    assert reply_to(msg_id)["content"]["status"] == "ok"
+    cluster.wait(lambda: _hibernated(cluster, kernel_id), 40, "the kernel to hibernate")
+    assert stream_text(run_seen(kc, "print(x)"), "stdout") == "42\n"  # run once, not twice
