@@ -226,40 +226,32 @@ class ForkServer:
     def _send(self, order: dict, importing: bool = False) -> Future:
         """Write ``order``; the future of its answer document (not waited for here)."""
         with self._lock:
-            process = self._process
-            if process is None or process.poll() is not None or process.stdin is None:
-                raise ForkServerError("the fork server is not running")
-            self._orders += 1
-            tag = str(self._orders)
-            answer: Future = Future()
-            self._answers[tag] = answer
+            tag, answer = self._write_order(order)
             answer.add_done_callback(lambda _f: self._answers.pop(tag, None))
-            try:
-                process.stdin.write(json.dumps({"tag": tag, **order}).encode() + b"\n")
-                process.stdin.flush()
-            except (OSError, ValueError) as exc:
-                self._answers.pop(tag, None)
-                raise ForkServerError(f"the fork server is gone: {exc}") from None
             if importing:
                 self._importing += 1
             return answer
 
+    def _write_order(self, order: dict) -> tuple[str, Future]:
+        """Write ``order`` under a new tag (lock held); the tag and its answer's future."""
+        process = self._process
+        if process is None or process.poll() is not None or process.stdin is None:
+            raise ForkServerError("the fork server is not running")
+        self._orders += 1
+        tag = str(self._orders)
+        answer: Future = Future()
+        self._answers[tag] = answer
+        try:
+            process.stdin.write(json.dumps({"tag": tag, **order}).encode() + b"\n")
+            process.stdin.flush()
+        except (OSError, ValueError) as exc:
+            self._answers.pop(tag, None)
+            raise ForkServerError(f"the fork server is gone: {exc}") from None
+        return tag, answer
+
     def _order(self, order: dict) -> ForkedProcess:
         with self._lock:
-            process = self._process
-            if process is None or process.poll() is not None or process.stdin is None:
-                raise ForkServerError("the fork server is not running")
-            self._orders += 1
-            tag = str(self._orders)
-            answer: Future = Future()
-            self._answers[tag] = answer
-            order = {"tag": tag, **order}
-            try:
-                process.stdin.write(json.dumps(order).encode() + b"\n")
-                process.stdin.flush()
-            except (OSError, ValueError) as exc:
-                self._answers.pop(tag, None)
-                raise ForkServerError(f"the fork server is gone: {exc}") from None
+            tag, answer = self._write_order(order)
             try:  # behind an import the server is doing: forked once it is done
                 return answer.result(timeout=ORDER_TIMEOUT_S +
                                      (IMPORT_TIMEOUT_S if self._importing else 0.0))
