@@ -386,8 +386,8 @@ class CellContainerMixin(CycleRunnerMixin):
                 known = [c for c in counts if c is not None]
                 if known:
                     entry.checkpoint_count = max([entry.checkpoint_count, *known])
-                if entry.front is not None:
-                    entry.front.set_replicas([])
+                if entry.front is not None:  # stopped on purpose, its checkpoint durable
+                    entry.front.set_replicas([], planned=True)
             for r in replicas:
                 self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
         finally:

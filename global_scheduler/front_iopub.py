@@ -230,18 +230,21 @@ class IOPubMerger:
             self._remember(self._awaiting_idle, election_id, (pending.source, pending.client_msg),
                            limit=256)
 
-    def _executors_lost_before_idle(self, dropped: set[int]) -> None:
+    def _executors_lost_before_idle(self, dropped: set[int], warn: bool = True) -> None:
         """Executors lost after their reply and before their idle: they died while replicating
-        what their cell changed. The client gets a warning and the idle that will never come
-        from them (JupyterLab would show the kernel busy for good)."""
+        what their cell changed. The client gets a warning (``warn``: not for a container
+        parked once its checkpoint was durable) and the idle that will never come from them
+        (JupyterLab would show the kernel busy for good)."""
         for msg_id, (rid, client_msg) in list(self._awaiting_idle.items()):
             if rid not in dropped:
                 continue
             del self._awaiting_idle[msg_id]
-            self._send_note(f"the replica that ran this cell (replica {rid}) was lost before "
-                            "what the cell changed was replicated: its output stands, but its "
-                            "changes to the namespace may be lost (the next cell runs on the "
-                            "state the other replicas hold).", client_msg)
+            if warn:
+                self._send_note(f"the replica that ran this cell (replica {rid}) was lost "
+                                "before what the cell changed was replicated: its output "
+                                "stands, but its changes to the namespace may be lost (the "
+                                "next cell runs on the state the other replicas hold).",
+                                client_msg)
             self._send_status("idle", client_msg)
 
     def _forward_iopub(self, parent_id: str, idents: list[bytes], msg_list: list[bytes]) -> None:

@@ -97,9 +97,13 @@ class ReplicaLinks:
         self._lazy_links = 0
         self._watched_replicas = None
 
-    def set_replicas(self, endpoints: list[ReplicaEndpoint], wait: bool = False) -> None:
+    def set_replicas(self, endpoints: list[ReplicaEndpoint], wait: bool = False,
+                     planned: bool = False) -> None:
         """Connect to these replicas (and drop any other); runs on the front's loop, in order
-        with the messages it routes. ``wait`` blocks until applied."""
+        with the messages it routes. ``wait`` blocks until applied. ``planned``: the dropped
+        ones were stopped on purpose once their state was durable (a per-cell container
+        parked after its checkpoint): an executor whose idle had not come yet lost nothing,
+        and its cell gets the idle without the warning a lost replica gives."""
         done = threading.Event()
 
         def apply() -> None:
@@ -110,7 +114,7 @@ class ReplicaLinks:
                     self._drain(rid)
                     self._close_replica(rid)
                     dropped.append(rid)
-            self._executors_lost_before_idle(set(dropped))
+            self._executors_lost_before_idle(set(dropped), warn=not planned)
             for msg_id, pending in list(self._pending.items()):
                 if pending.asked & set(dropped):
                     pending.asked -= set(dropped)
