@@ -68,6 +68,16 @@ def _hibernated(cluster, kernel_id: str) -> bool:  # noqa: ANN001
     return status.state == common_pb2.KERNEL_STATE_HIBERNATED and not status.replicas \
         and "hibernated after" in status.message
 
+def _kill_and_restart_scheduler(cluster, kernel_id: str) -> None:  # noqa: ANN001
+    """SIGKILL the Global Scheduler, start it again, and wait until it knows the awake kernel."""
+    cluster.gs.send_signal(signal.SIGKILL)
+    cluster.gs.wait(10)
+    cluster.start_gs()
+    cluster.wait(lambda: cluster.kernel(kernel_id) is not None
+                 and len(cluster.kernel(kernel_id).replicas) == 3, 30,
+                 "the restarted scheduler to know the kernel")
+
+
 
 def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(make_cluster):  # noqa: ANN001
     cluster, kernel_id, kc = _kernel_with_state(make_cluster)
@@ -133,12 +143,7 @@ def test_an_awake_notebook_hibernates_after_a_scheduler_restart_without_a_cell(m
     kernel was awake never armed its idle clock (only a cell did), so a notebook left alone
     after the restart never hibernated again."""
     cluster, kernel_id, kc = _kernel_with_state(make_cluster)
-    cluster.gs.send_signal(signal.SIGKILL)
-    cluster.gs.wait(10)
-    cluster.start_gs()
-    cluster.wait(lambda: cluster.kernel(kernel_id) is not None
-                 and len(cluster.kernel(kernel_id).replicas) == 3, 30,
-                 "the restarted scheduler to know the kernel")
+    _kill_and_restart_scheduler(cluster, kernel_id)
     cluster.wait(lambda: _hibernated(cluster, kernel_id), 60,
                  "the kernel to hibernate without a cell after the restart")
     woke = run_seen(kc, CHECK, timeout=60)
@@ -353,12 +358,7 @@ def test_a_notebook_hibernates_after_a_cell_its_client_resent_to_a_restarted_sch
 
     kc.shell_channel.send(msg)
     assert reply_to(msg_id)["content"]["status"] == "ok"
-    cluster.gs.send_signal(signal.SIGKILL)
-    cluster.gs.wait(10)
-    cluster.start_gs()
-    cluster.wait(lambda: cluster.kernel(kernel_id) is not None
-                 and len(cluster.kernel(kernel_id).replicas) == 3, 30,
-                 "the restarted scheduler to know the kernel")
+    _kill_and_restart_scheduler(cluster, kernel_id)
     kc.shell_channel.send(msg)  # the same request again, as Jupyter Server resends it
     assert reply_to(msg_id)["content"]["status"] == "ok"
     cluster.wait(lambda: _hibernated(cluster, kernel_id), 40, "the kernel to hibernate")
