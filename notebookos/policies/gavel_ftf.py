@@ -35,8 +35,6 @@ on that face is the solver's own. So there are two ways here:
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 __all__ = ["ftf_value", "ftf_allocation"]
