@@ -25,7 +25,7 @@ on that face is the solver's own. So there are two ways here:
   ``(tput_i x_i + u_i, tput_i x_i - u_i, 2)`` per job, i.e. u_i >= 1 / (tput_i x_i)) and solved by
   the ``ecos`` package: the same x as Muri's cvxpy call to the printed digit
   (tests/simulator/test_gavel_ftf.py checks it where ``ecos`` and ``cvxpy`` are installed).
-  ``ecos`` is not a dependency of the project (``pip install ecos``).
+  ``ecos`` comes with the test extra (`pip install -e .[test]`); the daemons do not need it.
 - ``solver="center"``: no dependency. The unique shares where the GPUs bind; on a degenerate face
   the analytic center of that face under the same barrier (the free jobs' log(1 - x_i) +
   2 log(x_i - l_i(L)), the capacity's log(G - s'x); the jobs that set L at 1), found by a
