@@ -245,9 +245,15 @@ class RecoveryMixin(CycleRunnerMixin):
             try:
                 status = control_request(r.endpoint, entry.key, entry.signature_scheme,
                                          "replica_status_request", {}, timeout_s=5)
-            except ControlError:
+            except ControlError as exc:
+                log.warning("kernel %s: survivor replica %d did not say what it holds (%s): "
+                            "its state cannot be the checkpoint to rebuild from",
+                            entry.kernel_id, r.replica_id, exc)
                 continue
             if status.get("diverged"):
+                log.warning("kernel %s: survivor replica %d diverged from the committed state: "
+                            "its state cannot be the checkpoint to rebuild from",
+                            entry.kernel_id, r.replica_id)
                 continue
             log_end = tuple(int(v) for v in status.get("raft_log_end") or (0, 0))
             count = int(status.get("execution_count") or 0)
@@ -271,6 +277,9 @@ class RecoveryMixin(CycleRunnerMixin):
                 written = int(reply.get("checkpoint_count") or 0)
                 count = int(reply.get("execution_count") or count)  # its unconfirmed tail too
                 if not written and count < entry.checkpoint_count:
+                    log.info("kernel %s: the store's checkpoint (cell [%d]) is newer than what "
+                             "replica %d holds (cell [%d]): rebuilding from it",
+                             entry.kernel_id, entry.checkpoint_count, r.replica_id, count)
                     return None  # the store's checkpoint is newer than what any survivor holds
                 if not written:  # the store's checkpoint is as recent as its state
                     log.info("kernel %s: the store's checkpoint is as recent as replica %d's "

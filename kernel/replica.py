@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import signal
 import sys
@@ -67,6 +68,23 @@ LAUNCHED_AT_ENV = "NOTEBOOKOS_REPLICA_LAUNCHED_AT"
 # ``restored_for``: the group starts from the checkpoint because its notebook wakes, not because
 # its replicas were lost (the Global Scheduler sets NOTEBOOKOS_RESTORED_FOR for a wake)
 RESTORED_FOR_HIBERNATION = "hibernation"
+# Control requests answered at once, beside ipykernel's one-at-a-time control queue: the
+# Global Scheduler's questions to a survivor before it rebuilds a group that lost its majority.
+# In the queue they waited behind a membership change that could no longer commit (it waits up
+# to ``membership_timeout``), the scheduler gave up on the survivor after 5 s, and the group was
+# rebuilt from an older checkpoint than the survivor held (the fault campaign, seed 14: a
+# double fault rolled a notebook back one cell). Both only read the state or write a copy of it.
+UNQUEUED_CONTROL = frozenset({"replica_status_request", "write_checkpoint_request"})
+
+
+def _msg_type(session, frames) -> str:  # noqa: ANN001 - a jupyter_client Session, ZMQ frames
+    """The ``msg_type`` in a wire message's header, unverified (for routing only), or ''."""
+    try:
+        _idents, parts = session.feed_identities(frames, copy=False)
+        header = parts[1]
+        return str(json.loads(getattr(header, "bytes", header)).get("msg_type", ""))
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return ""
 
 
 def launched_at() -> float:
@@ -196,6 +214,14 @@ class ReplicaKernel(IPythonKernel):
         "replica_status_request",
         "write_checkpoint_request",
     ]
+
+    async def dispatch_control(self, msg) -> None:  # noqa: ANN001 - ZMQ frames
+        """ipykernel's, except that ``UNQUEUED_CONTROL`` requests do not wait for the control
+        request before them to finish (``process_control`` verifies each as usual)."""
+        if _msg_type(self.session, msg) in UNQUEUED_CONTROL:
+            await self.process_control(msg)
+        else:
+            await super().dispatch_control(msg)
 
     @property
     def kernel_info(self) -> dict[str, Any]:

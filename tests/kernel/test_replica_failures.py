@@ -257,6 +257,43 @@ def test_a_survivor_writes_its_state_as_the_checkpoint_to_rebuild_from(tmp_path:
     assert result.executor_reply()["content"]["execution_count"] == count + 1
 
 
+def test_a_survivor_answers_while_a_membership_change_it_cannot_commit_waits(tmp_path: Path):
+    """A double fault (the executor killed, a second host hung): the Global Scheduler asks the
+    survivor to remove the dead member, which cannot commit (no majority) and waits up to the
+    membership timeout; it gives up on its side and asks the survivor what it holds and to
+    write it as the checkpoint to rebuild from. Those answers came only after the removal's
+    wait (ipykernel answers control requests one at a time): the scheduler gave up after 5 s
+    and rebuilt the group from the executor's older checkpoint (the fault campaign, seed 14:
+    a notebook rolled back one cell)."""
+    shared = f"file://{tmp_path}/shared"
+    group = ReplicaGroup(tmp_path / "a", store_url=shared,
+                         store_urls={1: f"file://{tmp_path}/executors-own"})
+    try:
+        group.start()
+        last = group.execute("kept = 'yes'", target=1)
+        count = last.executor_reply()["content"]["execution_count"]
+        group.wait_status(lambda s: s[2]["execution_count"] == count and s[2]["caught_up"])
+        os.killpg(group.replicas[3].proc.pid, signal.SIGSTOP)  # its host hangs
+        try:
+            group.kill(1)
+            client = group.replicas[2].client
+            removal = client.session.msg("remove_replica_request", {"replica_id": 1})
+            client.control_channel.send(removal)  # waits in the survivor: no majority
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            status = group.control(2, "replica_status_request", {}, timeout=4)["content"]
+            assert status["execution_count"] == count, status
+            reply = group.control(2, "write_checkpoint_request",
+                                  {"apply_unconfirmed_tail": True}, timeout=8)["content"]
+            took = time.monotonic() - t0
+            assert reply["status"] == "ok" and reply["checkpoint_count"] == count, reply
+            assert took < 4.0, f"the survivor answered after {took:.1f} s"
+        finally:
+            os.killpg(group.replicas[3].proc.pid, signal.SIGCONT)
+    finally:
+        group.stop()
+
+
 def _run_in_a_group_rebuilt_from_replica_2(tmp_path: Path, store_url: str,
                                            first: ReplicaGroup, code: str):  # noqa: ANN202
     """Start a fresh group from the store's checkpoint, as the Global Scheduler rebuilds one
