@@ -127,7 +127,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self._membership_guards: dict[str, threading.Lock] = {}
         self._orphan_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._stranger_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
-        self._pool = futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="gs-work")
+        self._pool = WorkPool(max_workers=16, thread_name_prefix="gs-work")
         # The next kernel's front sockets, bound ahead (front_sockets.py); first bound once
         # restore() has re-bound the known kernels' ports, so that no spare takes one of them.
         self.spare_fronts = SpareFrontSockets(ip, self._pool.submit)
@@ -301,6 +301,25 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.spare_fronts.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()  # what is pending is written first
+
+
+class WorkPool(futures.ThreadPoolExecutor):
+    """The service's background work (recoveries, hibernation, wakes, probes). A task that
+    raises says so in the log: a bare ``submit`` drops the exception with its future (the fault
+    campaign, seed 14, had a notebook stay awake for 2 minutes with nothing in the log; a
+    hibernation check failing that way would look so)."""
+
+    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+        future = super().submit(fn, *args, **kwargs)
+        future.add_done_callback(_log_failure)
+        return future
+
+
+def _log_failure(future: futures.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        exc = future.exception()
+        log.error("background work failed: %s", exc, exc_info=(type(exc), exc,
+                                                                exc.__traceback__))
 
 
 def new_key() -> str:
