@@ -86,7 +86,12 @@ class RecoveryMixin(CycleRunnerMixin):
                 attempt += 1
                 with self.lock:
                     entry = self.kernels.get(kernel_id)
-                    if entry is None or entry.state in ("stopping", "failed"):
+                    # a kernel going to sleep or asleep keeps its state: its replicas are
+                    # stopped on purpose, and a hibernation that gives up asks for them again
+                    # (hibernation._stay_awake); "idle" written over "hibernating" made that
+                    # hibernation give up without re-arming its clock: awake for good
+                    if entry is None or entry.state in ("stopping", "failed", "hibernating",
+                                                        "hibernated"):
                         return
                     live = len(entry.replicas)
                     missing = self.replicas_per_kernel - live
