@@ -470,11 +470,22 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 else "")
         sharing = (self._sharing_view(entry, kernel)
                    if profile.shares and not share_refused else None)
-        snapshot = Snapshot(self.cluster, {**self._on_draining_hosts(entry), **refused}, change,
-                            sharing, share_refused, self._unavailable_hosts())
+        snapshot = Snapshot(self.cluster, {**self._starting(entry, kernel),
+                                           **self._on_draining_hosts(entry), **refused},
+                            change, sharing, share_refused, self._unavailable_hosts())
         result = run_cycle(snapshot, kernel, request, profile)
         self._record_cycle(snapshot, kernel.kernel_id, request, result)
         return result
+
+    @staticmethod
+    def _starting(entry: KernelEntry, kernel) -> dict[int, str]:  # noqa: ANN001 - cluster Kernel
+        """The kernel's replicas the cluster model holds that are not ready yet (a replacement
+        or a migration target still starting), as refused: the kernel's front cannot reach one,
+        and a cell placed there was placed again at once, on it again, and failed after four
+        placements within a millisecond ("replica 210 chosen for the cell is not connected";
+        the fault campaign, seed 14). Lock held."""
+        return {rid: "it is still starting" for rid in kernel.replicas
+                if rid not in entry.replicas}
 
     def _on_draining_hosts(self, entry: KernelEntry) -> dict[int, str]:
         """The kernel's replicas on hosts that are draining (host_drain.py), as refused: a

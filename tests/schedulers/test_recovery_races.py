@@ -1,4 +1,5 @@
-"""Recovery and hibernation meet: recovery leaves a kernel going to sleep or asleep alone.
+"""Recovery meets hibernation and placement: recovery leaves a kernel going to sleep or asleep
+alone, and a cell is not placed on a replacement still starting.
 
 ``_restore_replica_count`` wrote "idle" over "hibernating" when it found the replica count
 whole; the hibernation under way then gave up without setting its idle clock again, and the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from notebookos.cluster import Host, ReplicaState
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.registry_store import FileRegistryStore
@@ -52,3 +54,23 @@ def test_a_hibernated_kernel_is_not_rebuilt_by_recovery(service):
     entry = _kernel(service, "hibernated", replicas=0)
     service._restore_replica_count("k1")
     assert entry.state == "hibernated" and not entry.replicas
+
+
+def test_a_cell_is_not_placed_on_a_replacement_still_starting(service):
+    """The cycle chose a replacement the cluster model held but that was not ready (its host
+    had the most idle GPUs); the front could not reach it, placed the cell again at once, on
+    it again, and failed it after four placements within a millisecond (the fault campaign,
+    seed 14: "replica 210 chosen for the cell is not connected")."""
+    gpu = ResourceSpec(millicpus=100, memory_mb=64, gpus=1)
+    for host_id, gpus in (("host-1", 1), ("host-2", 4)):
+        service.cluster.add_host(Host(host_id, ResourceSpec(millicpus=8000, memory_mb=16000,
+                                                            gpus=gpus)))
+    entry = _kernel(service, "idle", replicas=1)  # replica 1 on host-1, ready
+    service.cluster.kernels.pop("k1")
+    service.cluster.add_kernel("k1", gpu)
+    service.cluster.place_replica("k1", 1, "host-1").state = ReplicaState.RUNNING
+    service.cluster.place_replica("k1", 2, "host-2")  # the replacement: starting
+    kernel = service.cluster.kernels["k1"]
+    with service.lock:
+        result = service._cycle(entry, kernel, gpu, {}, "")
+    assert result.replica_id == 1, result
