@@ -116,18 +116,24 @@ class KernelLifecycleMixin:
                 time.monotonic() - started)
             self.mode.after_start(kernel_id)
             return entry
-        except StartError:
-            self._discard_kernel(kernel_id)
-            raise
         except Exception as exc:
-            self._discard_kernel(kernel_id)
-            if out_of_files(exc):
-                log.error("kernel %s not started: %s", kernel_id, exc)
-                raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 self._full_message(str(exc))) from exc
-            log.exception("kernel %s failed to start", kernel_id)
-            raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
-                             f"{exc}") from exc
+            failure = self._start_failed(kernel_id, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+
+    def _start_failed(self, kernel_id: str, exc: Exception) -> StartError:
+        """A start that failed before its answer: the kernel is discarded, and the error to
+        raise says why (a StartError as it was; out of open files as RESOURCE_EXHAUSTED, with
+        what the operator does; anything else as INTERNAL, logged with its traceback)."""
+        self._discard_kernel(kernel_id)
+        if isinstance(exc, StartError):
+            return exc
+        if out_of_files(exc):
+            log.error("kernel %s not started: %s", kernel_id, exc)
+            return StartError(grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message(str(exc)))
+        log.error("kernel %s failed to start", kernel_id, exc_info=exc)
+        return StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: {exc}")
 
     def _full_message(self, error: str = "") -> str:
         """Why a start was refused for the scheduler's own room, and what the operator does."""
@@ -159,18 +165,11 @@ class KernelLifecycleMixin:
                 entry.front = front
                 entry.front.start()
                 self._save_kernel(entry)
-        except StartError:
-            self._discard_kernel(kernel_id)
-            raise
         except Exception as exc:
-            self._discard_kernel(kernel_id)
-            if out_of_files(exc):
-                log.error("kernel %s not started: %s", kernel_id, exc)
-                raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 self._full_message(str(exc))) from exc
-            log.exception("kernel %s failed to start", kernel_id)
-            raise StartError(grpc.StatusCode.INTERNAL, f"kernel {kernel_id} failed to start: "
-                             f"{exc}") from exc
+            failure = self._start_failed(kernel_id, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         finish = threading.Thread(target=self._finish_start, args=(entry, spec, plan, started),
                                   daemon=True, name=f"start-{kernel_id}").start
         if after_answer is None or not after_answer(finish):
