@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import threading
@@ -45,10 +44,6 @@ class HostLink:
     # which hold the timer set last is for: one set for an earlier hold (whose releases a
     # commit took or carried) sends nothing (``_send_held_releases``)
     _hold_generation: int = 0
-    # the timer of the hold under way when it was set on an event loop (the fronts' loop, which
-    # releases a cell's GPUs): (that loop, its handle), cancelled there when the hold's releases
-    # are all taken over (``_end_hold_timer``)
-    _hold_timer: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
     # What this link's commits bound, by the host's request id: ((kernel, replica), device ids,
     # the host instance that bound them); the newest COMMITS_KEPT
     _commitments: OrderedDict[str, tuple[tuple[str, int], list[int], str]] = field(
@@ -180,33 +175,17 @@ class HostLink:
                     request_id=host_request, all_requests=request.all_requests)
             first = not self._held_releases
             self._held_releases.append(request)
-            if not first:
-                return
-            self._hold_generation += 1
-            generation = self._hold_generation
-            # On the fronts' loop the hold's timer is the loop's: the release timer's thread
-            # woke once per cell for a hold the next cell had taken over, and the take-over now
-            # cancels it (issue 36). Elsewhere (no loop runs here) that thread's.
-            loop = asyncio._get_running_loop()  # noqa: SLF001 - None off a loop, no raise
-            self._hold_timer = None if loop is None else (loop, loop.call_later(
-                RELEASE_HOLD_S, self._send_held_releases, generation))
-        if loop is None:
+            if first:
+                self._hold_generation += 1
+                generation = self._hold_generation
+        if first:
             _release_timer().after(RELEASE_HOLD_S,
                                    lambda: self._send_held_releases(generation))
-
-    def _end_hold_timer(self) -> None:
-        """Lock held, the hold's releases all taken: cancel its loop timer, which would send
-        nothing, when on that loop (a handle is the loop's own to cancel)."""
-        timer = self._hold_timer
-        if timer is not None and timer[0] is asyncio._get_running_loop():  # noqa: SLF001
-            timer[1].cancel()
-            self._hold_timer = None
 
     def _take_held_releases(self) -> list[local_scheduler_pb2.ReleaseGpusRequest]:
         with self._lock:
             held, self._held_releases = self._held_releases, []
             self._forget_commitments(held)
-            self._end_hold_timer()
         return held
 
     def _forget_commitments(self, releases: list[local_scheduler_pb2.ReleaseGpusRequest]) -> None:
@@ -229,8 +208,6 @@ class HostLink:
                         or instance != self.instance_id:
                     return None  # bound elsewhere, or by a host instance that is gone
                 del self._held_releases[i]
-                if not self._held_releases:
-                    self._end_hold_timer()
                 self._taken_over[request_id] = r.request_id
                 while len(self._taken_over) > COMMITS_KEPT:
                     self._taken_over.pop(next(iter(self._taken_over)))

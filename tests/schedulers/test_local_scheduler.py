@@ -243,37 +243,6 @@ def test_a_release_is_held_its_whole_time_whatever_an_earlier_holds_timer_does(h
         link.close()
 
 
-def test_a_hold_set_on_a_loop_is_the_loops_timer_and_a_take_over_cancels_it(host):
-    """The fronts' loop releases a cell's GPUs: the hold's timer is that loop's, not the
-    release timer's thread (which woke once per cell for holds taken over, issue 36). The next
-    cell taking the commitment over cancels it; a hold nobody takes over still reaches the
-    host on its own."""
-    from notebookos.loop_thread import LoopThread
-
-    _, stub = host
-    link, kernel, calls = _counting_link(host)
-    loop = LoopThread("hold-test")
-    try:
-        first, _ = link.commit_gpus(kernel, 1, "cell-1", 1)
-        assert first is not None
-        loop.run(lambda: link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
-            kernel_id=kernel, replica_id=1, request_id="cell-1")))
-        timer = link._hold_timer  # noqa: SLF001
-        assert timer is not None and timer[0] is loop.loop
-        assert loop.run(lambda: link.take_over_held(kernel, 1, "cell-2", 1)) == first
-        assert timer[1].cancelled() and link._hold_timer is None  # noqa: SLF001
-        loop.run(lambda: link.release_gpus_async(local_scheduler_pb2.ReleaseGpusRequest(
-            kernel_id=kernel, replica_id=1, request_id="cell-2")))
-        deadline = time.monotonic() + 5  # no cell comes: the loop's timer sends it
-        while _host_status(stub).host.gpus_committed:
-            assert time.monotonic() < deadline, "the held release never reached the host"
-            time.sleep(0.02)
-        assert calls == ["cell-1"], calls
-    finally:
-        loop.close()
-        link.close()
-
-
 def test_a_commit_never_overtakes_a_release_being_sent(host, monkeypatch):
     """The hold timer takes a held release and sends it while a commit for the same replica
     comes: the commit must wait for that release, or the host refuses it (the replica still
