@@ -194,10 +194,11 @@ class HostLink:
             self._commitments.pop(r.request_id, None)
 
     def take_over_held(self, kernel_id: str, replica_id: int, request_id: str,
-                        gpus: int) -> list[int] | None:
+                       gpus: int) -> list[int] | None:
         """The devices of a commitment this replica's previous cell left held for release, when
         the new cell wants as many: the release is dropped and the cell keeps the devices (no
-        call to the host; its release later names the host's request id). None otherwise."""
+        call to the host; its release later names the host's request id). None otherwise.
+        Never blocks (this link's lock only): the fronts' loop calls it (``_try_held``)."""
         with self._lock:
             for i, r in enumerate(self._held_releases):
                 if (r.kernel_id, r.replica_id) != (kernel_id, replica_id) or r.all_requests:
