@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -61,6 +62,15 @@ class _GpuWaiter:
     future: asyncio.Future[int]  # the release count it goes on from; or PlacementFailed
     releases: int | None = None  # a pause: the release count it waits past (None: none)
     cell: WaitingCell | None = None  # a turn: the cell whose turn it waits for
+
+
+class _Pass(NamedTuple):
+    """One scheduling cycle of a placement try: what it ran on and decided."""
+
+    entry: KernelEntry
+    kernel: Any
+    result: CycleResult
+    shareable: bool
 
 
 @dataclass
@@ -379,9 +389,15 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
             failed_migrations = 0
             for attempt in itertools.count():
                 releases = await self._wait_turn(kernel_id, msg_id, cell, deadline)
-                # the try blocks (CommitGpus calls, a migration): on a thread, while it runs
-                placed, why, migration_failed = await run_blocking(
-                    lambda: self._try_place(kernel_id, msg_id, request))
+                # the try's first pass on the loop: a cell that takes over its replica's held
+                # GPUs is placed here; one that must call a Local Scheduler (CommitGpus, a
+                # migration) goes on with that pass on a thread, while the call blocks
+                first = self._try_held(kernel_id, msg_id, request)
+                if isinstance(first, _Pass):
+                    placed, why, migration_failed = await run_blocking(
+                        lambda first=first: self._try_place(kernel_id, msg_id, request, first))
+                else:
+                    placed, why, migration_failed = first, "", False
                 with self._placement_cv:
                     self.cell_queue.tried(cell, releases, placed is not None)
                     self._placement_cv.notify_all()
@@ -497,24 +513,57 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                     if (link := self.hosts.get(r.host_id)) is not None and link.draining}
         return draining if len(draining) < len(entry.replicas) else {}
 
-    def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec
+    def _cycle_pass(self, kernel_id: str, request: ResourceSpec, refused: dict[int, str],
+                    share_refused: str) -> _Pass:
+        """One scheduling cycle for a cell of ``kernel_id`` (``_cycle``), under the lock."""
+        with self.lock:
+            entry = self.kernels.get(kernel_id)
+            kernel = self.cluster.kernels.get(kernel_id)
+            if entry is None or kernel is None or entry.state == "stopping":
+                raise PlacementFailed(f"kernel {kernel_id} was stopped")
+            result = self._cycle(entry, kernel, request, refused, share_refused)
+            return _Pass(entry, kernel, result, self._may_share(entry))
+
+    def _try_held(self, kernel_id: str, msg_id: str, request: ResourceSpec
+                  ) -> tuple[int, list[int]] | _Pass:
+        """The first pass of ``_try_place``, on the fronts' loop, as far as it goes without a
+        call to a Local Scheduler: when the cycle runs the cell on a replica whose previous
+        cell's GPUs its host still holds for release (a notebook's cells back to back), the
+        cell takes them over (``HostLink.take_over_held``, no call) and is placed here: (the
+        replica, device ids). Otherwise the pass, for ``_try_place`` to go on with on a thread
+        of the placement pool. (Every such cell went to a thread and back to the loop: two
+        hand-offs, issue 36.)"""
+        step = self._cycle_pass(kernel_id, request, {}, "")
+        result = step.result
+        if result.status is Status.SUCCESS and result.action is Action.EXECUTE \
+                and not step.shareable:
+            rid, host_id = result.replica_id, result.host_id
+            link = self.hosts.get(host_id)
+            device_ids = (link.take_over_held(kernel_id, rid, msg_id, request.gpus)
+                          if link is not None else None)
+            if device_ids is not None:
+                with self.lock:
+                    self._record_commit(step.entry, step.kernel, msg_id, rid, host_id, request,
+                                        device_ids)
+                return rid, device_ids
+        return step
+
+    def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                   first: _Pass | None = None
                    ) -> tuple[tuple[int, list[int]] | None, str, bool]:
         """One try: run the scheduling cycle (``notebookos.policies.cycle``) and apply its
         decision: commit on the replica's host it chose, share a device there, or migrate a
         replica to a host that can bind the GPUs now and commit there. A host that refuses
         what the model said it could take is told to the next cycle (``Snapshot.refused``),
-        which passes over it. Returns ((replica, device ids) or None, why not, whether a
+        which passes over it. ``first``: the first pass's cycle, run already
+        (``_try_held``). Returns ((replica, device ids) or None, why not, whether a
         migration was tried and failed)."""
         refused: dict[int, str] = {}
         share_refused = ""
         for _ in range(64):  # each pass refuses a replica or the share plans: bounded
-            with self.lock:
-                entry = self.kernels.get(kernel_id)
-                kernel = self.cluster.kernels.get(kernel_id)
-                if entry is None or kernel is None or entry.state == "stopping":
-                    raise PlacementFailed(f"kernel {kernel_id} was stopped")
-                result = self._cycle(entry, kernel, request, refused, share_refused)
-                shareable = self._may_share(entry)
+            step, first = first or self._cycle_pass(kernel_id, request, refused,
+                                                    share_refused), None
+            entry, kernel, result, shareable = step
             if result.status is Status.ERROR \
                     or result.status is Status.UNSCHEDULABLE_AND_UNRESOLVABLE:
                 raise PlacementFailed(result.reason)

@@ -165,7 +165,7 @@ class HostLink:
         when a notebook runs cells back to back), or it goes out on its own when the hold ends.
         Either way the host sees it before any later commit; the Global Scheduler's accounting
         counts the GPUs free at once. A next cell of the same replica that wants as many GPUs
-        within the hold takes the commitment over instead (``_take_over_held``): no call at
+        within the hold takes the commitment over instead (``take_over_held``): no call at
         all, and this release then names the host's request id of the commitment."""
         with self._lock:
             host_request = self._taken_over.pop(request.request_id, None)
@@ -193,11 +193,12 @@ class HostLink:
         for r in releases:
             self._commitments.pop(r.request_id, None)
 
-    def _take_over_held(self, kernel_id: str, replica_id: int, request_id: str,
-                        gpus: int) -> list[int] | None:
+    def take_over_held(self, kernel_id: str, replica_id: int, request_id: str,
+                       gpus: int) -> list[int] | None:
         """The devices of a commitment this replica's previous cell left held for release, when
         the new cell wants as many: the release is dropped and the cell keeps the devices (no
-        call to the host; its release later names the host's request id). None otherwise."""
+        call to the host; its release later names the host's request id). None otherwise.
+        Never blocks (this link's lock only): the fronts' loop calls it (``_try_held``)."""
         with self._lock:
             for i, r in enumerate(self._held_releases):
                 if (r.kernel_id, r.replica_id) != (kernel_id, replica_id) or r.all_requests:
@@ -285,7 +286,7 @@ class HostLink:
         """``commit_gpus`` that may join devices another cell holds (``share``: the devices of
         ``preferred``): (device ids, the ones shared, "") or (None, [], why not)."""
         if not shareable and not share and not preferred:
-            taken = self._take_over_held(kernel_id, replica_id, request_id, gpus)
+            taken = self.take_over_held(kernel_id, replica_id, request_id, gpus)
             if taken is not None:
                 return taken, [], ""
         held = self._take_held_releases()

@@ -291,6 +291,9 @@ class _FakeLink:
             return None, f"host {self.host_id} is busy"
         return sorted(host._free_device_ids)[:gpus], ""
 
+    def take_over_held(self, kernel_id, replica_id, request_id, gpus):  # noqa: ANN001, ANN201
+        return None  # no release held (hosts.py's HostLink holds them)
+
 
 class _Live(ExecutionMixin):
     """The live scheduler's cycle and apply code (``_try_place``) on a stand-in holding just the
@@ -445,6 +448,31 @@ def test_the_live_scheduler_and_the_simulator_take_the_same_decisions(monkeypatc
         assert sim_result.decision() == record.result.decision(), record
         assert sim_result.reason == record.result.reason
         assert sim_outcome == live_outcome, (record, sim_outcome, live_outcome)
+
+
+def test_a_cell_taking_over_held_gpus_is_placed_without_a_call_and_others_keep_their_cycle():
+    """The first pass of a try runs on the fronts' loop (execution.py's ``_try_held``): a cell
+    whose replica's host still holds its previous cell's GPUs takes them over there, with no
+    CommitGpus call and no thread; any other cell's pass goes on in ``_try_place`` on a
+    thread, which acts on that cycle rather than running (and recording) a second one."""
+    live = _Live(_cluster(4, KERNELS), "notebookos")
+    calls: list[str] = []
+    for link in live.hosts.values():
+        def counted(*args, _commit=link.commit_gpus, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls.append(args[2])
+            return _commit(*args, **kwargs)
+        link.commit_gpus = counted
+    first = live._try_held("a", "a1", _gpus(1))  # nothing held: a call is needed
+    assert isinstance(first, execution._Pass) and len(live.records) == 1
+    placed = live._try_place("a", "a1", _gpus(1), first)[0]
+    assert placed is not None and calls == ["a1"] and len(live.records) == 1
+    rid, host_id = live.kernels["a"].executions["a1"]
+    live.release("a", "a1")
+    held = {("a", rid, 1): list(placed[1])}
+    live.hosts[host_id].take_over_held = lambda k, r, m, g: held.pop((k, r, g), None)
+    assert live._try_held("a", "a2", _gpus(1)) == (rid, placed[1])  # taken over
+    assert calls == ["a1"] and live.kernels["a"].executions["a2"] == (rid, host_id)
+    assert live.cluster.kernels["a"].executor == rid
 
 
 def test_decision_equality_fails_when_a_side_stops_calling_the_cycle(monkeypatch):

@@ -104,7 +104,7 @@ def test_every_endpoint_is_live_lints_clean_and_counts_events(make_cluster, prom
         assert value(text, "notebookos_host_gpus", state="idle") == 2  # released after the cell
     assert starts == 3
     # one binding per cell, except a cell that follows its predecessor within the release
-    # hold: it keeps the predecessor's GPUs (hosts.py, _take_over_held)
+    # hold: it keeps the predecessor's GPUs (hosts.py, take_over_held)
     assert 1 <= commits <= 3
 
     # Messages the kernel's front drops are counted here as in the kernel's status.

@@ -18,7 +18,7 @@ import pytest
 from notebookos.cluster import Cluster, Host
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import ORDER_RECHECK_S, CellQueue
-from notebookos.global_scheduler.execution import ExecutionMixin
+from notebookos.global_scheduler.execution import ExecutionMixin, _Pass
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.loop_waits import SignallingCondition
@@ -554,7 +554,11 @@ class _GpuCells(_Waits):
         self.placed: list[str] = []
         self._free_lock = threading.Lock()
 
-    def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec
+    def _try_held(self, kernel_id: str, msg_id: str, request: ResourceSpec) -> _Pass:
+        return _Pass(None, None, None, False)  # no held GPUs: every try goes to a thread
+
+    def _try_place(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                   first: _Pass | None = None
                    ) -> tuple[tuple[int, list[int]] | None, str, bool]:
         with self._free_lock:
             self.tries += 1
