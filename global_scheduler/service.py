@@ -133,6 +133,9 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.spare_fronts = SpareFrontSockets(ip, self._pool.submit)
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
+        # The daemon's host monitor (host_monitor.py): called when a host may be due for a
+        # check sooner than its timer says (host_registry._host_deadlines_changed)
+        self.on_host_deadlines: Callable[[], None] | None = None
         # The policy's strategies (notebookos/policies/framework.py) choose the mechanisms:
         # the kernel mode (long-running replicas, or per-cell containers for batch and lcp:
         # kernel_modes.py), GPUs bound per cell or for the session, a warm pool (lcp).
