@@ -172,6 +172,9 @@ class GlobalSchedulerDaemon:
     def start(self) -> None:
         self.service.restore()
         self.loop.spawn(self.server.start()).result(timeout=30)
+        # no heartbeat could arrive before now (a restore may take seconds: a front's port
+        # waited for): each restored host gets a whole heartbeat timeout from here
+        self.service.listening()
         self.metrics_server.start()
         self.monitor.start()
         if self.autoscaler is not None:

@@ -42,13 +42,17 @@ class HostMonitor:
         self._running = False  # a check is in the executor
         self._again = False  # poked while it ran: check once more when it ends
         self._closed = False
+        self._started = False
 
     def start(self) -> None:
+        """Check now, and from then on at each deadline."""
+        self._started = True
         self.loop.call(self._fire)
 
     def poke(self) -> None:
-        """A deadline may have come closer: check now (thread-safe)."""
-        if not self._closed:
+        """A deadline may have come closer: check now (thread-safe). Before ``start`` (the
+        registry being restored, the server not listening yet) nothing: ``start`` checks."""
+        if self._started and not self._closed:
             self.loop.call(self._fire)
 
     def close(self) -> None:

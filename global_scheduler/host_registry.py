@@ -317,6 +317,14 @@ class HostRegistryMixin:
         for host_id in reprobe:
             self._host_link_reset(host_id)
 
+    def listening(self) -> None:
+        """The gRPC server listens from now on: the hosts restored from the registry get a
+        whole heartbeat timeout from now (none could heartbeat while it restored)."""
+        now = time.time()
+        with self.lock:
+            for link in self.hosts.values():
+                link.last_heartbeat = max(link.last_heartbeat, now)
+
     def next_host_deadline(self) -> float | None:
         """The earliest moment (``time.time()``) at which ``check_hosts`` could find something
         to do: a host's heartbeat timeout, a silent host's timeout, the reprobe of an
