@@ -16,6 +16,11 @@ Two kinds of handler serve on it:
   callback once the answer is sent (grpc.aio's returns None and runs it before the answer
   is sent). ``abort`` is applied on the loop once the handler returned, as the synchronous
   server applied it after the handler (even one that swallowed the exception).
+
+It also parses every unary request itself, so that the answers keep the synchronous server's
+codes: a request that does not parse gets INTERNAL ("Exception deserializing request!"), a
+handler that raises gets UNKNOWN ("Exception calling application: ..."); grpc.aio answers both
+UNKNOWN ("Unexpected ...").
 """
 
 from __future__ import annotations
@@ -102,20 +107,38 @@ def is_async(behaviour: Any) -> bool:
     return asyncio.iscoroutinefunction(behaviour)
 
 
+async def _parse(deserialize: Callable[[bytes], Any] | None, raw: bytes,
+                 context: grpc.aio.ServicerContext) -> Any:
+    if deserialize is None:
+        return raw
+    try:
+        return deserialize(raw)
+    except Exception as exc:  # noqa: BLE001 - answered as the synchronous server did
+        log.warning("Exception deserializing request! (%s)", exc)
+        await context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+
+
 class SyncHandlersInPool(grpc.aio.ServerInterceptor):
     """Runs each synchronous unary handler in ``pool`` with a ``SyncContext``; coroutine
-    handlers are left to run on the loop."""
+    handlers are left to run on the loop. Both get their request parsed here (see above)."""
 
     def __init__(self, pool: Executor) -> None:
         self._pool = pool
 
     async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None or is_async(handler.unary_unary):
+        if handler is None or handler.unary_unary is None:
             return handler
-        inner, pool = handler.unary_unary, self._pool
+        inner, pool, deserialize = handler.unary_unary, self._pool, handler.request_deserializer
+        if is_async(inner):
+            async def answer_async(raw, context):  # noqa: ANN001, ANN202
+                return await inner(await _parse(deserialize, raw, context), context)
 
-        async def answer(request, context):  # noqa: ANN001, ANN202
+            return grpc.unary_unary_rpc_method_handler(
+                answer_async, response_serializer=handler.response_serializer)
+
+        async def answer(raw, context):  # noqa: ANN001, ANN202
+            request = await _parse(deserialize, raw, context)
             sync = SyncContext(context)
             context.add_done_callback(lambda _: sync.ended())
             loop = asyncio.get_running_loop()
@@ -138,5 +161,4 @@ class SyncHandlersInPool(grpc.aio.ServerInterceptor):
             return response
 
         return grpc.unary_unary_rpc_method_handler(
-            answer, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+            answer, response_serializer=handler.response_serializer)
