@@ -31,7 +31,9 @@ idle, each with a client connected as Jupyter Server's websocket connects (shell
 stdin, control; no heartbeat channel); the Global Scheduler's process is read from /proc over
 --window s: ``gs_threads``,
 ``gs_idle_cpu_ms_per_s``, ``gs_rss_mb``, ``cell_ms`` (a trivial cell through its front, p50), and
-``kernel_start_s`` (StartKernel to the first cell's reply, one kernel at a time: median, max).
+``kernel_start_s`` (StartKernel to the first cell's reply, one kernel at a time: median, max);
+``gs_threads_no_kernels`` (hosts registered, before any kernel) and ``gs_threads_starting_max``
+(the most, sampled every 20 ms while the N kernels start).
 """
 
 from __future__ import annotations
@@ -350,6 +352,21 @@ def measure_real(count: int, window: float, profile: Path | None = None) -> dict
         try:
             stub = daemons.start()
             gs_pid = daemons.procs[0].pid
+            time.sleep(2)  # the hosts registered and heartbeating, no kernel
+            threads_no_kernels = len(os.listdir(f"/proc/{gs_pid}/task"))
+            # the most threads while the kernels start (sampled every 20 ms, here only)
+            peak = [threads_no_kernels]
+            sampling = threading.Event()
+
+            def sample() -> None:
+                while not sampling.wait(0.02):
+                    try:
+                        peak[0] = max(peak[0], len(os.listdir(f"/proc/{gs_pid}/task")))
+                    except OSError:
+                        return
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             start_s = []
             for n in range(count):
                 t_start = time.perf_counter()
@@ -364,6 +381,8 @@ def measure_real(count: int, window: float, profile: Path | None = None) -> dict
                 kc.execute_interactive("x = 1", timeout=60)
                 start_s.append(time.perf_counter() - t_start)
                 clients.append(kc)
+            sampling.set()
+            sampler.join()
             time.sleep(5)  # the replicas and the scheduler settle (Raft rests)
             spy = None
             if profile is not None:  # py-spy's folded stacks of the idle window
@@ -390,6 +409,8 @@ def measure_real(count: int, window: float, profile: Path | None = None) -> dict
                 clients[0].execute_interactive("pass", timeout=30)
                 cells.append((time.perf_counter() - t) * 1000)
             return {"kernels": count, "gs_threads": threads,
+                    "gs_threads_no_kernels": threads_no_kernels,
+                    "gs_threads_starting_max": peak[0],
                     "gs_idle_cpu_ms_per_s": round(idle, 2),
                     "gs_idle_cpu_ms_per_s_per_kernel": round(idle / count, 3),
                     "gs_rss_mb": round(rss_kb / 1000, 1),

@@ -1,4 +1,15 @@
-"""The Global Scheduler daemon: the gRPC service, the host liveness monitor, the registry."""
+"""The Global Scheduler daemon: the gRPC service, the host liveness monitor, the registry.
+
+Who owns what (issue 32; docs/architecture.md, "The Global Scheduler's loop"):
+
+- the fronts' loop (``FrontLoop.shared()``, one thread) runs the ``grpc.aio`` server: every
+  call's I/O, the interceptors (join token, registry flush), and the handlers written as
+  coroutines (``Heartbeat``, ``ReportReplicaEvent``); it also runs the host monitor's timer
+  (host_monitor.py) and every kernel front;
+- the other handlers are still synchronous methods, run in ``gs-grpc`` pool threads under
+  ``service.lock`` (grpc_loop.SyncHandlersInPool), as the synchronous server ran them;
+- the service's ``gs-work`` pool runs the effects (replica starts, recovery, host checks).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +17,16 @@ import logging
 import signal
 import threading
 from concurrent import futures
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import grpc
 
 from notebookos.config import Config
 from notebookos.global_scheduler.autoscaler import Autoscaler
+from notebookos.global_scheduler.front_loop import FrontLoop
+from notebookos.global_scheduler.grpc_loop import SyncHandlersInPool
+from notebookos.global_scheduler.host_monitor import HostMonitor
 from notebookos.global_scheduler.limits import kernels_room, open_file_limit, raise_limits
 from notebookos.global_scheduler.providers import (
     HostProvider,
@@ -33,7 +48,7 @@ from notebookos.policies.profile import profile_from_config
 from notebookos.proto import global_scheduler_pb2_grpc as gs_grpc
 from notebookos.security import (
     KEEPALIVE_OPTIONS,
-    JoinTokenInterceptor,
+    AioJoinTokenInterceptor,
     add_secure_port,
     child_environment,
     connector,
@@ -63,7 +78,7 @@ class GlobalSchedulerDaemon:
         # deployment configured are only checked. Unusable files raise SecurityError (naming the
         # setting) before anything binds.
         ensure_cluster_credentials(config)
-        interceptor = JoinTokenInterceptor(config)
+        interceptor = AioJoinTokenInterceptor(config)
         connect = connector(config, KEEPALIVE_OPTIONS)  # a host gone silent shows in seconds
         # The scheduling profile: a plug-in per extension point, each with its configuration
         # section (notebookos/policies/profile.py); the cycle runs it (policies/cycle.py).
@@ -96,16 +111,30 @@ class GlobalSchedulerDaemon:
             sharing = self.service.gpu_sharing
             log.info("GPU sharing on (tensorshare): %s predictor, test SMAPE %.1f%%",
                      sharing.predictor_name, getattr(sharing.predictor, "test_smape", 0.0))
-        # mutual TLS; the Local Schedulers' methods also need the cluster join token
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32),
-                                  interceptors=[interceptor,
-                                                FlushBeforeAnswer(self.service.store.flush)])
-        gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, self.server)
-        try:
-            port = add_secure_port(self.server, config, f"{gs.host}:{gs.grpc_port}")
-        except OSError:
-            raise OSError(f"cannot bind the Global Scheduler's gRPC port {gs.host}:"
-                          f"{gs.grpc_port}") from None
+        # The gRPC server runs on the fronts' loop (grpc.aio binds a server to the loop it is
+        # made on); its synchronous handlers in this pool, made lazily up to 32 threads.
+        self.loop = FrontLoop.shared()
+        self.grpc_pool = futures.ThreadPoolExecutor(max_workers=32,
+                                                    thread_name_prefix="gs-grpc")
+
+        def make_server() -> tuple[grpc.aio.Server, int]:
+            # mutual TLS; the Local Schedulers' methods also need the cluster join token.
+            # The last interceptor wraps the handler first: the registry flush (a synchronous
+            # handler's wrapper flushes in the thread the handler ran in), then the pool that
+            # runs synchronous handlers, then the token check.
+            server = grpc.aio.server(
+                migration_thread_pool=self.grpc_pool,
+                interceptors=[interceptor, SyncHandlersInPool(self.grpc_pool),
+                              FlushBeforeAnswer(self.service.store, self.grpc_pool)])
+            gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, server)
+            try:
+                port = add_secure_port(server, config, f"{gs.host}:{gs.grpc_port}")
+            except (OSError, RuntimeError):
+                raise OSError(f"cannot bind the Global Scheduler's gRPC port {gs.host}:"
+                              f"{gs.grpc_port}") from None
+            return server, port
+
+        self.server, port = self.loop.run(make_server, timeout=30)
         self.address = f"{gs.host}:{port}"
         try:
             self.metrics_server = MetricsServer(self.service.metrics.registry, gs.host,
@@ -113,11 +142,12 @@ class GlobalSchedulerDaemon:
                                                 {"/sd": self.service.service_discovery},
                                                 ssl_context=metrics_ssl_context(config))
         except OSError as exc:
-            self.server.stop(None)
+            self._stop_server(None)
             raise OSError(f"cannot bind the Global Scheduler's metrics port {gs.host}:"
                           f"{gs.metrics_port}: {exc}") from exc
         self.service.metrics_address = self.metrics_server.address
         self._stopped = threading.Event()
+        self._stop_done = threading.Event()
         self.autoscaler: Autoscaler | None = None
         if gs.autoscale and gs.host_provider in ("local", "static"):
             provider: HostProvider
@@ -135,40 +165,52 @@ class GlobalSchedulerDaemon:
                 gpus_per_host=max(1, config.local_scheduler.virtual_gpus),
                 max_hosts=gs.max_hosts, forecast=forecast,
                 history_path=Path(config.state_path) / "global_scheduler" / "scaling-history.json")
-        self._monitor = threading.Thread(target=self._monitor_hosts, daemon=True,
-                                         name="host-monitor")
+        # host liveness: a timer on the loop, armed for the next deadline (host_monitor.py)
+        self.monitor = HostMonitor(self.service, self.loop, self.service._pool)
+        self.service.on_host_deadlines = self.monitor.poke
 
     def start(self) -> None:
         self.service.restore()
-        self.server.start()
+        self.loop.spawn(self.server.start()).result(timeout=30)
+        # no heartbeat could arrive before now (a restore may take seconds: a front's port
+        # waited for): each restored host gets a whole heartbeat timeout from here
+        self.service.listening()
         self.metrics_server.start()
-        self._monitor.start()
+        self.monitor.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
         log.info("Global Scheduler listening on %s (policy %s); metrics on %s", self.address,
                  self.policy.name, self.metrics_server.url)
 
-    def _monitor_hosts(self) -> None:
-        interval = max(0.2, min(1.0, self.service.heartbeat_timeout_s / 4,
-                                self.service.silent_host_timeout_s or 1.0))
-        while not self._stopped.wait(interval):
-            try:
-                self.service.check_hosts()
-            except Exception:  # noqa: BLE001 - the monitor must keep running
-                log.exception("host check failed")
+    def _stop_server(self, grace: float | None) -> futures.Future:
+        """Stop the gRPC server on its loop; its future (done once the calls ended)."""
+        return self.loop.spawn(self.server.stop(grace))
 
     def stop(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.monitor.close()
         if self.autoscaler is not None:
             self.autoscaler.close()
-        self.server.stop(grace=1)
+        # New calls are refused at once and those running get 1 s; meanwhile the service
+        # closes (as when the synchronous server's stop returned at once), then the stop is
+        # waited for: the process exits with no call half-answered on the loop.
+        stopped = self._stop_server(1)
         self.metrics_server.close()
         self.service.close()
+        try:
+            stopped.result(timeout=5)
+        except (FutureTimeout, RuntimeError) as exc:
+            log.warning("the gRPC server did not stop cleanly: %r", exc)
+        self.grpc_pool.shutdown(wait=False, cancel_futures=True)
+        self._stop_done.set()
 
     def wait(self) -> None:
+        """Until ``stop`` (on another thread: a signal's) has finished, or 20 s after it began
+        (the registry's flush waits up to 10 s)."""
         self._stopped.wait()
+        self._stop_done.wait(20)
 
 
 def run(config: Config) -> int:

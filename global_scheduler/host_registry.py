@@ -64,11 +64,20 @@ class HostRegistryMixin:
         self.cluster.add_host(host)
         self.hosts[host_id] = HostLink(host_id, address, instance_id, gpus, virtual,
                                        prewarm_pool_target=self._pool_target(prewarm),
-                                       connect=self.connect, on_reset=self._host_link_reset)
+                                       connect=self.connect, on_reset=self._host_link_reset,
+                                       on_liveness=self._host_deadlines_changed)
         # its daemon's death shows at once (unreachable_since); the call starts once the lock
         # is released: starting it starts a channel's thread and waits for it (up to 44 ms)
         self._defer(self.hosts[host_id].watch)
         self._capacity_added()  # cells waiting for GPUs or a host try it now
+        self._host_deadlines_changed()  # the monitor learns of its heartbeat deadline
+
+    def _host_deadlines_changed(self) -> None:
+        """A host may be due for a check sooner than the monitor's timer says (a host added,
+        gone silent or unreachable, a probe ended): the daemon's ``HostMonitor.poke``, which
+        returns at once (any thread, lock held or not)."""
+        if self.on_host_deadlines is not None:
+            self.on_host_deadlines()
 
     def _pool_target(self, offered: int) -> int:
         """A host's prewarm pool target: the pool it offers, or for lcp the policy's warm pool."""
@@ -187,10 +196,16 @@ class HostRegistryMixin:
                     self._lose_replica(entry, rid, f"host {host_id}'s Local Scheduler restarted "
                                        "without it")
 
-    def Heartbeat(self, request, context):  # noqa: N802
+    async def Heartbeat(self, request, context):  # noqa: N802
+        """On the loop (grpc_loop.py): every host, every 2 s. A short decision under the
+        lock; the effects (an orphaned commitment released, a stranger replica stopped: calls
+        to the host) go to the pool."""
         if not request.host_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "HeartbeatRequest.host_id must not be empty")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "HeartbeatRequest.host_id must not be empty")
+        return self._heartbeat(request)
+
+    def _heartbeat(self, request) -> global_scheduler_pb2.HeartbeatResponse:  # noqa: ANN001
         with self.lock:
             link = self.hosts.get(request.host_id)
             if link is None or link.instance_id != request.instance_id:
@@ -293,11 +308,39 @@ class HostRegistryMixin:
             reprobe = [h for h, link in self.hosts.items()
                        if link.unreachable_since and not link.silent_since
                        and now - self._node_probes.get(h, 0.0) >= NODE_REPROBE_S]
+            if self.node_probe_timeout_s > 0:
+                for h in reprobe:  # its probe sets it again when it starts and ends
+                    self._node_probes[h] = now
         self._run_deferred()
         if silent and self.on_hosts_changed is not None:
             self.on_hosts_changed()
         for host_id in reprobe:
             self._host_link_reset(host_id)
+
+    def listening(self) -> None:
+        """The gRPC server listens from now on: the hosts restored from the registry get a
+        whole heartbeat timeout from now (none could heartbeat while it restored)."""
+        now = time.time()
+        with self.lock:
+            for link in self.hosts.values():
+                link.last_heartbeat = max(link.last_heartbeat, now)
+
+    def next_host_deadline(self) -> float | None:
+        """The earliest moment (``time.time()``) at which ``check_hosts`` could find something
+        to do: a host's heartbeat timeout, a silent host's timeout, the reprobe of an
+        unreachable one (not while its probe runs: its end pokes the monitor). None without
+        hosts (a registration pokes the monitor)."""
+        timeout = self.silent_host_timeout_s
+        with self.lock:
+            due = []
+            for h, link in self.hosts.items():
+                due.append(link.last_heartbeat + self.heartbeat_timeout_s)
+                if timeout > 0 and link.silent_since:
+                    due.append(link.silent_since + timeout)
+                if (link.unreachable_since and not link.silent_since
+                        and self.node_probe_timeout_s > 0 and h not in self._node_probing):
+                    due.append(self._node_probes.get(h, 0.0) + NODE_REPROBE_S)
+            return min(due, default=None)
 
     # -- a node lost, or only its daemon (node_probe.py) --------------------------------------
 
@@ -326,6 +369,7 @@ class HostRegistryMixin:
             with self.lock:
                 self._node_probing.discard(host_id)
                 self._node_probes[host_id] = time.time()
+            self._host_deadlines_changed()  # its reprobe is due from now on
 
     def _node_replicas(self, host_id: str) -> dict[tuple[str, int], tuple[str, int]]:
         """(kernel, replica) -> (ip, shell port) of every replica placed on the host, the
@@ -378,12 +422,22 @@ class HostRegistryMixin:
 
     # -- replica events (reported by the hosts) -----------------------------------------------
 
-    def ReportReplicaEvent(self, request, context):  # noqa: N802
+    async def ReportReplicaEvent(self, request, context):  # noqa: N802
+        """On the loop (grpc_loop.py): a decision under the lock; what it sets off (a
+        replacement, the front's new replicas, the registry write) is handed to the pool, the
+        front's loop command queue and the registry writer, none waited for here."""
+        ack = self._replica_event(request)
+        if ack is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"host {request.host_id!r} is not registered")
+        return ack
+
+    def _replica_event(self, request) -> global_scheduler_pb2.ReplicaEventAck | None:  # noqa: ANN001
+        """ReportReplicaEvent's change; None when the host is not registered."""
         with self.lock:
             link = self.hosts.get(request.host_id)
             if link is None:
-                context.abort(grpc.StatusCode.NOT_FOUND,
-                              f"host {request.host_id!r} is not registered")
+                return None
             seen_key = f"{request.host_id}/{link.instance_id}"
             if request.sequence and request.sequence <= self._seen_events.get(seen_key, 0):
                 return global_scheduler_pb2.ReplicaEventAck(known=True)

@@ -64,6 +64,9 @@ class HostLink:
     # connection was closed or reset, not for want of an answer: a daemon that exited alone,
     # or its whole node killed (host_registry.py's node probe tells which).
     on_reset: Callable[[str], None] | None = field(default=None, kw_only=True, repr=False)
+    # Called (on gRPC's thread) when ``unreachable_since`` or ``silent_since`` is set: a
+    # deadline of the host monitor came closer (host_monitor.py).
+    on_liveness: Callable[[], None] | None = field(default=None, kw_only=True, repr=False)
     _watch_call: grpc.Future | None = None
     _closed: bool = False
 
@@ -99,15 +102,21 @@ class HostLink:
             self._watch_call_start(held=False)
             return
         if failed:
+            changed = False
             if not self.unreachable_since:
                 self.unreachable_since = time.time()
+                changed = True
                 log.warning("host %s: its Local Scheduler at %s does not answer (%s)",
                             self.host_id, self.address, _why(call.exception()))
-            if held and not self.silent_since and _unanswered(call.exception()):
+            went_silent = held and not self.silent_since and _unanswered(call.exception())
+            if went_silent:
                 self.silent_since = time.time()
+                changed = True
                 log.warning("host %s answers no keepalive ping: its machine or its network may "
                             "be gone", self.host_id)
-            elif held and self.on_reset is not None:
+            if changed and self.on_liveness is not None:
+                self.on_liveness()
+            if not went_silent and held and self.on_reset is not None:
                 self.on_reset(self.host_id)
             if not held:  # a probe failed (not for want of a connection): try again later
                 _release_timer().after(1.0, lambda: self._watch_call_start(held=False))

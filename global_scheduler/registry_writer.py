@@ -10,17 +10,19 @@ records are independent, so their order across records does not matter.
 
 What a client is told stays durable: ``flush`` waits until every change made before it was
 written, and the Global Scheduler's gRPC server calls it before each answer
-(``FlushBeforeAnswer``), as the write under the lock did. A write that fails is logged and tried
+(``FlushBeforeAnswer``, which never waits on the server's loop), as the write under the lock
+did. A write that fails is logged and tried
 again (newest version first) until it succeeds or the scheduler stops; ``flush`` gives up after
 its timeout and says so in the log rather than holding the answer for good.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 import grpc
@@ -164,25 +166,39 @@ class RegistryWriter(RegistryStore):
         return failed
 
 
-class FlushBeforeAnswer(grpc.ServerInterceptor):
+class FlushBeforeAnswer(grpc.aio.ServerInterceptor):
     """Each unary call is answered only once the registry changes made before its end are
     written: what a client was told survives a Global Scheduler restart, as when the writes
-    were made under the lock."""
+    were made under the lock.
 
-    def __init__(self, flush: Callable[[], bool]) -> None:
-        self._flush = flush
+    The wait never blocks the loop the server runs on: a synchronous handler's wrapper
+    flushes in the pool thread the handler ran in (``grpc_loop.SyncHandlersInPool``, placed
+    after this interceptor, runs it there); a coroutine handler's answer goes out at once when
+    nothing is pending (a heartbeat writes nothing), and otherwise waits for the flush in
+    ``pool``."""
 
-    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
-        handler = continuation(handler_call_details)
+    def __init__(self, writer: RegistryWriter, pool: Executor) -> None:
+        self._writer = writer
+        self._pool = pool
+
+    async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
+        handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        inner, flush = handler.unary_unary, self._flush
-
-        def answer(request, context):  # noqa: ANN001, ANN202
-            try:
-                return inner(request, context)
-            finally:
-                flush()
+        inner, writer, pool = handler.unary_unary, self._writer, self._pool
+        if asyncio.iscoroutinefunction(inner):
+            async def answer(request, context):  # noqa: ANN001, ANN202
+                try:
+                    return await inner(request, context)
+                finally:
+                    if writer.pending:
+                        await asyncio.get_running_loop().run_in_executor(pool, writer.flush)
+        else:
+            def answer(request, context):  # noqa: ANN001, ANN202
+                try:
+                    return inner(request, context)
+                finally:
+                    writer.flush()
 
         return grpc.unary_unary_rpc_method_handler(
             answer, request_deserializer=handler.request_deserializer,

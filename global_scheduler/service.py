@@ -12,6 +12,15 @@ the mixins it is made of, one job each:
 
 One lock (``self.lock``) guards the cluster model, the host links and the kernel entries; slow
 calls to Local Schedulers (starting replicas) happen outside it.
+
+Who runs what (issue 32; the daemon's docstring and docs/architecture.md): the gRPC server runs
+on the fronts' loop (``FrontLoop.shared()``, grpc.aio). ``Heartbeat`` and ``ReportReplicaEvent``
+are coroutines on that loop: a short decision under the lock, never an ``await`` while holding
+it, their effects handed to ``_pool``. Every other handler is a synchronous method run in the
+daemon's ``gs-grpc`` pool (grpc_loop.SyncHandlersInPool) and takes the lock as before. The host
+monitor is a timer on the loop (host_monitor.py) armed for ``next_host_deadline``; its
+``check_hosts`` runs in ``_pool``. The front hooks run on the loop too. What remains shared
+between threads is this lock's state; moving the remaining handlers onto the loop is next.
 """
 
 from __future__ import annotations
@@ -133,6 +142,9 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.spare_fronts = SpareFrontSockets(ip, self._pool.submit)
         self._stop = threading.Event()
         self.on_hosts_changed: Callable[[], None] | None = None
+        # The daemon's host monitor (host_monitor.py): called when a host may be due for a
+        # check sooner than its timer says (host_registry._host_deadlines_changed)
+        self.on_host_deadlines: Callable[[], None] | None = None
         # The policy's strategies (notebookos/policies/framework.py) choose the mechanisms:
         # the kernel mode (long-running replicas, or per-cell containers for batch and lcp:
         # kernel_modes.py), GPUs bound per cell or for the session, a warm pool (lcp).
