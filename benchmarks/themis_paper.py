@@ -36,8 +36,8 @@ from typing import ClassVar
 from notebookos.policies import get_policy
 from notebookos.policies.base import Policy, PolicyKind, QueuedJob
 from notebookos.simulator.config import SimConfig, parse_cluster
-from notebookos.simulator.job_ftf import FTFJobSimulator, GavelFTF
-from notebookos.simulator.jobsim import ARRIVE, COMPLETE, TICK, JobSimulator
+from notebookos.simulator.job_ftf import FTFJobSimulator, GavelFTF, MuriEvents
+from notebookos.simulator.jobsim import JobSimulator
 from notebookos.simulator.runner import job_engine_for, summarize_run
 from notebookos.testing import smoke
 from notebookos.workload.model import Workload, jobs_workload
@@ -69,18 +69,8 @@ class EventLAS(Policy):
         return (executed > 0, executed, job.submit_time, job.seq)
 
 
-class MuriEvents(JobSimulator):
-    """Schedules only where Muri's simulator does: at arrivals and real completions."""
-
-    _live_at = -1.0
-
-    def _handle(self, kind: int, seq: int, version: int, now: float) -> None:
-        if kind == ARRIVE or (kind == COMPLETE and version == self.jobs[seq].version
-                              and self.jobs[seq].running):
-            self._live_at = now
-        elif kind == TICK:
-            self._live_at = now
-        super()._handle(kind, seq, version, now)
+class MuriEventsOrder(MuriEvents):
+    """The job engine's order, scheduled only at Muri's events."""
 
     def _schedule(self, now: float) -> None:
         if self._live_at == now:
@@ -142,7 +132,7 @@ def run_one(workload: Workload, run: str, hosts: int, gpus: int,
     if mode == "las":
         policy: Policy = EventLAS()
         config = SimConfig(hosts=hosts, gpus_per_host=gpus, placement="consolidated")
-        engine: type[JobSimulator] = MuriEvents
+        engine: type[JobSimulator] = MuriEventsOrder
     else:
         policy = get_policy(name)
         config = SimConfig(hosts=hosts, gpus_per_host=gpus, placement=placement,

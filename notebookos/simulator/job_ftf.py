@@ -72,7 +72,21 @@ class GavelFTF(Policy):
         return (job.seq,)  # the engine orders the jobs itself, at every event
 
 
-class FTFJobSimulator(JobSimulator):
+class MuriEvents(JobSimulator):
+    """Schedules only where Muri's simulator does: at arrivals and real completions (and the
+    engine's ticks); a subclass's ``_schedule`` runs when ``_live_at`` is the current instant."""
+
+    _live_at = -1.0
+
+    def _handle(self, kind: int, seq: int, version: int, now: float) -> None:
+        if kind == ARRIVE or (kind == COMPLETE and version == self.jobs[seq].version
+                              and self.jobs[seq].running):
+            self._live_at = now
+        elif kind == TICK:
+            self._live_at = now
+        super()._handle(kind, seq, version, now)
+
+class FTFJobSimulator(MuriEvents):
     """Muri's ``themis_sim_jobs`` on the job engine (module docstring)."""
 
     def __init__(self, workload: Workload, policy: Policy, config: SimConfig, *,
@@ -86,7 +100,6 @@ class FTFJobSimulator(JobSimulator):
         self.units = units
         self.iteration_s = iteration_s or [1.0] * len(self.jobs)
         self.overhead = overhead
-        self._live_at = -1.0
         self._last_event = 0.0
         self._runnable: list[int] = []  # Muri's JOBS.runnable_jobs, in its order
         self._executed: dict[int, float] = {}
@@ -96,14 +109,6 @@ class FTFJobSimulator(JobSimulator):
         self._share_prev: dict[int, float] = {}
         self.solves = 0
         self.solve_wall_s = 0.0
-
-    def _handle(self, kind: int, seq: int, version: int, now: float) -> None:
-        if kind == ARRIVE or (kind == COMPLETE and version == self.jobs[seq].version
-                              and self.jobs[seq].running):
-            self._live_at = now
-        elif kind == TICK:
-            self._live_at = now
-        super()._handle(kind, seq, version, now)
 
     def _arrive(self, job: _Job, now: float) -> None:
         super()._arrive(job, now)
