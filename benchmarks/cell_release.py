@@ -171,7 +171,7 @@ def measure_replicated(cells: int, gpus: int) -> dict[str, float]:
     from types import SimpleNamespace
 
     from notebookos.global_scheduler.cell_queue import CellQueue
-    from notebookos.global_scheduler.execution import ExecutionMixin
+    from notebookos.global_scheduler.execution import ExecutionMixin, _Pass
     from notebookos.global_scheduler.loop_waits import SignallingCondition
     from notebookos.loop_thread import LoopThread
     from notebookos.policies.cell_order import ArrivalOrder
@@ -203,7 +203,11 @@ def measure_replicated(cells: int, gpus: int) -> dict[str, float]:
             self.placed = 0
             self.free_lock = threading.Lock()
 
-        def _try_place(self, kernel_id: str, msg_id: str, request: Any) -> Any:
+        def _try_held(self, kernel_id: str, msg_id: str, request: Any) -> Any:
+            return _Pass(None, None, None, False)  # no held GPUs: every try goes to a thread
+
+        def _try_place(self, kernel_id: str, msg_id: str, request: Any,
+                       first: Any = None) -> Any:
             with self.free_lock:
                 self.tries += 1
                 if self.free <= 0:
