@@ -125,6 +125,10 @@ class HostLink:
             return
         if self.unreachable_since:
             log.info("host %s: its Local Scheduler answers again", self.host_id)
+            # An answer is as good as a heartbeat: a host that hung longer than the heartbeat
+            # timeout and answers again must not be declared lost for the heartbeats it missed
+            # while hung, before its next heartbeat can arrive.
+            self.last_heartbeat = max(self.last_heartbeat, time.time())
         self.unreachable_since = 0.0
         self.silent_since = 0.0
         self._watch_call_start(held=True)
