@@ -27,7 +27,6 @@ Muri's restart overhead (4-46 s per running job per event, ``overhead_dict``) is
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -36,9 +35,9 @@ from typing import ClassVar
 from notebookos.policies import get_policy
 from notebookos.policies.base import Policy, PolicyKind, QueuedJob
 from notebookos.simulator.config import SimConfig, parse_cluster
-from notebookos.simulator.job_ftf import FTFJobSimulator, GavelFTF, MuriEvents
+from notebookos.simulator.job_ftf import MuriEvents
 from notebookos.simulator.jobsim import JobSimulator
-from notebookos.simulator.runner import job_engine_for, summarize_run
+from notebookos.simulator.runner import job_engine_for, simulate, summarize_run
 from notebookos.testing import smoke
 from notebookos.workload.model import Workload, jobs_workload
 from notebookos.workload.readers import read_trace
@@ -84,28 +83,9 @@ def tiny_workload(jobs: int) -> Workload:
     return jobs_workload(rows, "tiny")
 
 
-def muri_steps(workload: Workload, path: Path | None, factor: float = 1.015
-               ) -> tuple[Workload, list[float] | None]:
-    """The trace as Muri's simulator runs it: a job is ``iterations`` steps of ``iteration_time``
-    x ``factor`` ms (jobs.py: 1.015), and its duration their product; the iteration times, in
-    seconds, per job of the returned workload. Without the file: the workload as it is."""
-    if path is None or not path.is_file():
-        return workload, None
-    with path.open(newline="") as f:
-        rows = {r["job_id"]: r for r in csv.DictReader(f)}
-    step = {}
-    jobs = []
-    for task in workload.tasks:
-        row = rows[task.task_id]
-        step[task.task_id] = float(row["iteration_time"]) * factor / 1000.0
-        jobs.append((task.task_id, task.submit, float(row["iterations"]) * step[task.task_id],
-                     task.gpus, task.name))
-    scaled = jobs_workload(jobs, workload.source)
-    return scaled, [step[task.task_id] for task in scaled.tasks]
-
-
-def run_ftf(workload: Workload, mode: str, hosts: int, gpus: int, path: Path | None) -> tuple:
-    """``ftf[/OPTION...]``: Muri's "themis" (Gavel's finish-time fairness, ``job_ftf``); options
+def run_ftf(workload: Workload, mode: str, hosts: int, gpus: int) -> tuple:
+    """``ftf[/OPTION...]``: Muri's "themis", the policy ``gavel-ftf`` (Gavel's finish-time
+    fairness, ``job_ftf``) as ``notebookos simulate --policy gavel-ftf`` runs it; options
     ``center`` (the dependency-free solve, else ECOS as Muri), ``gavel`` (Gavel's units for the
     isolated time, else Muri's), ``nooverhead`` (no restart cost per event), ``nofactor`` (the
     trace's iteration times without Muri's 1.015)."""
@@ -113,21 +93,22 @@ def run_ftf(workload: Workload, mode: str, hosts: int, gpus: int, path: Path | N
     unknown = options - {"center", "gavel", "nooverhead", "nofactor"}
     if unknown:
         raise SystemExit(f"unknown ftf options {sorted(unknown)}")
-    workload, steps = muri_steps(workload, path, 1.0 if "nofactor" in options else 1.015)
-    config = SimConfig(hosts=hosts, gpus_per_host=gpus, placement="consolidated")
-    engine = FTFJobSimulator(workload, GavelFTF(), config,
-                             solver="center" if "center" in options else "ecos",
-                             units="gavel" if "gavel" in options else "muri",
-                             iteration_s=steps, overhead="nooverhead" not in options)
-    return engine.run(), config
+    params = {"solver": "center" if "center" in options else "ecos",
+              "units": "gavel" if "gavel" in options else "muri",
+              "overhead": "nooverhead" not in options,
+              "iteration_factor": 1.0 if "nofactor" in options else 1.015}
+    config = SimConfig(hosts=hosts, gpus_per_host=gpus, placement="consolidated",
+                       policy_params={"gavel-ftf": params})
+    _, record = simulate(workload, "gavel-ftf", config)
+    return record, config
 
 
 def run_one(workload: Workload, run: str, hosts: int, gpus: int,
-            placement: str = "pooled", path: Path | None = None) -> dict:
+            placement: str = "pooled") -> dict:
     name, _, mode = run.partition(":")
     mode = mode or "off"
     if mode.startswith("ftf"):
-        record, config = run_ftf(workload, mode, hosts, gpus, path)
+        record, config = run_ftf(workload, mode, hosts, gpus)
         return summary_row(name, mode, record, config)
     if mode == "las":
         policy: Policy = EventLAS()
@@ -172,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     else tiny_workload(60))
         for run in args.runs.split(","):
             row = {"trace": trace, "cluster": args.cluster,
-                   **run_one(workload, run, hosts, gpus, args.placement,
-                             path if path.is_file() else None)}
+                   **run_one(workload, run, hosts, gpus, args.placement)}
             published = PUBLISHED.get(trace, {}).get(row["policy"])
             row["published_avg_jct_s"] = published
             row["ours_over_published"] = (round(row["avg_jct_s"] / published, 3)

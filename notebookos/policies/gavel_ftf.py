@@ -31,13 +31,74 @@ on that face is the solver's own. So there are two ways here:
   2 log(x_i - l_i(L)), the capacity's log(G - s'x); the jobs that set L at 1), found by a
   bisection on the capacity's multiplier. ECOS does not land on the center (two free jobs of
   the docstring's test: 0.347 each against 0.376), so this is a stand-in, not Muri's number.
+
+The policy ``gavel-ftf`` (``GavelFTF``, below) is that allocation run as Muri's simulator runs
+it; its engine is ``notebookos.simulator.job_ftf.FTFJobSimulator``, which ``notebookos simulate``
+picks for it (``runner.job_engine_for``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
+from typing import ClassVar
+
 import numpy as np
 
-__all__ = ["ftf_value", "ftf_allocation"]
+from notebookos.policies.base import Policy, PolicyKind, QueuedJob
+
+__all__ = ["FTF_SOLVERS", "FTF_UNITS", "GavelFTF", "ftf_value", "ftf_allocation"]
+
+FTF_SOLVERS = ("center", "ecos")
+FTF_UNITS = ("muri", "gavel")
+
+
+class GavelFTF(Policy):
+    """``gavel-ftf``: Muri's "themis", i.e. Gavel's finish-time-fairness shares recomputed at
+    every arrival and completion and run greedily in the order share / executed time (never-run
+    jobs first), YARN placement. Not Themis's auction (that is ``themis``). Parameters
+    (``--policy-param gavel-ftf.KEY=VALUE``):
+
+    - ``solver``: ``center`` (default, no dependency: the analytic center where the optimum is
+      not unique) or ``ecos`` (Muri's solver, the same x as its cvxpy call; needs ``ecos``);
+    - ``units``: ``muri`` (default: the isolated time in iterations over the isolated share, as
+      Muri computes it) or ``gavel`` (times the throughput, as Gavel does);
+    - ``overhead``: charge each running job its model's restart cost at every event (Muri's
+      ``overhead_dict``; default true);
+    - ``iteration_factor``: Muri's 1.015 on the trace's iteration times (default); it applies to
+      jobs whose trace gives ``iterations`` and ``iteration_time`` (Muri's traces) and makes their
+      work ``iterations x iteration_time x factor``; 1 keeps the trace's iteration times.
+    """
+
+    name: ClassVar[str] = "gavel-ftf"
+    kind: ClassVar[PolicyKind] = PolicyKind.JOB
+    preemptive: ClassVar[bool] = True
+    backfill: ClassVar[bool] = True
+    description: ClassVar[str] = ("Gavel's finish-time fairness as Muri's simulator runs its "
+                                  "'themis' (max-min rho shares at events, greedy)")
+
+    def __init__(self, *, solver: str = "center", units: str = "muri", overhead: bool = True,
+                 iteration_factor: float = 1.015, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if solver not in FTF_SOLVERS:
+            raise ValueError(f"solver={solver!r} must be one of {', '.join(FTF_SOLVERS)}")
+        if solver == "ecos" and importlib.util.find_spec("ecos") is None:
+            raise ValueError("solver='ecos' needs the ecos package (pip install ecos, or the "
+                             "test extra: pip install -e .[test]); solver='center' needs none")
+        if units not in FTF_UNITS:
+            raise ValueError(f"units={units!r} must be one of {', '.join(FTF_UNITS)}")
+        if not isinstance(overhead, bool):
+            raise ValueError(f"overhead={overhead!r} must be true or false")
+        if (isinstance(iteration_factor, bool) or not isinstance(iteration_factor, int | float)
+                or not math.isfinite(iteration_factor) or iteration_factor <= 0):
+            raise ValueError(f"iteration_factor={iteration_factor!r} must be a number > 0")
+        self.ftf_solver = solver
+        self.ftf_units = units
+        self.ftf_overhead = overhead
+        self.iteration_factor = float(iteration_factor)
+
+    def priority_key(self, job: QueuedJob, now: float) -> tuple:
+        return (job.seq,)  # the engine orders the jobs itself, at every event
 
 
 def _least_shares(t: float, e: np.ndarray, r: np.ndarray, D: np.ndarray) -> np.ndarray:

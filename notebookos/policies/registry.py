@@ -42,6 +42,7 @@ BUILTIN: dict[str, str] = {
     "lucid": "notebookos.policies.lucid:LucidPolicy",
     "tensorshare": "notebookos.policies.tensorshare:TensorSharePolicy",
     "themis": "notebookos.policies.themis:ThemisPolicy",
+    "gavel-ftf": "notebookos.policies.gavel_ftf:GavelFTF",
 }
 
 _cache: dict[str, type[Policy]] = {}

@@ -24,9 +24,14 @@ Muri's simulator (Rivendile/Muri ``simulator/run_sim.py``, ``themis_sim_jobs``) 
   (their hosts may change; that costs nothing here, as there), running jobs not chosen are
   preempted.
 
-The iteration times (with Muri's factor 1.015 on the trace's) come from the trace, as
-``iteration_s`` per job; without them a job is one step of one second a step per second of its
-duration (Muri's and Gavel's units then coincide).
+The iteration times come from the trace (Muri's ``iterations`` and ``iteration_time``, which the
+``muri`` reader keeps on each task): a job is ``iterations`` steps of ``iteration_time`` x the
+policy's ``iteration_factor`` (Muri's 1.015, ``jobs.py``), and its work their product, not the
+trace's rounded ``duration``. A caller may pass ``iteration_s`` per job instead (its workload's
+durations are then taken as they are). A job the trace gives no steps is one step a second of its
+duration (Muri's and Gavel's units then coincide). Placement is Muri's YARN whatever
+``SimConfig.placement`` says: a job of at most a host's GPUs on one host (the fullest that
+fits) or it waits, a larger one over the most idle hosts.
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ import time
 
 import numpy as np
 
-from notebookos.policies.base import Policy, PolicyKind, QueuedJob
-from notebookos.policies.gavel_ftf import ftf_allocation
+from notebookos.policies import placement
+from notebookos.policies.base import Policy
+from notebookos.policies.gavel_ftf import GavelFTF, ftf_allocation
 from notebookos.simulator.config import SimConfig
 from notebookos.simulator.jobsim import ARRIVE, COMPLETE, TICK, JobSimulator, _Job
 from notebookos.workload.model import Workload
+
+__all__ = ["DEFAULT_OVERHEAD_S", "OVERHEAD_S", "FTFJobSimulator", "GavelFTF", "MuriEvents"]
 
 # Muri simulator/run_sim.py: profiled start overhead (seconds) by GPUs and model.
 OVERHEAD_S: dict[int, dict[str, float]] = {
@@ -60,18 +68,6 @@ OVERHEAD_S: dict[int, dict[str, float]] = {
 DEFAULT_OVERHEAD_S = 10.0
 
 
-class GavelFTF(Policy):
-    """Muri's "themis": Gavel's finish-time-fairness shares, run greedily (``FTFJobSimulator``)."""
-
-    name = "gavel-ftf"
-    kind = PolicyKind.JOB
-    preemptive = True
-    backfill = True
-
-    def priority_key(self, job: QueuedJob, now: float) -> tuple:
-        return (job.seq,)  # the engine orders the jobs itself, at every event
-
-
 class MuriEvents(JobSimulator):
     """Schedules only where Muri's simulator does: at arrivals and real completions (and the
     engine's ticks); a subclass's ``_schedule`` runs when ``_live_at`` is the current instant."""
@@ -89,17 +85,22 @@ class MuriEvents(JobSimulator):
 class FTFJobSimulator(MuriEvents):
     """Muri's ``themis_sim_jobs`` on the job engine (module docstring)."""
 
-    def __init__(self, workload: Workload, policy: Policy, config: SimConfig, *,
-                 solver: str = "center", units: str = "muri",
-                 iteration_s: list[float] | None = None, overhead: bool = True,
-                 progress=None) -> None:  # noqa: ANN001
+    placement_name = "yarn"  # what summaries report: SimConfig.placement does not apply
+
+    def __init__(self, workload: Workload, policy: Policy, config: SimConfig,
+                 progress=None, *, solver: str | None = None,  # noqa: ANN001
+                 units: str | None = None, iteration_s: list[float] | None = None,
+                 overhead: bool | None = None) -> None:
+        """``solver``, ``units``, ``overhead``: the policy's (``GavelFTF``) unless given."""
         super().__init__(workload, policy, config, progress)
-        if units not in ("muri", "gavel"):
+        self.solver = solver or getattr(policy, "ftf_solver", "center")
+        self.units = units or getattr(policy, "ftf_units", "muri")
+        if units not in (None, "muri", "gavel"):
             raise ValueError(f"units: muri or gavel, not {units!r}")
-        self.solver = solver
-        self.units = units
-        self.iteration_s = iteration_s or [1.0] * len(self.jobs)
-        self.overhead = overhead
+        self.overhead = getattr(policy, "ftf_overhead", True) if overhead is None else overhead
+        if iteration_s is None:
+            iteration_s = self._trace_steps(workload, getattr(policy, "iteration_factor", 1.0))
+        self.iteration_s = iteration_s
         self._last_event = 0.0
         self._runnable: list[int] = []  # Muri's JOBS.runnable_jobs, in its order
         self._executed: dict[int, float] = {}
@@ -109,6 +110,36 @@ class FTFJobSimulator(MuriEvents):
         self._share_prev: dict[int, float] = {}
         self.solves = 0
         self.solve_wall_s = 0.0
+
+    def _trace_steps(self, workload: Workload, factor: float) -> list[float]:
+        """Seconds a step per job; a job with the trace's steps gets its work from them."""
+        steps = []
+        for job, task in zip(self.jobs, workload.tasks, strict=True):
+            if task.iterations > 0 and task.iteration_s > 0:
+                step = task.iteration_s * factor
+                job.q.duration = job.q.remaining = job.rec.duration = task.iterations * step
+                steps.append(step)
+            else:
+                steps.append(1.0)
+        return steps
+
+    def _place(self, job: _Job):  # noqa: ANN202
+        """Muri's YARN: a job of at most a host's GPUs on one host, else whole hosts first."""
+        need = job.q.num_gpus
+        if need > self.cluster.total_gpus - self.cluster.committed_gpus:
+            return None
+        if need <= self.gpus_per_host:
+            for host in placement.fewest_idle_first(self.cluster, min_idle=need, limit=1):
+                return [(host, need)]
+            return None
+        picks = []
+        for host in placement.most_idle_first(self.cluster, min_idle=1):
+            take = min(need, host.idle_gpus)
+            picks.append((host, take))
+            need -= take
+            if need == 0:
+                return picks
+        return None
 
     def _arrive(self, job: _Job, now: float) -> None:
         super()._arrive(job, now)

@@ -22,6 +22,10 @@ def summarize_run(record: RunRecord, config: SimConfig) -> dict:
 
 def job_engine_for(policy) -> type[JobSimulator]:  # noqa: ANN001
     """The job engine with the extensions the policy's extension points need."""
+    if getattr(policy, "ftf_solver", None):  # gavel-ftf: Muri's event loop with Gavel's solve
+        from notebookos.simulator.job_ftf import FTFJobSimulator
+
+        return FTFJobSimulator
     if getattr(policy, "partner_among_running", None) or getattr(policy, "partner_from_queue",
                                                                    None):
         from notebookos.simulator.job_sharing import SharingJobSimulator
@@ -70,7 +74,7 @@ def simulate(
     summary.update({
         "trace": workload.source,
         "cluster": f"{config.hosts}x{config.gpus_per_host}",
-        "placement": config.placement,
+        "placement": getattr(engine, "placement_name", config.placement),
         "autoscale": bool(config.autoscale and policy.kind is PolicyKind.SESSION),
         "seed": config.seed,
     })

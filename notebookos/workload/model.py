@@ -24,6 +24,11 @@ class Task:
     request: ResourceSpec
     name: str = ""  # the job's model or name where the trace has one (Tiresias/Muri model_name)
     user: str = ""  # who submitted it, where the trace says (else ""; a session's tasks: its id)
+    # A training job's steps, where the trace says (Muri's ``iterations`` and ``iteration_time``;
+    # 0: unknown). Only engines that count steps use them (gavel-ftf, job_ftf.py); ``duration``
+    # stays the trace's own column.
+    iterations: float = 0.0
+    iteration_s: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -76,14 +81,15 @@ def session_request(tasks: list[Task], default: ResourceSpec) -> ResourceSpec:
 
 
 def jobs_workload(rows: list[tuple], source: str) -> Workload:
-    """A batch-job trace: ``(job_id, submit_s, duration_s, gpus[, name[, user]])`` rows, one
-    session each."""
+    """A batch-job trace: ``(job_id, submit_s, duration_s, gpus[, name[, user[, iterations,
+    iteration_s]]])`` rows, one session each."""
     sessions = []
     for row in sorted(rows, key=lambda r: (r[1], r[0])):
         job_id, submit, duration, gpus = row[:4]
         name = row[4] if len(row) > 4 else ""
         user = row[5] if len(row) > 5 else ""
+        iterations, iteration_s = row[6:8] if len(row) > 7 else (0.0, 0.0)
         spec = ResourceSpec(gpus=gpus)
-        task = Task(job_id, job_id, submit, duration, spec, name, user)
+        task = Task(job_id, job_id, submit, duration, spec, name, user, iterations, iteration_s)
         sessions.append(Session(job_id, submit, None, spec, (task,)))
     return Workload(tuple(sessions), source, job_trace=True)

@@ -46,13 +46,16 @@ def _number(path: Path, line: int, row: dict, column: str) -> float:
 
 
 def read_job_csv(path: Path, fmt: str, seconds_per_unit: float) -> Workload:
-    rows: list[tuple[str, float, float, int, str, str]] = []
+    rows: list[tuple[str, float, float, int, str, str, float, float]] = []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
         needed = {"job_id", "submit_time", "duration", "num_gpu"}
         missing = needed - set(reader.fieldnames or ())
         if missing:
             raise TraceError(f"{path}: not a {fmt} CSV: missing column(s) {sorted(missing)}")
+        # Muri's traces give each job's steps: ``iterations`` of ``iteration_time`` (the trace's
+        # time unit); the step-counting engine (gavel-ftf) runs on them.
+        steps = {"iterations", "iteration_time"} <= set(reader.fieldnames or ())
         seen: set[str] = set()
         for line, row in enumerate(reader, start=2):
             job_id = (row["job_id"] or "").strip()
@@ -68,7 +71,11 @@ def read_job_csv(path: Path, fmt: str, seconds_per_unit: float) -> Workload:
             duration = _number(path, line, row, "duration") * seconds_per_unit
             name = (row.get("model_name") or row.get("job_name") or "").strip()
             user = (row.get("user") or "").strip()
-            rows.append((job_id, submit, duration, int(gpus), name, user))
+            iterations = iteration_s = 0.0
+            if steps and row["iterations"] and row["iteration_time"]:  # (an empty cell: unknown)
+                iterations = _number(path, line, row, "iterations")
+                iteration_s = _number(path, line, row, "iteration_time") * seconds_per_unit
+            rows.append((job_id, submit, duration, int(gpus), name, user, iterations, iteration_s))
     if not rows:
         raise TraceError(f"{path}: the trace has no jobs")
     return jobs_workload(rows, str(path))

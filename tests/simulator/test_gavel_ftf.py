@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 
 import numpy as np
@@ -83,3 +85,106 @@ def test_muris_restart_overhead_is_charged_to_running_jobs_at_each_event():
                                                              placement="consolidated"))
     ends = {t.task_id: t.end for t in engine.run().tasks}
     assert ends == {"A": pytest.approx(110.0), "B": pytest.approx(60.0)}
+
+
+# -- gavel-ftf as a policy of ``notebookos simulate`` -------------------------------------------
+
+MURI_HEADER = "job_id,num_gpu,submit_time,iterations,model_name,duration,iteration_time"
+
+
+def muri_trace(path):
+    """A small Muri-format trace (times in ms) on 1x4: bursts of 1-, 2- and 4-GPU jobs whose
+    ``duration`` is rounded up to the second as Muri's traces are, so that the work from
+    ``iterations`` x ``iteration_time`` differs from it."""
+    rows = [MURI_HEADER]
+    models = ("vgg16", "resnet18", "dqn", "a2c", "bert")
+    for i in range(24):
+        iterations, step_ms = 200 + 37 * (i % 9), 90 + 13 * (i % 5)
+        duration = -(-iterations * step_ms // 1000) * 1000
+        rows.append(f"{i},{(1, 2, 4)[i % 3]},{(i // 4) * 20_000},{iterations},{models[i % 5]},"
+                    f"{duration},{step_ms}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_the_muri_reader_keeps_each_jobs_steps(tmp_path):
+    from notebookos.workload.readers import read_trace
+
+    task = read_trace(muri_trace(tmp_path / "t.csv"), "muri").tasks[1]
+    assert (task.iterations, task.iteration_s) == (237.0, pytest.approx(0.103))
+    assert task.duration == 25.0  # the trace's column, rounded up: 237 x 103 ms = 24.411 s
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_simulate_runs_gavel_ftf_as_the_engine_does_called_directly(tmp_path, capsys, solver):
+    from notebookos.cli import main
+    from notebookos.policies import get_policy
+    from notebookos.simulator.runner import job_engine_for
+    from notebookos.workload.readers import read_trace
+
+    path = muri_trace(tmp_path / "t.csv")
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(path), "--format", "muri", "--cluster", "1x4",
+                 "--policy", "gavel-ftf", "--policy-param", f"gavel-ftf.solver={solver}",
+                 "--quiet", "--no-plots", "--json", "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    with (out / "tasks.csv").open() as f:
+        ends = {r["task_id"]: float(r["end_s"]) for r in csv.DictReader(f)}
+
+    # the engine, given the steps by hand as benchmarks/themis_paper.py once did
+    workload = read_trace(path, "muri")
+    jobs = [(t.task_id, t.submit, t.iterations * t.iteration_s * 1.015, t.gpus, t.name)
+            for t in workload.tasks]
+    scaled = jobs_workload(jobs, "t")
+    steps = {t.task_id: t.iteration_s * 1.015 for t in workload.tasks}
+    engine = FTFJobSimulator(scaled, GavelFTF(), SimConfig(hosts=1, gpus_per_host=4,
+                                                           placement="consolidated"),
+                             solver=solver, iteration_s=[steps[t.task_id] for t in scaled.tasks])
+    direct = {t.task_id: t.end for t in engine.run().tasks}
+    assert ends == pytest.approx(direct, abs=1e-3)
+    assert summary["placement"] == "yarn" and summary["ftf_solves"] == engine.solves
+    assert summary["preemptions"] > 0  # the order decided something
+    assert job_engine_for(get_policy("gavel-ftf")) is FTFJobSimulator
+    # the steps, not the rounded durations, are the work (Muri's jobs.py)
+    rounded = FTFJobSimulator(read_trace(path, "muri"), GavelFTF(iteration_factor=1.0),
+                              SimConfig(hosts=1, gpus_per_host=4), solver=solver).run()
+    assert {t.task_id: t.duration for t in rounded.tasks} == pytest.approx(
+        {t.task_id: t.iterations * t.iteration_s for t in workload.tasks})
+
+
+def test_gavel_ftf_runs_beside_the_other_job_policies(tmp_path, capsys):
+    from notebookos.cli import main
+
+    path = muri_trace(tmp_path / "t.csv")
+    assert main(["simulate", "--trace", str(path), "--format", "muri", "--cluster", "1x4",
+                 "--compare", "fifo,themis,gavel-ftf", "--quiet", "--no-plots", "--json"]) == 0
+    summaries = {s["policy"]: s for s in json.loads(capsys.readouterr().out)}
+    assert summaries["gavel-ftf"]["completed"] == 24
+    assert summaries["themis"]["placement"] == "pooled"
+
+
+@pytest.mark.parametrize("param, message", [
+    ("gavel-ftf.solver=cvxpy", "solver='cvxpy' must be one of center, ecos"),
+    ("gavel-ftf.units=seconds", "units='seconds' must be one of muri, gavel"),
+    ("gavel-ftf.overhead=maybe", "overhead='maybe' must be true or false"),
+    ("gavel-ftf.iteration_factor=0", "iteration_factor=0 must be a number > 0"),
+    ("gavel-ftf.lease_s=60", "bad parameters for policy 'gavel-ftf'"),
+])
+def test_a_bad_gavel_ftf_parameter_gets_a_clear_message(tmp_path, capsys, param, message):
+    from notebookos.cli import main
+
+    path = muri_trace(tmp_path / "t.csv")
+    assert main(["simulate", "--trace", str(path), "--format", "muri", "--cluster", "1x4",
+                 "--policy", "gavel-ftf", "--policy-param", param, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_solver_ecos_without_ecos_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ecos" else real(name, *a))
+    with pytest.raises(ValueError, match="needs the ecos package"):
+        GavelFTF(solver="ecos")
