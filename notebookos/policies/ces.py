@@ -103,6 +103,9 @@ class CESPolicy(Policy):
         if self.base.kind is not PolicyKind.JOB:
             raise ValueError(f"ces needs a job policy as its base, not {base!r} "
                              f"({self.base.kind} policy)")
+        if getattr(self.base, "ftf_solver", None):
+            raise ValueError(f"ces cannot wrap {base!r}: it runs in its own engine "
+                             "(notebookos/simulator/job_ftf.py), which does not sleep hosts")
         if check_interval_s <= 0 or wake_s < 0 or keep_awake_s < 0:
             raise ValueError("check_interval_s must be > 0, wake_s and keep_awake_s >= 0")
         if history_bins < 1 or future_bins < 1 or wake_buffer < 0 or de_threshold < 1:

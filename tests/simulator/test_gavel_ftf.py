@@ -188,3 +188,10 @@ def test_solver_ecos_without_ecos_says_what_to_install(monkeypatch):
                         lambda name, *a: None if name == "ecos" else real(name, *a))
     with pytest.raises(ValueError, match="needs the ecos package"):
         GavelFTF(solver="ecos")
+
+
+def test_ces_refuses_gavel_ftf_as_its_base_rather_than_run_it_without_its_engine():
+    from notebookos.policies import get_policy
+
+    with pytest.raises(ValueError, match="ces cannot wrap 'gavel-ftf': it runs in its own engine"):
+        get_policy("ces", base="gavel-ftf")
