@@ -27,7 +27,6 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj import pickle as pysyncobj_pickle
-from pysyncobj.monotonic import monotonic as raft_clock
 
 from .election import Applied, ElectionBook
 from .raft_crypto import RaftCipher, raft_key
@@ -47,13 +46,6 @@ DEFAULT_REST = RestTimings()
 # Completion without knowing it, and for a before/after benchmark.
 ANNOUNCE_UPDATES = os.environ.get("NOTEBOOKOS_RAFT_ANNOUNCE_UPDATES", "1") != "0"
 TRANSIENT = frozenset({"MISSING_LEADER", "NOT_LEADER", "LEADER_CHANGED", "DISCARDED", "QUEUE_FULL"})
-# An AppendEntries with entries asks only as many followers as a majority needs to answer at once
-# (``_KeyedSyncObj._tag_for_later_answers``); the others hold their answer back up to this long
-# and send the newest one. NOTEBOOKOS_RAFT_ACK_LATER=0 in a replica's environment: every
-# follower answers at once (the code before; for a before/after benchmark).
-ACK_LATER_S = 0.02
-ACK_LATER = os.environ.get("NOTEBOOKOS_RAFT_ACK_LATER", "1") != "0"
-_LATER = "nbos_ack_later"  # the AppendEntries' key that asks for a later answer
 
 
 class _KeyedSyncObj(SyncObj):
@@ -69,13 +61,7 @@ class _KeyedSyncObj(SyncObj):
         self._keyed_encryptor = encryptor
         self.book_consumer = book_consumer
         self.applied_guard = AppliedEntryGuard(on_diverged)
-        self._answer_later = False  # the AppendEntries being handled asked for a later answer
-        self._held_answers: dict = {}  # leader node -> (next index, due): answers held back
-        self.ack_due: float | None = None  # the earliest due held answer (raft_rest's poller)
         super().__init__(*args, **kwargs)
-        if ACK_LATER:
-            self._tag_for_later_answers()
-            self.addOnTickCallback(self._send_due_answers)
 
     @property
     def encryptor(self) -> RaftCipher:
@@ -93,84 +79,13 @@ class _KeyedSyncObj(SyncObj):
         replica diverged exactly when an entry written back at an applied index differs from
         the one applied there (``AppliedEntryGuard``); the same entry sent again (a stale or
         repeated AppendEntries) is harmless and said so."""
-        self._answer_later = type(message) is dict and message.get(_LATER) is True
-        try:
-            message, held_to = self._without_entries_held(message)
-            guard = self.applied_guard
-            guard.before(self, message)
-            super()._SyncObj__onMessageReceived(node, message)
-            guard.after(self, message)
-            if held_to is not None:  # Raft's answer to an AppendEntries whose entries all match
-                self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=held_to + 1, success=True)
-        finally:
-            self._answer_later = False
-
-    # ---- answers a majority does not wait for (issue 36) -------------------------------------
-    # With three members a record commits once the leader and one follower hold it; the second
-    # follower's answer to each AppendEntries is a message out of it and one into the leader,
-    # each waking a tick thread, for nothing the leader does (a trivial cell: two of the eight
-    # Raft messages of each of its two rounds). So the leader asks all but a majority's worth of
-    # followers (those first by address among the connected ones) to answer later; such a
-    # follower holds its success answer up to ACK_LATER_S and then sends the newest one, at
-    # once if anything else is to be answered first. Raft's safety does not depend on when an
-    # answer arrives (a held one is a slow network); a follower the leader needs is asked to
-    # answer at once: when another is not connected, every one is.
-    def _tag_for_later_answers(self) -> None:
-        try:
-            transport = self._SyncObj__transport
-            send = transport.send
-        except AttributeError:  # another pysyncobj: every follower answers at once
-            return
-
-        def send_tagged(node: Any, message: Any) -> Any:  # noqa: ANN401
-            if (type(message) is dict and message.get("type") == "append_entries"
-                    and message.get("entries") and not self._answers_at_once(node)):
-                message[_LATER] = True  # pysyncobj builds each member's message anew
-            return send(node, message)
-
-        transport.send = send_tagged
-
-    def _answers_at_once(self, node: Any) -> bool:  # noqa: ANN401
-        """Whether the leader needs ``node``'s answer to commit (a majority of the members)."""
-        try:
-            others = self._SyncObj__otherNodes
-            connected = self._SyncObj__connectedNodes
-        except AttributeError:
-            return True
-        needed = (len(others) + 1) // 2  # followers that, with the leader, are a majority
-        reachable = sorted((n for n in others if n in connected), key=lambda n: n.id)
-        if len(reachable) <= needed:
-            return True
-        return node in reachable[:needed]
-
-    def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None,  # noqa: ANN001, N802, N803
-                                  success=False) -> None:
-        if self._answer_later and success and not reset:
-            if nextNodeIdx is None:
-                nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1  # noqa: N806
-            held = self._held_answers.get(node)
-            due = held[1] if held is not None else raft_clock() + ACK_LATER_S
-            self._held_answers[node] = (max(nextNodeIdx, held[0]) if held else nextNodeIdx, due)
-            self.ack_due = min(self.ack_due or due, due)
-            return
-        self._send_held_answer(node)  # the older answer first, as it would have gone
-        super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx,
-                                          success=success)
-
-    def _send_held_answer(self, node: Any) -> None:  # noqa: ANN401
-        held = self._held_answers.pop(node, None)
-        if held is not None:
-            super()._SyncObj__sendNextNodeIdx(node, nextNodeIdx=held[0], success=True)
-            self.ack_due = min((d for _, d in self._held_answers.values()), default=None)
-
-    def _send_due_answers(self) -> None:
-        """On every tick: the held answers whose time has come."""
-        if not self._held_answers:
-            return
-        now = raft_clock()
-        for node, (_, due) in list(self._held_answers.items()):
-            if due <= now:
-                self._send_held_answer(node)
+        message, held_to = self._without_entries_held(message)
+        guard = self.applied_guard
+        guard.before(self, message)
+        super()._SyncObj__onMessageReceived(node, message)
+        guard.after(self, message)
+        if held_to is not None:  # Raft's answer to an AppendEntries whose entries all match
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=held_to + 1, success=True)
 
     def _without_entries_held(self, message: Any) -> tuple[Any, int | None]:
         """An AppendEntries cut down to what this follower's log lacks, so that pysyncobj

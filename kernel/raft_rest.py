@@ -212,11 +212,7 @@ class RaftRest:
     def poll_timeout(self, timeout: float) -> float:
         """How long the tick thread may wait for a message now: ``timeout`` (pysyncobj's tick
         period) while awake; resting, until this replica's next duty (the leader's heartbeat, a
-        follower's election deadline), at least the normal tick and at most ``rest_tick``;
-        never past the time an answer this replica holds back is due (raft_log.py)."""
-        ack_due = getattr(self._sync, "ack_due", None)
-        if ack_due is not None:
-            timeout = min(timeout, max(0.0, ack_due - raft_clock()))
+        follower's election deadline), at least the normal tick and at most ``rest_tick``."""
         if not self.enabled or not self.resting:
             return timeout
         now = raft_clock()
@@ -224,8 +220,7 @@ class RaftRest:
             due = self._get("newAppendEntriesTime")
         else:
             due = self._get("raftElectionDeadline")
-        rest = min(max(due - now, self._normal["autoTickPeriod"]), self.timings.rest_tick)
-        return rest if ack_due is None else min(rest, timeout)
+        return min(max(due - now, self._normal["autoTickPeriod"]), self.timings.rest_tick)
 
     def _connection_timeouts(self, timeout: float) -> None:
         """Every connection's timeout (pysyncobj checks it on a send: a link that read nothing
