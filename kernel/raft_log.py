@@ -33,6 +33,7 @@ from .raft_crypto import RaftCipher, raft_key
 from .raft_random import keep_raft_off_the_users_generator
 from .raft_rest import RaftRest, RestingTransport, RestTimings
 from .raft_start import QuickStart
+from .raft_wire import install as use_raft_wire_codec
 from .records import LEAD, Completion, Proposal, Record
 
 log = logging.getLogger(__name__)
@@ -353,6 +354,7 @@ class RaftLog:
         on_diverged: Callable[[str], None] | None = None,
     ) -> None:
         keep_raft_off_the_users_generator()
+        use_raft_wire_codec()  # small messages unzipped (raft_wire.py)
         """``quick_start``: this replica founds a new group (not ``--join``): its first
         election need not wait pysyncobj's timeouts (raft_start.py). ``on_diverged(why)``: an
         entry this replica applied was replaced in its log (``AppliedEntryGuard``), on

@@ -244,6 +244,7 @@ class ReplicaKernel(IPythonKernel):
         self._change: asyncio.Future | None = None  # set by the next change (_next_change)
         # whether a wait other than the apply loop's holds ``_change`` (see ``_on_commit``)
         self._change_watched = False
+        self.commit_wakes = 0  # commits that woke the kernel's loop (_on_commit; status, tests)
         self._group_waits = 0  # waits for the group under way: SIGINT is ignored meanwhile
         self._first_lead_at: dict[str, float] = {}
         self._first_proposal_at: dict[str, float] = {}
@@ -398,6 +399,7 @@ class ReplicaKernel(IPythonKernel):
         # The waits take ``_change`` (and set ``_change_watched``) before they look at the
         # state, and the state changed before this reads the flag: no wake is missed.
         if queued or self._change_watched or not isinstance(record, (Proposal, Completion)):
+            self.commit_wakes += 1
             self._wake()
 
     def _raft_diverged(self, why: str) -> None:
@@ -697,8 +699,9 @@ class ReplicaKernel(IPythonKernel):
         divergence. Returns None when it may run, else why it must not."""
         deadline = time.monotonic() + self.catch_up_timeout
         failures_at_start = self._resync_failures
+        watched = False
         while True:
-            change = self._next_change()
+            change = self._next_change(watch=watched)
             with self.raft.lock:
                 earlier = [e.election_id for e in self.raft.book.open_elections()
                            if e.term < election.term]
@@ -714,8 +717,12 @@ class ReplicaKernel(IPythonKernel):
             if time.monotonic() >= deadline:
                 return (f"it had not caught up with the kernel's state after "
                         f"{self.catch_up_timeout:g} s")
+            if not watched:  # about to wait: watch commits from now on, then look again
+                watched = True
+                continue
             self._tend_open_elections()
             await self._wait_for(change, 0.02)
+            watched = False
 
     async def _restore_from_store(self, started_s: float) -> None:
         """Load the store's checkpoint, then agree with the group where counting resumes.
@@ -838,8 +845,9 @@ class ReplicaKernel(IPythonKernel):
     async def _wait_until_quiet(self, election_id: str) -> None:
         """Wait until every other election is settled and its state update applied here."""
         await self._wait_raft_ready(30.0)
+        watched = False
         while True:
-            change = self._next_change()
+            change = self._next_change(watch=watched)
             with self.raft.lock:
                 others = [
                     e for e in self.raft.book.open_elections() if e.election_id != election_id
@@ -849,8 +857,12 @@ class ReplicaKernel(IPythonKernel):
             if not (others or pending or self._restore_needed or self._rebuilding
                     or self._restoring):
                 return
+            if not watched:  # see _wait_decided
+                watched = True
+                continue
             self._tend_open_elections()
             await self._wait_for(change, 0.02)
+            watched = False
 
     async def _hold_yield(self, election_id: str) -> None:
         """A YIELD matters only to fail an election nobody leads, or when this replica ran the
@@ -869,25 +881,41 @@ class ReplicaKernel(IPythonKernel):
             await self._wait_for(change, max(0.001, deadline - time.monotonic()))
 
     async def _wait_decided(self, election_id: str) -> Election:
+        """Until the election is decided. Like every wait on the book, it watches commits
+        (``_next_change``) only once it is about to wait, and looks again after that: a wait
+        that ends on its first look (the usual case for the executor's ``_wait_turn``, and for
+        this one once the LEAD's commit woke it) leaves the flag unset, so the next commit that
+        nobody needs at once (a cell's Completion, which ``_sync_after_cell`` learns of from its
+        own callback) does not wake the kernel's loop again (issue 36)."""
+        watched = False
         while True:
-            change = self._next_change()
+            change = self._next_change(watch=watched)
             election = self._election(election_id)
             if election is not None and election.phase is not Phase.PROPOSING:
                 return election
+            if not watched:  # about to wait: watch commits from now on, then look again
+                watched = True
+                continue
             self._tend_open_elections()
             await self._wait_for(change, 0.02)
+            watched = False
 
     async def _wait_settled(self, election_id: str) -> Election:
+        watched = False
         while True:
-            change = self._next_change()
+            change = self._next_change(watch=watched)
             election = self._election(election_id)
             assert election is not None
             with self._apply_lock:
                 pending = self._applies_pending
             if election.phase.settled and not pending:
                 return election
+            if not watched:  # see _wait_decided
+                watched = True
+                continue
             self._tend_open_elections()
             await self._wait_for(change, 0.02)
+            watched = False
 
     # ---- shell handlers ----------------------------------------------------------------------
     def _publish_status(self, status, channel, parent=None) -> None:  # noqa: ANN001
@@ -1309,6 +1337,8 @@ class ReplicaKernel(IPythonKernel):
                 # malloc_trim(0) calls as the group came to rest, and the RSS they gave back
                 "heap_trims": self.heap_trims,
                 "heap_released_bytes": self.heap_released_bytes,
+                # commits applied here that woke the kernel's loop (issue 36: only those it uses)
+                "commit_wakes": self.commit_wakes,
                 "raft_leader": self.raft.leader_address(),
                 # pysyncobj's own view of the group (the addresses it counts for a quorum),
                 # which can differ from the book's members (issue 32)

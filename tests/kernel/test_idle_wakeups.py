@@ -60,3 +60,22 @@ def test_an_idle_replica_group_stays_asleep(group: ReplicaGroup) -> None:
     }
     total = sum(sum(threads.values()) for threads in per_thread.values())
     assert total <= GROUP_BOUND, f"{total} wake-ups in {WINDOW_S:g} s: {per_thread}"
+
+
+def test_a_sticky_cell_wakes_the_executors_loop_once_by_commit(group: ReplicaGroup) -> None:
+    """A cell on the replica that ran the previous one: its LEAD's commit wakes the kernel's
+    loop (the cell waits for it), its Completion's does not (``_sync_after_cell`` learns of it
+    from its own callback). The code before woke it for both: the wait for the executor's
+    turn, and the wait for the decision, left commits watched after their last look (issue
+    36: a needless hand-off to the loop per cell, two busy cores)."""
+    group.execute("x = 1", target=1)
+    group.wait_status(lambda s: all(r["open_elections"] == 0 for r in s.values()), timeout=30)
+    time.sleep(2.5)  # the unchanged cells' checkpoint (due 2 s after one) is written first
+    before = group.status()[1]["commit_wakes"]
+    cells = 10
+    for _ in range(cells):
+        result = group.execute("1+1", target=1, to=[1])  # as the scheduler sends a sticky cell
+        assert result.replies[1]["content"]["status"] == "ok"
+    woken = group.status()[1]["commit_wakes"] - before
+    # one per cell, and room for one checkpoint's record
+    assert woken <= cells + 1, f"{woken} wake-ups by commits for {cells} cells"
