@@ -23,6 +23,7 @@ from sched_cluster import Cluster
 
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
+from notebookos.proto import global_scheduler_pb2
 
 HOSTS = 3
 
@@ -87,3 +88,86 @@ def test_an_idle_scheduler_checks_its_healthy_hosts_only_when_a_deadline_could_p
     cluster.wait(lambda: len(cluster.status().hosts) == HOSTS - 1, 10, "host-0 dropped")
     assert time.monotonic() - killed < 3 + 1.5
     assert "host-0" not in {h.host_id for h in cluster.status().hosts}
+
+
+def _hold_lock(service, seconds: float, change=None, board_current: bool = True,  # noqa: ANN001
+               ) -> tuple[threading.Thread, threading.Event]:
+    """A thread that takes ``service.lock`` as a pool thread does, makes ``change`` and keeps
+    the lock ``seconds``. With ``board_current`` it takes it at a moment the status board is
+    current (the loop made it again since the last release), as a hold starting between two
+    changes finds it."""
+    held = threading.Event()
+
+    def current() -> bool:  # main had no board: any moment will do
+        board = getattr(service, "_board", None)
+        return board is None or board.version == getattr(service.lock, "version", 0)
+
+    def hold() -> None:
+        deadline = time.monotonic() + 5
+        while True:
+            with service.lock:
+                if not board_current or current() or time.monotonic() > deadline:
+                    if change is not None:
+                        change()
+                    held.set()
+                    time.sleep(seconds)
+                    return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=hold, name="gs-work-hold", daemon=True)
+    thread.start()
+    assert held.wait(10)
+    return thread, held
+
+
+def test_status_queries_are_answered_at_once_while_a_thread_holds_the_lock(gs_in_process):
+    """The status queries are coroutines on the loop that never wait on ``service.lock``
+    while a thread holds it long: they answer from the status board, the state as of the last
+    release (the holder's change is in progress, so not in it); the heartbeats arriving
+    meanwhile await the lock without stopping the loop. The change shows once let go. On the
+    synchronous handlers, each query waited in a pool thread for the whole hold (and the
+    first heartbeat stopped the loop)."""
+    cluster, daemon, _ = gs_in_process
+    service = daemon.service
+    assert len(cluster.status().hosts) == HOSTS  # a dashboard polls: the board is kept
+    time.sleep(0.3)
+
+    def drain() -> None:
+        service.hosts["host-1"].draining = True
+
+    thread, _ = _hold_lock(service, 3.0, drain)
+    started = time.monotonic()
+    status = cluster.status()
+    kernels = cluster.stub.ListKernels(global_scheduler_pb2.ListKernelsRequest(), timeout=10)
+    with pytest.raises(grpc.RpcError) as missing:
+        cluster.stub.GetKernelStatus(global_scheduler_pb2.GetKernelStatusRequest(
+            kernel_id="no-such-kernel"), timeout=10)
+    took = time.monotonic() - started
+    assert thread.is_alive(), "the hold ended before the queries were answered"
+    assert took < 1.0, f"the status queries took {took:.2f} s while a thread held the lock"
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(status.hosts) == HOSTS and not list(kernels.kernels)
+    assert not any(h.draining for h in status.hosts)  # the hold's change is not done yet
+    thread.join()
+    assert {h.host_id for h in cluster.status().hosts if h.draining} == {"host-1"}
+    with service.lock:
+        service.hosts["host-1"].draining = False
+
+
+def test_a_status_query_never_answers_from_a_board_older_than_the_last_release(
+        gs_in_process):
+    """With no cluster-wide query lately the board is not kept: a query while a thread holds
+    the lock, after a change was let go, awaits the release (on the loop, holding no thread)
+    and answers the state after it, never the older board."""
+    cluster, daemon, _ = gs_in_process
+    service = daemon.service
+    cluster.status()
+    service._board_watched_until = 0.0  # noqa: SLF001 - no dashboard: the board goes stale
+    with service.lock:
+        service.hosts["host-2"].draining = True  # let go: the board is now older than this
+    thread, _ = _hold_lock(service, 1.5, board_current=False)
+    status = cluster.status()
+    assert not thread.is_alive()  # it waited for the hold to end
+    assert {h.host_id for h in status.hosts if h.draining} == {"host-2"}
+    with service.lock:
+        service.hosts["host-2"].draining = False
