@@ -334,7 +334,7 @@ def _write_thread_cpu(pid: int, before: dict[int, float], after: dict[int, float
                            for ms, t in reversed(rows)))
 
 
-def _status_polls(stub, clients: list, count: int, polls: int = 300,  # noqa: ANN001
+def _status_polls(stub, clients: list, count: int, polls: int = 1000,  # noqa: ANN001
                   pollers: int = 4) -> dict[str, Any]:
     """Status queries while cells flow: ``pollers`` threads each send ``polls`` /
     ``pollers`` GetKernelStatus (round robin over the kernels, as Jupyter's restarter polls

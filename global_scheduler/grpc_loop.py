@@ -4,7 +4,8 @@ whose I/O is driven by the loop that owns the kernel fronts (``FrontLoop.shared(
 Two kinds of handler serve on it:
 
 - coroutines (``async def``: ``Heartbeat``, ``ReportReplicaEvent``, ``GetKernelStatus``,
-  ``ListKernels``, ``GetClusterStatus``) run on the loop itself. They take ``service.lock``
+  ``ListKernels``, ``GetClusterStatus``, ``StopKernel``, ``InterruptKernel``) run on the loop
+  itself. They take ``service.lock``
   with ``await lock.acquire_async()`` (state_lock.py: a thread holding it delays the call, not
   the loop) for a short decision, but never await while holding it (the lock is an RLock:
   another coroutine on the loop would enter it too), and whatever blocks (a Local Scheduler

@@ -23,7 +23,7 @@ from sched_cluster import Cluster
 
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
-from notebookos.proto import global_scheduler_pb2
+from notebookos.proto import common_pb2, global_scheduler_pb2
 
 HOSTS = 3
 
@@ -171,3 +171,69 @@ def test_a_status_query_never_answers_from_a_board_older_than_the_last_release(
     assert {h.host_id for h in status.hosts if h.draining} == {"host-2"}
     with service.lock:
         service.hosts["host-2"].draining = False
+
+
+def test_status_queries_stops_and_interrupts_take_no_pool_thread(gs_in_process):
+    """GetKernelStatus, ListKernels, GetClusterStatus, StopKernel and InterruptKernel run on
+    the loop: calls from several clients at once make no ``gs-grpc`` thread (each synchronous
+    handler held one for its call). Unknown kernels are refused as before."""
+    cluster, _, _ = gs_in_process
+    pool_before = sorted(n for n in _names() if n.startswith("gs-grpc"))
+    stub = cluster.stub
+    codes: list[grpc.StatusCode] = []
+
+    def client(n: int) -> None:
+        for i in range(10):
+            kernel_id = f"no-such-kernel-{n}-{i}"
+            stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(), timeout=10)
+            stub.ListKernels(global_scheduler_pb2.ListKernelsRequest(), timeout=10)
+            for call, request in (
+                    (stub.GetKernelStatus, global_scheduler_pb2.GetKernelStatusRequest),
+                    (stub.StopKernel, global_scheduler_pb2.StopKernelRequest),
+                    (stub.InterruptKernel, global_scheduler_pb2.InterruptKernelRequest)):
+                try:
+                    call(request(kernel_id=kernel_id), timeout=10)
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(60)
+    assert codes == [grpc.StatusCode.NOT_FOUND] * 4 * 10 * 3
+    assert sorted(n for n in _names() if n.startswith("gs-grpc")) == pool_before
+
+
+def test_a_stop_whose_client_gave_up_still_runs_to_its_end(gs_in_process):
+    """StopKernel on the loop awaits the lock while a thread holds it; the client's deadline
+    passing meanwhile does not cut the stop short (the handler's pool thread ran on before):
+    once the lock is let go the kernel is stopped and forgotten."""
+    from notebookos.global_scheduler.front import ReplicaEndpoint
+    from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+    from notebookos.resources import ResourceSpec
+
+    cluster, daemon, _ = gs_in_process
+    service = daemon.service
+    with service.lock:  # a kernel as the registry knows it, its replicas on the three hosts
+        entry = KernelEntry("k-gave-up", "key", "hmac-sha256", "python3", {})
+        service.cluster.add_kernel(entry.kernel_id, ResourceSpec(millicpus=10, memory_mb=64))
+        for rid in (1, 2, 3):
+            host_id = f"host-{rid - 1}"
+            endpoint = ReplicaEndpoint(rid, "127.0.0.1", 1, 2, 3, 4, host_id)
+            entry.replicas[rid] = ReplicaLink(rid, host_id, endpoint, f"127.0.0.1:{rid}", 0,
+                                              ready=True)
+            service.cluster.place_replica(entry.kernel_id, rid, host_id)
+        entry.state = "idle"
+        service.kernels[entry.kernel_id] = entry
+    assert cluster.kernel(entry.kernel_id).state == common_pb2.KERNEL_STATE_IDLE
+    thread, _ = _hold_lock(service, 1.0, board_current=False)
+    with pytest.raises(grpc.RpcError) as late:
+        cluster.stub.StopKernel(global_scheduler_pb2.StopKernelRequest(
+            kernel_id=entry.kernel_id), timeout=0.3)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    thread.join()
+    cluster.wait(lambda: entry.kernel_id not in service.kernels, 20, "the stop to end")
+    with pytest.raises(grpc.RpcError) as gone:
+        cluster.kernel(entry.kernel_id)
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
