@@ -33,7 +33,9 @@ stdin, control; no heartbeat channel); the Global Scheduler's process is read fr
 ``gs_idle_cpu_ms_per_s``, ``gs_rss_mb``, ``cell_ms`` (a trivial cell through its front, p50), and
 ``kernel_start_s`` (StartKernel to the first cell's reply, one kernel at a time: median, max);
 ``gs_threads_no_kernels`` (hosts registered, before any kernel) and ``gs_threads_starting_max``
-(the most, sampled every 20 ms while the N kernels start).
+(the most, sampled every 20 ms while the N kernels start); then the status queries while cells
+flow (``_status_polls``): ``status_ms`` (GetKernelStatus, 4 pollers), ``cluster_status_ms``
+(GetClusterStatus) p50/p99, and ``gs_threads_after_polls``.
 """
 
 from __future__ import annotations
@@ -332,6 +334,54 @@ def _write_thread_cpu(pid: int, before: dict[int, float], after: dict[int, float
                            for ms, t in reversed(rows)))
 
 
+def _status_polls(stub, clients: list, count: int, polls: int = 1000,  # noqa: ANN001
+                  pollers: int = 4) -> dict[str, Any]:
+    """Status queries while cells flow: ``pollers`` threads each send ``polls`` /
+    ``pollers`` GetKernelStatus (round robin over the kernels, as Jupyter's restarter polls
+    each kernel) and one GetClusterStatus in ten, while one thread runs trivial cells through
+    the kernels in turn. ``status_ms``: GetKernelStatus p50/p99; ``cluster_status_ms`` the
+    same for GetClusterStatus; ``status_cells``: the cells run meanwhile."""
+    from notebookos.proto import global_scheduler_pb2
+
+    kernel_ms: list[float] = []
+    cluster_ms: list[float] = []
+    stop = threading.Event()
+    ran = [0]
+
+    def cells() -> None:
+        i = 0
+        while not stop.is_set():
+            clients[i % len(clients)].execute_interactive("pass", timeout=30)
+            ran[0] += 1
+            i += 1
+
+    def poll(offset: int) -> None:
+        for i in range(polls // pollers):
+            t = time.perf_counter()
+            if i % 10 == 9:
+                stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(), timeout=30)
+                cluster_ms.append((time.perf_counter() - t) * 1000)
+            else:
+                stub.GetKernelStatus(global_scheduler_pb2.GetKernelStatusRequest(
+                    kernel_id=f"scale-{(i + offset) % count:03d}"), timeout=30)
+                kernel_ms.append((time.perf_counter() - t) * 1000)
+
+    load = threading.Thread(target=cells, daemon=True)
+    load.start()
+    threads = [threading.Thread(target=poll, args=(k,)) for k in range(pollers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    load.join(60)
+    return {"status_ms": {"p50": round(_pct(kernel_ms, 0.5), 2),
+                          "p99": round(_pct(kernel_ms, 0.99), 2)},
+            "cluster_status_ms": {"p50": round(_pct(cluster_ms, 0.5), 2),
+                                  "p99": round(_pct(cluster_ms, 0.99), 2)},
+            "status_cells": ran[0]}
+
+
 def measure_real(count: int, window: float, profile: Path | None = None) -> dict[str, Any]:
     """The Global Scheduler daemon with ``count`` idle kernels of real replicas."""
     import statistics
@@ -408,6 +458,8 @@ def measure_real(count: int, window: float, profile: Path | None = None) -> dict
                 t = time.perf_counter()
                 clients[0].execute_interactive("pass", timeout=30)
                 cells.append((time.perf_counter() - t) * 1000)
+            polls = _status_polls(stub, clients, count)
+            polls["gs_threads_after_polls"] = len(os.listdir(f"/proc/{gs_pid}/task"))
             return {"kernels": count, "gs_threads": threads,
                     "gs_threads_no_kernels": threads_no_kernels,
                     "gs_threads_starting_max": peak[0],
@@ -416,7 +468,7 @@ def measure_real(count: int, window: float, profile: Path | None = None) -> dict
                     "gs_rss_mb": round(rss_kb / 1000, 1),
                     "cell_ms_p50": round(statistics.median(cells), 2),
                     "kernel_start_s": {"median": round(statistics.median(start_s), 3),
-                                       "max": round(max(start_s), 3)}}
+                                       "max": round(max(start_s), 3)}, **polls}
         finally:
             for kc in clients:
                 kc.stop_channels()

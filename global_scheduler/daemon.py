@@ -4,8 +4,10 @@ Who owns what (issue 32; docs/architecture.md, "The Global Scheduler's loop"):
 
 - the fronts' loop (``FrontLoop.shared()``, one thread) runs the ``grpc.aio`` server: every
   call's I/O, the interceptors (join token, registry flush), and the handlers written as
-  coroutines (``Heartbeat``, ``ReportReplicaEvent``); it also runs the host monitor's timer
-  (host_monitor.py) and every kernel front;
+  coroutines (``Heartbeat``, ``ReportReplicaEvent``, the status queries ``GetKernelStatus``,
+  ``ListKernels``, ``GetClusterStatus``, and ``StopKernel``, ``InterruptKernel``), which await
+  ``service.lock`` without blocking the loop (state_lock.py, status.py, lifecycle.py); it also
+  runs the host monitor's timer (host_monitor.py) and every kernel front;
 - the other handlers are still synchronous methods, run in ``gs-grpc`` pool threads under
   ``service.lock`` (grpc_loop.SyncHandlersInPool), as the synchronous server ran them;
 - the service's ``gs-work`` pool runs the effects (replica starts, recovery, host checks).

@@ -198,12 +198,16 @@ class HostRegistryMixin:
 
     async def Heartbeat(self, request, context):  # noqa: N802
         """On the loop (grpc_loop.py): every host, every 2 s. A short decision under the
-        lock; the effects (an orphaned commitment released, a stranger replica stopped: calls
-        to the host) go to the pool."""
+        lock (awaited, state_lock.py); the effects (an orphaned commitment released, a
+        stranger replica stopped: calls to the host) go to the pool."""
         if not request.host_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "HeartbeatRequest.host_id must not be empty")
-        return self._heartbeat(request)
+        await self.lock.acquire_async()  # a thread holding it delays this call, not the loop
+        try:
+            return self._heartbeat(request)
+        finally:
+            self.lock.release()
 
     def _heartbeat(self, request) -> global_scheduler_pb2.HeartbeatResponse:  # noqa: ANN001
         with self.lock:
@@ -425,8 +429,13 @@ class HostRegistryMixin:
     async def ReportReplicaEvent(self, request, context):  # noqa: N802
         """On the loop (grpc_loop.py): a decision under the lock; what it sets off (a
         replacement, the front's new replicas, the registry write) is handed to the pool, the
-        front's loop command queue and the registry writer, none waited for here."""
-        ack = self._replica_event(request)
+        front's loop command queue and the registry writer, none waited for here. The lock
+        is awaited: a thread holding it delays this call, not the loop."""
+        await self.lock.acquire_async()
+        try:
+            ack = self._replica_event(request)
+        finally:
+            self.lock.release()
         if ack is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"host {request.host_id!r} is not registered")

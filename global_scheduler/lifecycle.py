@@ -1,13 +1,21 @@
 """A kernel's life cycle as the gRPC API drives it: start (replicas, front, session GPUs),
 stop, interrupt, restart, and moving a replica on request. Mixed into
-``GlobalSchedulerService``."""
+``GlobalSchedulerService``.
+
+``StopKernel`` and ``InterruptKernel`` are coroutines on the loop (issue 32): a decision under
+the lock, awaited (``_locked``: state_lock.py), and the Local Scheduler calls as effects awaited
+in the ``gs-work`` pool, run to their end whoever waits (``_run_to_end``). The other handlers
+are still synchronous, in the ``gs-grpc`` pool (grpc_loop.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -259,17 +267,23 @@ class KernelLifecycleMixin:
 
     def _discard_kernel(self, kernel_id: str) -> None:
         with self.lock:
-            entry = self.kernels.pop(kernel_id, None)
-            self._recovery_guards.pop(kernel_id, None)
-            self._membership_guards.pop(kernel_id, None)
-            with self._placement_cv:
-                self.cell_queue.kernel_gone(kernel_id)
-            if kernel_id in self.cluster.kernels:
-                self.cluster.remove_kernel(kernel_id)
-            self.store.delete_kernel(kernel_id)
-            self._kernel_changed()
+            entry = self._forget_kernel(kernel_id)
         if entry is not None and entry.front is not None:
             entry.front.close()
+
+    def _forget_kernel(self, kernel_id: str) -> KernelEntry | None:
+        """The kernel leaves the state and the registry (its front is the caller's to close,
+        out of the lock); its entry, if it was known. Lock held."""
+        entry = self.kernels.pop(kernel_id, None)
+        self._recovery_guards.pop(kernel_id, None)
+        self._membership_guards.pop(kernel_id, None)
+        with self._placement_cv:
+            self.cell_queue.kernel_gone(kernel_id)
+        if kernel_id in self.cluster.kernels:
+            self.cluster.remove_kernel(kernel_id)
+        self.store.delete_kernel(kernel_id)
+        self._kernel_changed()
+        return entry
 
     def shutdown_requested(self, kernel_id: str) -> None:
         """A client sent the kernel a shutdown_request (Jupyter's shutdown or restart): its
@@ -286,43 +300,94 @@ class KernelLifecycleMixin:
             entry.message = "shutting down at its client's request"
             self._save_kernel(entry)
 
-    def StopKernel(self, request, context):  # noqa: N802
-        with self.lock:
-            entry = self.kernels.get(request.kernel_id)
+    async def StopKernel(self, request, context):  # noqa: N802
+        """On the loop (grpc_loop.py): the decision (the kernel is stopping; which replicas
+        to stop) under the lock, awaited (state_lock.py); the Local Schedulers' StopReplica
+        calls in the ``gs-work`` pool, awaited; then the kernel forgotten under the lock (its
+        registry record deleted by the writer, which the answer waits for) and its front
+        closed. A client that leaves (or whose deadline passes) does not cut it short: it runs
+        to its end, as the handler's pool thread did."""
+        if not await self._run_to_end(self._stop_kernel(request.kernel_id)):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+        return global_scheduler_pb2.StopKernelResponse()
+
+    async def _stop_kernel(self, kernel_id: str) -> bool:
+        """StopKernel's decision and effects; False for a kernel not known."""
+        async with self._locked():
+            entry = self.kernels.get(kernel_id)
             if entry is None:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+                return False
             entry.state = "stopping"
             entry.client_shutdown = False  # a stop now, whatever the client asked before
             replicas = list(entry.replicas.values())
             self._cell_cv.notify_all()  # its cells waiting for a host stop waiting
             self._kernel_changed()  # and those waiting for its replicas
-        list(self._pool.map(lambda r: self._stop_replica_quietly(
-            r.host_id, request.kernel_id, r.replica_id), replicas))
-        self._discard_kernel(request.kernel_id)
-        return global_scheduler_pb2.StopKernelResponse()
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(
+            self._pool, self._stop_replica_quietly, r.host_id, kernel_id, r.replica_id)
+            for r in replicas))
+        async with self._locked():
+            entry = self._forget_kernel(kernel_id)
+        if entry is not None and entry.front is not None:
+            entry.front.close()  # on the loop: at once
+        return True
 
-    def InterruptKernel(self, request, context):  # noqa: N802
-        with self.lock:
-            entry = self.kernels.get(request.kernel_id)
+    async def InterruptKernel(self, request, context):  # noqa: N802
+        """On the loop: the decision under the lock (awaited), the cells not started yet
+        withdrawn there, and the running cells' replicas interrupted by their Local Schedulers
+        in the ``gs-work`` pool, awaited (one after the other, 5 s each at most, as before);
+        run to its end whoever waits, as StopKernel."""
+        refused, was_running = await self._run_to_end(self._interrupt_kernel(request.kernel_id))
+        if refused is not None:
+            await context.abort(*refused)
+        return global_scheduler_pb2.InterruptKernelResponse(cell_was_running=was_running)
+
+    async def _interrupt_kernel(self, kernel_id: str,
+                                ) -> tuple[tuple[grpc.StatusCode, str] | None, bool]:
+        """InterruptKernel's decision and effects: why it was refused (or None), and whether
+        a cell was running or waiting."""
+        async with self._locked():
+            entry = self.kernels.get(kernel_id)
             if entry is None:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+                return (grpc.StatusCode.NOT_FOUND, f"no kernel {kernel_id!r}"), False
             if entry.state in ("starting", "stopping"):
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"kernel {request.kernel_id} is {entry.state}")
+                return (grpc.StatusCode.FAILED_PRECONDITION,
+                        f"kernel {kernel_id} is {entry.state}"), False
             running = dict(entry.executions)
-            front = entry.front
-        queued = self.mode.withdraw_waiting(request.kernel_id, front)
+            queued = self.mode.withdraw_waiting(kernel_id, entry.front)
+            links = {host_id: self.hosts.get(host_id) for _, host_id in running.values()}
+        if running:
+            await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._interrupt_replicas, kernel_id, running, links)
+        return None, bool(running or queued)
+
+    def _interrupt_replicas(self, kernel_id: str, running: dict, links: dict) -> None:
         for rid, host_id in running.values():
-            link = self.hosts.get(host_id)
+            link = links.get(host_id)
             if link is not None:
                 try:
                     link.stub.InterruptReplica(local_scheduler_pb2.InterruptReplicaRequest(
-                        kernel_id=request.kernel_id, replica_id=rid), timeout=5)
+                        kernel_id=kernel_id, replica_id=rid), timeout=5)
                 except grpc.RpcError as exc:
-                    log.info("interrupt of %s/%d failed: %s", request.kernel_id, rid,
-                             exc.details())
-        return global_scheduler_pb2.InterruptKernelResponse(
-            cell_was_running=bool(running or queued))
+                    log.info("interrupt of %s/%d failed: %s", kernel_id, rid, exc.details())
+
+    @contextlib.asynccontextmanager
+    async def _locked(self) -> AsyncIterator[None]:
+        """``service.lock`` for a decision on the loop: awaited, never blocking the loop
+        (state_lock.py); nothing may be awaited inside."""
+        await self.lock.acquire_async()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    async def _run_to_end(self, effects: Awaitable[Any]) -> Any:
+        """Await ``effects``; a caller that goes away (the call cancelled) does not stop them:
+        they run to the end as a task of their own."""
+        task = asyncio.ensure_future(effects)
+        self._effects.add(task)
+        task.add_done_callback(self._effects.discard)
+        return await asyncio.shield(task)
 
     def WakeKernel(self, request, context):  # noqa: N802
         with self.lock:

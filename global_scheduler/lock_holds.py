@@ -25,22 +25,28 @@ from typing import Any
 ENV = "NOTEBOOKOS_DEBUG_LOCK_HOLDS"
 _HERE = os.path.abspath(__file__)
 _THREADING = os.path.abspath(threading.__file__)
+# state_lock.StateLock wraps the lock: its frames are not the site either
+_SKIP = (_HERE, _THREADING, os.path.join(os.path.dirname(_HERE), "state_lock.py"))
 
 
 def service_lock(name: str = "service.lock") -> Any:
-    """The service's lock: a plain RLock, or a timed one when the env var names a path."""
+    """The service's lock: a ``state_lock.StateLock`` over a plain RLock, or over a timed one
+    when the env var names a path."""
+    from notebookos.global_scheduler.state_lock import StateLock
+
     path = os.environ.get(ENV, "")
     if not path:
-        return threading.RLock()
+        return StateLock(threading.RLock())
     sample_ms = float(os.environ.get(f"{ENV}_SAMPLE_MS", "20"))
-    return TimedRLock(name, path.replace("{pid}", str(os.getpid())), sample_ms / 1000)
+    return StateLock(TimedRLock(name, path.replace("{pid}", str(os.getpid())),
+                                sample_ms / 1000))
 
 
 def _site(depth: int) -> str:
     """The first frame out of this module and threading.py (a Condition's wait re-takes the
     lock from threading.py): ``file:line function``."""
     frame = sys._getframe(depth)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename) in (_HERE, _THREADING):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _SKIP:
         frame = frame.f_back
     if frame is None:
         return "?"

@@ -15,8 +15,11 @@ calls to Local Schedulers (starting replicas) happen outside it.
 
 Who runs what (issue 32; the daemon's docstring and docs/architecture.md): the gRPC server runs
 on the fronts' loop (``FrontLoop.shared()``, grpc.aio). ``Heartbeat`` and ``ReportReplicaEvent``
-are coroutines on that loop: a short decision under the lock, never an ``await`` while holding
-it, their effects handed to ``_pool``. Every other handler is a synchronous method run in the
+are coroutines on that loop: a short decision under the lock (awaited, ``acquire_async``:
+state_lock.py), never an ``await`` while holding it, their effects handed to ``_pool``. The
+status queries are coroutines too, answered from the lock-versioned status board while a
+thread holds the lock (status.py), and so are ``StopKernel`` and ``InterruptKernel`` (their
+Local Scheduler calls awaited in ``_pool``: lifecycle.py). Every other handler is a synchronous method run in the
 daemon's ``gs-grpc`` pool (grpc_loop.SyncHandlersInPool) and takes the lock as before. The host
 monitor is a timer on the loop (host_monitor.py) armed for ``next_host_deadline``; its
 ``check_hosts`` runs in ``_pool``. The front hooks run on the loop too. What remains shared
@@ -178,6 +181,10 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.metrics = GlobalSchedulerMetrics(self.metrics_snapshot, policy=policy.name,
                                               version=__version__)
         self.metrics_address = ""
+        # effects of the coroutine handlers that run to their end whoever waits (lifecycle.py)
+        self._effects: set = set()
+        # the status queries' board, made on the loop after changes (status.py)
+        self._init_status()
 
     # -- persistence ------------------------------------------------------------------------
 

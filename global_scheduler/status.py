@@ -1,9 +1,23 @@
 """What ``GetKernelStatus``, ``ListKernels`` and ``GetClusterStatus`` answer, built from the
-Global Scheduler's registry under its lock. Mixed into ``GlobalSchedulerService``."""
+Global Scheduler's registry under its lock. Mixed into ``GlobalSchedulerService``.
+
+The three are coroutines on the loop (issue 32) that never block it on ``service.lock``
+(``_read_state``): with the lock free they read under it at once; while another thread holds
+it they answer from the status board, an immutable ``StatusBoard`` made on the loop at a
+version of the lock, if no change was let go since (a linearizable answer: the holder's
+changes are not done), or else await the lock's release without holding a thread. The board
+is made by each cluster-wide query and, while such queries come, again after changes
+(coalesced, at most ``BOARD_DUTY`` of the loop): a dashboard polling during a long hold is
+answered at once. Only the loop writes the board.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
@@ -21,6 +35,12 @@ KERNEL_STATES = {
     "hibernating": common_pb2.KERNEL_STATE_HIBERNATED,
     "hibernated": common_pb2.KERNEL_STATE_HIBERNATED, "waking": common_pb2.KERNEL_STATE_WAKING,
 }
+T = TypeVar("T")
+# A cluster-wide query (GetClusterStatus, ListKernels: a dashboard, ``notebookos status``)
+# keeps the status board fresh for this long after it ...
+BOARD_WATCH_S = 10.0
+# ... spending at most this share of the loop's time making it again
+BOARD_DUTY = 0.05
 REPLICA_STATES = {
     ReplicaState.STARTING: common_pb2.REPLICA_STATE_STARTING,
     ReplicaState.RUNNING: common_pb2.REPLICA_STATE_IDLE,
@@ -30,7 +50,31 @@ REPLICA_STATES = {
 }
 
 
+@dataclass(frozen=True)
+class StatusBoard:
+    """The cluster's status as of one version of the lock (``state_lock.StateLock.version``):
+    made on the loop under the lock, read on the loop without it. Never changed once made."""
+
+    version: int
+    hosts: list[common_pb2.HostStatus]
+    kernels: dict[str, common_pb2.KernelStatus]
+    fields: dict[str, Any]  # the rest of a ClusterStatus
+
+
 class StatusMixin:
+    # set by the service's __init__ (_init_status)
+    _board: StatusBoard | None
+    _status_loop: asyncio.AbstractEventLoop | None
+
+    def _init_status(self) -> None:
+        self._board = None  # the last status board (written on the loop only)
+        self._status_loop = None  # the loop the queries run on (set by the first)
+        self._board_watched_until = 0.0  # monotonic; kept fresh until then
+        self._board_refresh_pending = False
+        self._board_not_before = 0.0  # monotonic; the next refresh's earliest start
+        self.board_refreshes = 0  # boards made after a release (tests, benchmarks)
+        self.lock.on_release = self._board_released
+
     def _connection(self, entry: KernelEntry, with_key: bool) -> common_pb2.ConnectionInfo:
         ports = entry.front.ports if entry.front else {}
         return common_pb2.ConnectionInfo(
@@ -99,45 +143,171 @@ class StatusMixin:
         return {"gpu_seconds_used": entry.gpu_seconds + running,
                 "gpu_seconds_reserved": reserved}
 
-    def GetKernelStatus(self, request, context):  # noqa: N802
-        with self.lock:
-            entry = self.kernels.get(request.kernel_id)
-            if entry is None:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
-            return self._kernel_status(entry)
+    # -- the queries, on the loop ----------------------------------------------------------
 
-    def ListKernels(self, request, context):  # noqa: N802
-        with self.lock:
-            return global_scheduler_pb2.ListKernelsResponse(
-                kernels=[self._kernel_status(e) for e in self.kernels.values()])
+    async def GetKernelStatus(self, request, context):  # noqa: N802
+        """On the loop (grpc_loop.py), answered without blocking it (``_read_state``)."""
+        kernel_id = request.kernel_id
 
-    def GetClusterStatus(self, request, context):  # noqa: N802
-        with self.lock:
-            hosts = []
-            for host_id, host in self.cluster.hosts.items():
-                link = self.hosts[host_id]
-                shared = self.shared_devices(host_id)
-                hosts.append(common_pb2.HostStatus(
-                    host_id=host_id, address=link.address,
-                    capacity=resource_spec_to_proto(host.capacity),
-                    subscribed=resource_spec_to_proto(host.subscribed),
-                    gpus=[common_pb2.GpuDevice(**g, shared_by=shared.get(g["device_id"], []))
-                          for g in link.gpus],
-                    virtual_gpus=link.virtual_gpus, gpus_committed=host.committed.gpus,
-                    gpus_pending=host.pending.gpus,
-                    subscription_ratio=host.subscription_ratio(self.replicas_per_kernel),
-                    prewarm_pool_size=link.prewarm_pool_size,
-                    last_heartbeat_unix=link.last_heartbeat, draining=link.draining,
-                    metrics_address=link.metrics_address,
-                    unreachable_since_unix=link.unreachable_since))
-            limit = getattr(self.policy, "subscription_ratio_limit", 0.0)
-            return global_scheduler_pb2.ClusterStatus(
-                hosts=hosts, kernels=[self._kernel_status(e) for e in self.kernels.values()],
-                policy=self.policy.name, replicas_per_kernel=self.replicas_per_kernel,
-                subscription_ratio_limit=float(limit or 0.0),
-                gpus_total=self.cluster.total_gpus, gpus_committed=self.cluster.committed_gpus,
-                gpus_pending=sum(h.pending.gpus for h in self.cluster.hosts.values()),
-                scheduler_instance_id=self.instance_id, metrics_address=self.metrics_address)
+        def build() -> common_pb2.KernelStatus | None:
+            entry = self.kernels.get(kernel_id)
+            return self._kernel_status(entry) if entry is not None else None
+
+        status = await self._read_state(build, lambda board: board.kernels.get(kernel_id))
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {kernel_id!r}")
+        return status
+
+    async def ListKernels(self, request, context):  # noqa: N802
+        board = await self._read_state(self._publish_board, lambda board: board, watch=True)
+        return global_scheduler_pb2.ListKernelsResponse(kernels=board.kernels.values())
+
+    async def GetClusterStatus(self, request, context):  # noqa: N802
+        if request.kernel_id:  # one kernel's view: O(hosts), on the loop
+            kernel_id = request.kernel_id
+
+            def build() -> global_scheduler_pb2.ClusterStatus:
+                entry = self.kernels.get(kernel_id)
+                return global_scheduler_pb2.ClusterStatus(
+                    hosts=self._host_statuses(),
+                    kernels=[self._kernel_status(entry)] if entry is not None else [],
+                    **self._cluster_fields())
+
+            def from_board(board: StatusBoard) -> global_scheduler_pb2.ClusterStatus:
+                status = board.kernels.get(kernel_id)
+                return global_scheduler_pb2.ClusterStatus(
+                    hosts=board.hosts, kernels=[status] if status is not None else [],
+                    **board.fields)
+
+            return await self._read_state(build, from_board)
+        board = await self._read_state(self._publish_board, lambda board: board, watch=True)
+        return global_scheduler_pb2.ClusterStatus(
+            hosts=board.hosts, kernels=board.kernels.values(), **board.fields)
+
+    async def _read_state(self, build: Callable[[], T], from_board: Callable[[StatusBoard], T],
+                          watch: bool = False) -> T:
+        """What ``build`` reads under the lock, on the loop and never blocking it: the lock free,
+        ``build`` runs at once (a short read, as a heartbeat's); held by another thread, the
+        answer comes from the status board if nothing was let go since it was made (its state
+        is then the latest completed one: the holder's changes are still in progress), else
+        the coroutine awaits the lock's release (no thread waits) and builds. ``watch``: a
+        cluster-wide query, which keeps the board fresh for a while (``_board_released``)."""
+        lock = self.lock
+        if watch:
+            self._status_loop = asyncio.get_running_loop()
+            self._board_watched_until = time.monotonic() + BOARD_WATCH_S
+            board = self._board
+            if board is not None and board.version == lock.version:
+                return from_board(board)  # nothing let go since it was made
+            # a whole board costs 30-40 us a kernel (42 ms at 1,000): made in the gs-work
+            # pool, under the lock there, so the loop and every front go on meanwhile
+            return from_board(await self._status_loop.run_in_executor(
+                self._pool, self._locked_board))
+        if lock.acquire(blocking=False):
+            try:
+                return build()
+            finally:
+                lock.release_read()
+        board = self._board
+        if board is not None and board.version == lock.version:
+            return from_board(board)
+        await lock.acquire_async()
+        try:
+            return build()
+        finally:
+            lock.release_read()
+
+    def _locked_board(self) -> StatusBoard:
+        """In a pool thread: the board, made under the lock."""
+        self.lock.acquire()
+        try:
+            return self._publish_board()
+        finally:
+            self.lock.release_read()
+
+    def _publish_board(self) -> StatusBoard:
+        """The cluster's status as of the lock's current version, kept as the board. Lock held."""
+        board = StatusBoard(self.lock.version, self._host_statuses(),
+                            {k: self._kernel_status(e) for k, e in self.kernels.items()},
+                            self._cluster_fields())
+        self._board = board
+        return board
+
+    def _host_statuses(self) -> list[common_pb2.HostStatus]:
+        """Every host's status. Lock held."""
+        hosts = []
+        for host_id, host in self.cluster.hosts.items():
+            link = self.hosts[host_id]
+            shared = self.shared_devices(host_id)
+            hosts.append(common_pb2.HostStatus(
+                host_id=host_id, address=link.address,
+                capacity=resource_spec_to_proto(host.capacity),
+                subscribed=resource_spec_to_proto(host.subscribed),
+                gpus=[common_pb2.GpuDevice(**g, shared_by=shared.get(g["device_id"], []))
+                      for g in link.gpus],
+                virtual_gpus=link.virtual_gpus, gpus_committed=host.committed.gpus,
+                gpus_pending=host.pending.gpus,
+                subscription_ratio=host.subscription_ratio(self.replicas_per_kernel),
+                prewarm_pool_size=link.prewarm_pool_size,
+                last_heartbeat_unix=link.last_heartbeat, draining=link.draining,
+                metrics_address=link.metrics_address,
+                unreachable_since_unix=link.unreachable_since))
+        return hosts
+
+    def _cluster_fields(self) -> dict[str, Any]:
+        """A ClusterStatus's fields other than its hosts and kernels. Lock held."""
+        limit = getattr(self.policy, "subscription_ratio_limit", 0.0)
+        return dict(
+            policy=self.policy.name, replicas_per_kernel=self.replicas_per_kernel,
+            subscription_ratio_limit=float(limit or 0.0),
+            gpus_total=self.cluster.total_gpus, gpus_committed=self.cluster.committed_gpus,
+            gpus_pending=sum(h.pending.gpus for h in self.cluster.hosts.values()),
+            scheduler_instance_id=self.instance_id, metrics_address=self.metrics_address)
+
+    def _board_released(self) -> None:
+        """The lock was let go after a change (any thread): while a cluster-wide query was
+        made in the last BOARD_WATCH_S, the loop makes the board again (once for any number
+        of releases meanwhile), so that a query during a long hold finds it current."""
+        if self._board_refresh_pending or time.monotonic() > self._board_watched_until:
+            return
+        loop = self._status_loop
+        if loop is None or loop.is_closed():
+            return
+        self._board_refresh_pending = True
+        try:
+            if asyncio._get_running_loop() is loop:  # noqa: SLF001 - on the loop: no self-pipe
+                loop.call_soon(self._refresh_board)
+            else:
+                loop.call_soon_threadsafe(self._refresh_board)
+        except RuntimeError:  # the loop closed meanwhile
+            self._board_refresh_pending = False
+
+    def _refresh_board(self) -> None:
+        """On the loop: have the board made again in the gs-work pool (not on the loop: 42 ms
+        at 1,000 kernels), at most BOARD_DUTY of the time."""
+        now = time.monotonic()
+        if now < self._board_not_before:
+            self._status_loop.call_later(self._board_not_before - now, self._refresh_board)
+            return
+        self._board_refresh_pending = False
+        board = self._board
+        if board is not None and board.version == self.lock.version:
+            return
+        self._pool.submit(self._refresh_board_now)
+
+    def _refresh_board_now(self) -> None:
+        """In a pool thread: the board made again if the lock is free (else the next release
+        asks again)."""
+        if not self.lock.acquire(blocking=False):
+            return
+        started = time.monotonic()
+        try:
+            self._publish_board()
+        finally:
+            self.lock.release_read()
+        took = time.monotonic() - started
+        self._board_not_before = started + took / BOARD_DUTY
+        self.board_refreshes += 1
 
     # -- Prometheus ---------------------------------------------------------------------------
 

@@ -261,8 +261,10 @@ class ListKernelsResponse(_message.Message):
     def __init__(self, kernels: _Optional[_Iterable[_Union[_common_pb2.KernelStatus, _Mapping]]] = ...) -> None: ...
 
 class GetClusterStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("kernel_id",)
+    KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
+    kernel_id: str
+    def __init__(self, kernel_id: _Optional[str] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
     __slots__ = ("hosts", "kernels", "policy", "replicas_per_kernel", "subscription_ratio_limit", "gpus_total", "gpus_committed", "gpus_pending", "scheduler_instance_id", "metrics_address")

@@ -158,3 +158,23 @@ def test_subscription_limit_and_bad_input_get_clear_errors(make_cluster):
     assert zero.poll() is None
     assert len(cluster.status().hosts) == 4
 
+
+
+def test_a_cluster_status_for_one_kernel_holds_that_kernel_and_every_host(make_cluster):
+    """What the JupyterLab extension asks after each cell (``/api/notebookos/kernels/<id>``):
+    the hosts and that kernel only, so its cost does not grow with the open kernels."""
+    cluster = make_cluster()
+    cluster.start(hosts=3)
+    first, _ = cluster.start_kernel(gpus=0)
+    second, _ = cluster.start_kernel(gpus=0)
+    whole = cluster.status()
+    assert {k.kernel_id for k in whole.kernels} == {first, second}
+    one = cluster.stub.GetClusterStatus(
+        global_scheduler_pb2.GetClusterStatusRequest(kernel_id=second), timeout=10)
+    assert [k.kernel_id for k in one.kernels] == [second]
+    assert len(one.kernels[0].replicas) == 3
+    assert {h.host_id for h in one.hosts} == {h.host_id for h in whole.hosts}
+    assert one.gpus_total == whole.gpus_total and one.policy == whole.policy
+    unknown = cluster.stub.GetClusterStatus(
+        global_scheduler_pb2.GetClusterStatusRequest(kernel_id="no-such-kernel"), timeout=10)
+    assert not list(unknown.kernels) and len(unknown.hosts) == 3

@@ -23,6 +23,7 @@ from sched_cluster import Cluster
 
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
+from notebookos.proto import common_pb2, global_scheduler_pb2
 
 HOSTS = 3
 
@@ -87,3 +88,152 @@ def test_an_idle_scheduler_checks_its_healthy_hosts_only_when_a_deadline_could_p
     cluster.wait(lambda: len(cluster.status().hosts) == HOSTS - 1, 10, "host-0 dropped")
     assert time.monotonic() - killed < 3 + 1.5
     assert "host-0" not in {h.host_id for h in cluster.status().hosts}
+
+
+def _hold_lock(service, seconds: float, change=None, board_current: bool = True,  # noqa: ANN001
+               ) -> tuple[threading.Thread, threading.Event]:
+    """A thread that takes ``service.lock`` as a pool thread does, makes ``change`` and keeps
+    the lock ``seconds``. With ``board_current`` it takes it at a moment the status board is
+    current (the loop made it again since the last release), as a hold starting between two
+    changes finds it."""
+    held = threading.Event()
+
+    def current() -> bool:  # main had no board: any moment will do
+        board = getattr(service, "_board", None)
+        return board is None or board.version == getattr(service.lock, "version", 0)
+
+    def hold() -> None:
+        deadline = time.monotonic() + 5
+        while True:
+            with service.lock:
+                if not board_current or current() or time.monotonic() > deadline:
+                    if change is not None:
+                        change()
+                    held.set()
+                    time.sleep(seconds)
+                    return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=hold, name="gs-work-hold", daemon=True)
+    thread.start()
+    assert held.wait(10)
+    return thread, held
+
+
+def test_status_queries_are_answered_at_once_while_a_thread_holds_the_lock(gs_in_process):
+    """The status queries are coroutines on the loop that never wait on ``service.lock``
+    while a thread holds it long: they answer from the status board, the state as of the last
+    release (the holder's change is in progress, so not in it); the heartbeats arriving
+    meanwhile await the lock without stopping the loop. The change shows once let go. On the
+    synchronous handlers, each query waited in a pool thread for the whole hold (and the
+    first heartbeat stopped the loop)."""
+    cluster, daemon, _ = gs_in_process
+    service = daemon.service
+    assert len(cluster.status().hosts) == HOSTS  # a dashboard polls: the board is kept
+    time.sleep(0.3)
+
+    def drain() -> None:
+        service.hosts["host-1"].draining = True
+
+    thread, _ = _hold_lock(service, 3.0, drain)
+    started = time.monotonic()
+    status = cluster.status()
+    kernels = cluster.stub.ListKernels(global_scheduler_pb2.ListKernelsRequest(), timeout=10)
+    with pytest.raises(grpc.RpcError) as missing:
+        cluster.stub.GetKernelStatus(global_scheduler_pb2.GetKernelStatusRequest(
+            kernel_id="no-such-kernel"), timeout=10)
+    took = time.monotonic() - started
+    assert thread.is_alive(), "the hold ended before the queries were answered"
+    assert took < 1.0, f"the status queries took {took:.2f} s while a thread held the lock"
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(status.hosts) == HOSTS and not list(kernels.kernels)
+    assert not any(h.draining for h in status.hosts)  # the hold's change is not done yet
+    thread.join()
+    assert {h.host_id for h in cluster.status().hosts if h.draining} == {"host-1"}
+    with service.lock:
+        service.hosts["host-1"].draining = False
+
+
+def test_a_status_query_never_answers_from_a_board_older_than_the_last_release(
+        gs_in_process):
+    """With no cluster-wide query lately the board is not kept: a query while a thread holds
+    the lock, after a change was let go, awaits the release (on the loop, holding no thread)
+    and answers the state after it, never the older board."""
+    cluster, daemon, _ = gs_in_process
+    service = daemon.service
+    cluster.status()
+    service._board_watched_until = 0.0  # noqa: SLF001 - no dashboard: the board goes stale
+    with service.lock:
+        service.hosts["host-2"].draining = True  # let go: the board is now older than this
+    thread, _ = _hold_lock(service, 1.5, board_current=False)
+    status = cluster.status()
+    assert not thread.is_alive()  # it waited for the hold to end
+    assert {h.host_id for h in status.hosts if h.draining} == {"host-2"}
+    with service.lock:
+        service.hosts["host-2"].draining = False
+
+
+def test_status_queries_stops_and_interrupts_take_no_pool_thread(gs_in_process):
+    """GetKernelStatus, ListKernels, GetClusterStatus, StopKernel and InterruptKernel run on
+    the loop: calls from several clients at once make no ``gs-grpc`` thread (each synchronous
+    handler held one for its call). Unknown kernels are refused as before."""
+    cluster, _, _ = gs_in_process
+    pool_before = sorted(n for n in _names() if n.startswith("gs-grpc"))
+    stub = cluster.stub
+    codes: list[grpc.StatusCode] = []
+
+    def client(n: int) -> None:
+        for i in range(10):
+            kernel_id = f"no-such-kernel-{n}-{i}"
+            stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(), timeout=10)
+            stub.ListKernels(global_scheduler_pb2.ListKernelsRequest(), timeout=10)
+            for call, request in (
+                    (stub.GetKernelStatus, global_scheduler_pb2.GetKernelStatusRequest),
+                    (stub.StopKernel, global_scheduler_pb2.StopKernelRequest),
+                    (stub.InterruptKernel, global_scheduler_pb2.InterruptKernelRequest)):
+                try:
+                    call(request(kernel_id=kernel_id), timeout=10)
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(60)
+    assert codes == [grpc.StatusCode.NOT_FOUND] * 4 * 10 * 3
+    assert sorted(n for n in _names() if n.startswith("gs-grpc")) == pool_before
+
+
+def test_a_stop_whose_client_gave_up_still_runs_to_its_end(gs_in_process):
+    """StopKernel on the loop awaits the lock while a thread holds it; the client's deadline
+    passing meanwhile does not cut the stop short (the handler's pool thread ran on before):
+    once the lock is let go the kernel is stopped and forgotten."""
+    from notebookos.global_scheduler.front import ReplicaEndpoint
+    from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
+    from notebookos.resources import ResourceSpec
+
+    cluster, daemon, _ = gs_in_process
+    service = daemon.service
+    with service.lock:  # a kernel as the registry knows it, its replicas on the three hosts
+        entry = KernelEntry("k-gave-up", "key", "hmac-sha256", "python3", {})
+        service.cluster.add_kernel(entry.kernel_id, ResourceSpec(millicpus=10, memory_mb=64))
+        for rid in (1, 2, 3):
+            host_id = f"host-{rid - 1}"
+            endpoint = ReplicaEndpoint(rid, "127.0.0.1", 1, 2, 3, 4, host_id)
+            entry.replicas[rid] = ReplicaLink(rid, host_id, endpoint, f"127.0.0.1:{rid}", 0,
+                                              ready=True)
+            service.cluster.place_replica(entry.kernel_id, rid, host_id)
+        entry.state = "idle"
+        service.kernels[entry.kernel_id] = entry
+    assert cluster.kernel(entry.kernel_id).state == common_pb2.KERNEL_STATE_IDLE
+    thread, _ = _hold_lock(service, 1.0, board_current=False)
+    with pytest.raises(grpc.RpcError) as late:
+        cluster.stub.StopKernel(global_scheduler_pb2.StopKernelRequest(
+            kernel_id=entry.kernel_id), timeout=0.3)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    thread.join()
+    cluster.wait(lambda: entry.kernel_id not in service.kernels, 20, "the stop to end")
+    with pytest.raises(grpc.RpcError) as gone:
+        cluster.kernel(entry.kernel_id)
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND

@@ -1,0 +1,110 @@
+"""``service.lock`` as the loop needs it while the state still has more than one owner (issue 32).
+
+The Global Scheduler's state is still guarded by one RLock that pool threads (``gs-work``,
+placement, ``gs-grpc``) hold, some for tens of milliseconds; a coroutine on the loop that took
+it the plain way would stop the loop, every front and every call on it, for as long. A
+``StateLock`` wraps that RLock (or lock_holds' timed one) and adds two things:
+
+- ``version``: how many times the lock was let go by its outermost holder. Every change of the
+  state it guards is made under it, so state read under the lock at version *v* is the state
+  as of the *v*-th release; while another thread holds it and ``version`` is still *v*, that
+  read is still the latest completed state (the holder's changes are in progress, not done).
+  A read-only holder lets go with ``release_read`` (no new version).
+- ``acquire_async``: taken on the loop without blocking it. Free, it is taken at once; held by
+  another thread, the coroutine awaits the release (``released``, a ``LoopSignal`` fired by
+  every outermost release) and tries again. A coroutine must never ``await`` while holding it
+  (another coroutine on the loop would enter the RLock too).
+
+What the lock costs per hold: two attribute updates and a ``LoopSignal.fire`` that returns at
+once when no coroutine waits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from notebookos.global_scheduler.loop_waits import LoopSignal
+
+
+class StateLock:
+    """An RLock that counts its outermost releases and can be awaited on the loop."""
+
+    def __init__(self, inner: Any = None) -> None:
+        self._inner = inner if inner is not None else threading.RLock()
+        self._depth = 0  # written only by the owner, while it holds the lock
+        self.version = 0  # outermost releases so far (reads from any thread)
+        self.released = LoopSignal()
+        # called (by the releasing thread, the lock just let go) after a release that may have
+        # changed the state; the status board's refresh (status.py)
+        self.on_release: Callable[[], None] | None = None
+
+    # -- the lock ---------------------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        got = self._inner.acquire(blocking, timeout)
+        if got:
+            self._depth += 1
+        return got
+
+    def release(self) -> None:
+        self._let_go(changed=True)
+
+    def release_read(self) -> None:
+        """Let go after a hold that changed nothing: no new version."""
+        self._let_go(changed=False)
+
+    def _let_go(self, changed: bool) -> None:
+        self._depth -= 1
+        if self._depth:
+            self._inner.release()
+            return
+        if changed:
+            self.version += 1
+        self._inner.release()
+        self.released.fire()
+        if changed and self.on_release is not None:
+            self.on_release()
+
+    def __enter__(self) -> bool:
+        self._inner.acquire()
+        self._depth += 1
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        self._let_go(changed=True)
+
+    async def acquire_async(self) -> None:
+        """On the loop: take the lock without blocking the loop (see the module's doc)."""
+        while True:
+            future = self.released.future()  # before the try: a release after it wakes us
+            if self.acquire(blocking=False):
+                return
+            await self.released.wait(future, None)
+
+    def held_by_another(self) -> bool:
+        """Whether a thread other than the caller's holds it now (a hint: it may change)."""
+        if self._inner.acquire(False):
+            self._inner.release()
+            return False
+        return True
+
+    # threading.Condition's protocol for an RLock (a wait gives the lock up entirely; the
+    # state may have changed before it, so that is a new version)
+    def _is_owned(self) -> bool:
+        return self._inner._is_owned()  # type: ignore[attr-defined]  # noqa: SLF001
+
+    def _release_save(self) -> Any:
+        depth, self._depth = self._depth, 0
+        self.version += 1
+        inner = self._inner._release_save()  # type: ignore[attr-defined]  # noqa: SLF001
+        self.released.fire()
+        if self.on_release is not None:
+            self.on_release()
+        return depth, inner
+
+    def _acquire_restore(self, state: Any) -> None:
+        depth, inner = state
+        self._inner._acquire_restore(inner)  # type: ignore[attr-defined]  # noqa: SLF001
+        self._depth = depth

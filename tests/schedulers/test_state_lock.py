@@ -1,0 +1,81 @@
+"""``service.lock`` as the loop needs it (global_scheduler/state_lock.py, issue 32): its version
+counts the outermost releases (a read-only hold makes none), a coroutine awaits it without
+blocking its loop, and ``threading.Condition`` still works over it as over an RLock."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from notebookos.global_scheduler.lock_holds import service_lock
+from notebookos.global_scheduler.state_lock import StateLock
+
+
+def test_the_version_counts_outermost_releases_and_reads_make_none():
+    lock = service_lock()
+    assert isinstance(lock, StateLock)
+    with lock:
+        with lock:
+            pass
+        assert lock.version == 0  # an inner release lets nothing go
+    assert lock.version == 1
+    assert lock.acquire(blocking=False)
+    lock.release_read()
+    assert lock.version == 1
+
+
+def test_a_coroutine_awaits_the_lock_while_the_loop_runs_on():
+    lock = StateLock()
+    held, go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            go.wait(5)
+
+    threading.Thread(target=holder, daemon=True).start()
+    assert held.wait(5)
+
+    async def main() -> tuple[int, float]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.get_running_loop().create_task(tick())
+        asyncio.get_running_loop().call_later(0.3, go.set)
+        started = time.monotonic()
+        await lock.acquire_async()
+        waited = time.monotonic() - started
+        lock.release_read()
+        ticker.cancel()
+        return ticks, waited
+
+    ticks, waited = asyncio.run(main())
+    assert waited >= 0.25
+    assert ticks >= 10  # the loop ran on while the coroutine waited
+
+
+def test_a_condition_over_it_gives_the_whole_lock_up_while_waiting():
+    lock = StateLock()
+    cv = threading.Condition(lock)
+    woken = threading.Event()
+
+    def waiter() -> None:
+        with lock, lock, cv:  # held three deep: a wait lets all of it go
+            cv.wait(5)
+            woken.set()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    time.sleep(0.1)
+    before = lock.version
+    with cv:  # taken while the waiter holds it three deep: only because the wait let go
+        cv.notify_all()
+    thread.join(5)
+    assert woken.is_set()
+    assert lock.version >= before + 1
