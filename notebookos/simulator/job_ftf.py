@@ -132,14 +132,7 @@ class FTFJobSimulator(MuriEvents):
             for host in placement.fewest_idle_first(self.cluster, min_idle=need, limit=1):
                 return [(host, need)]
             return None
-        picks = []
-        for host in placement.most_idle_first(self.cluster, min_idle=1):
-            take = min(need, host.idle_gpus)
-            picks.append((host, take))
-            need -= take
-            if need == 0:
-                return picks
-        return None
+        return self._spread(need)
 
     def _arrive(self, job: _Job, now: float) -> None:
         super()._arrive(job, now)

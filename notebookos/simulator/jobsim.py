@@ -173,6 +173,10 @@ class JobSimulator:
                 return [(host, need)]
             if mode == "consolidated" or (mode == "sensitive" and is_sensitive(job.q.name)):
                 return None
+        return self._spread(need)
+
+    def _spread(self, need: int) -> list[tuple[Host, int]] | None:
+        """``need`` GPUs taken from the hosts with the most idle first; None if they lack it."""
         picks = []
         for host in placement.most_idle_first(self.cluster, min_idle=1):
             take = min(need, host.idle_gpus)
