@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from notebookos.global_scheduler.grpc_loop import is_async
 from notebookos.global_scheduler.registry_store import RegistryStore
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ class FlushBeforeAnswer(grpc.aio.ServerInterceptor):
         if handler is None or handler.unary_unary is None:
             return handler
         inner, writer, pool = handler.unary_unary, self._writer, self._pool
-        if asyncio.iscoroutinefunction(inner):
+        if is_async(inner):  # as grpc.aio decides where a handler runs
             async def answer(request, context):  # noqa: ANN001, ANN202
                 try:
                     return await inner(request, context)
