@@ -23,8 +23,8 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import zmq
 from ipykernel.ipkernel import IPythonKernel
@@ -53,6 +53,8 @@ from .records import (
     Vote,
 )
 from .state_sync import CHECKPOINT_AFTER_CHANGE_S, StateSync
+
+T = TypeVar("T")
 
 # Exit status of a replica that could not load the committed state: the scheduler replaces it.
 DIVERGED_EXIT_CODE = 75
@@ -699,9 +701,9 @@ class ReplicaKernel(IPythonKernel):
         divergence. Returns None when it may run, else why it must not."""
         deadline = time.monotonic() + self.catch_up_timeout
         failures_at_start = self._resync_failures
-        watched = False
-        while True:
-            change = self._next_change(watch=watched)
+
+        def look() -> tuple[str | None] | None:
+            nonlocal deadline
             with self.raft.lock:
                 earlier = [e.election_id for e in self.raft.book.open_elections()
                            if e.term < election.term]
@@ -710,19 +712,17 @@ class ReplicaKernel(IPythonKernel):
                 deadline = time.monotonic() + self.catch_up_timeout
             elif not self._behind():
                 if not self._diverged:
-                    return None
+                    return (None,)
                 if self._resync_failures > failures_at_start:
                     return ("it could not load the kernel's state (" + "; ".join(
-                        f"{k}: {v}" for k, v in sorted(self._diverged.items())[:3]) + ")")
+                        f"{k}: {v}" for k, v in sorted(self._diverged.items())[:3]) + ")",)
             if time.monotonic() >= deadline:
                 return (f"it had not caught up with the kernel's state after "
-                        f"{self.catch_up_timeout:g} s")
-            if not watched:  # about to wait: watch commits from now on, then look again
-                watched = True
-                continue
-            self._tend_open_elections()
-            await self._wait_for(change, 0.02)
-            watched = False
+                        f"{self.catch_up_timeout:g} s",)
+            return None
+
+        (why_not,) = await self._watch_book(look)
+        return why_not
 
     async def _restore_from_store(self, started_s: float) -> None:
         """Load the store's checkpoint, then agree with the group where counting resumes.
@@ -845,24 +845,19 @@ class ReplicaKernel(IPythonKernel):
     async def _wait_until_quiet(self, election_id: str) -> None:
         """Wait until every other election is settled and its state update applied here."""
         await self._wait_raft_ready(30.0)
-        watched = False
-        while True:
-            change = self._next_change(watch=watched)
+
+        def look() -> bool | None:
             with self.raft.lock:
                 others = [
                     e for e in self.raft.book.open_elections() if e.election_id != election_id
                 ]
             with self._apply_lock:
                 pending = self._applies_pending
-            if not (others or pending or self._restore_needed or self._rebuilding
-                    or self._restoring):
-                return
-            if not watched:  # see _wait_decided
-                watched = True
-                continue
-            self._tend_open_elections()
-            await self._wait_for(change, 0.02)
-            watched = False
+            quiet = not (others or pending or self._restore_needed or self._rebuilding
+                         or self._restoring)
+            return True if quiet else None
+
+        await self._watch_book(look)
 
     async def _hold_yield(self, election_id: str) -> None:
         """A YIELD matters only to fail an election nobody leads, or when this replica ran the
@@ -880,19 +875,21 @@ class ReplicaKernel(IPythonKernel):
                 return
             await self._wait_for(change, max(0.001, deadline - time.monotonic()))
 
-    async def _wait_decided(self, election_id: str) -> Election:
-        """Until the election is decided. Like every wait on the book, it watches commits
-        (``_next_change``) only once it is about to wait, and looks again after that: a wait
-        that ends on its first look (the usual case for the executor's ``_wait_turn``, and for
-        this one once the LEAD's commit woke it) leaves the flag unset, so the next commit that
-        nobody needs at once (a cell's Completion, which ``_sync_after_cell`` learns of from its
-        own callback) does not wake the kernel's loop again (issue 36)."""
+    async def _watch_book(self, look: Callable[[], T | None]) -> T:
+        """Look at the election book (``look``) until it finds what the waiter waits for (not
+        None), woken by commits between looks (and every 20 ms, to tend open elections). Every
+        wait on the book goes through here: it watches commits (``_next_change``) only once it
+        is about to wait, and looks again after that. A wait that ends on its first look (the
+        usual case for the executor's ``_wait_turn``, and for ``_wait_decided`` once the
+        LEAD's commit woke it) leaves the flag unset, so the next commit that nobody needs at
+        once (a cell's Completion, which ``_sync_after_cell`` learns of from its own callback)
+        does not wake the kernel's loop again (issue 36)."""
         watched = False
         while True:
             change = self._next_change(watch=watched)
-            election = self._election(election_id)
-            if election is not None and election.phase is not Phase.PROPOSING:
-                return election
+            found = look()
+            if found is not None:
+                return found
             if not watched:  # about to wait: watch commits from now on, then look again
                 watched = True
                 continue
@@ -900,22 +897,28 @@ class ReplicaKernel(IPythonKernel):
             await self._wait_for(change, 0.02)
             watched = False
 
+    async def _wait_decided(self, election_id: str) -> Election:
+        """Until the election is decided."""
+
+        def look() -> Election | None:
+            election = self._election(election_id)
+            if election is not None and election.phase is not Phase.PROPOSING:
+                return election
+            return None
+
+        return await self._watch_book(look)
+
     async def _wait_settled(self, election_id: str) -> Election:
-        watched = False
-        while True:
-            change = self._next_change(watch=watched)
+        """Until the election is settled and its state update applied here."""
+
+        def look() -> Election | None:
             election = self._election(election_id)
             assert election is not None
             with self._apply_lock:
                 pending = self._applies_pending
-            if election.phase.settled and not pending:
-                return election
-            if not watched:  # see _wait_decided
-                watched = True
-                continue
-            self._tend_open_elections()
-            await self._wait_for(change, 0.02)
-            watched = False
+            return election if election.phase.settled and not pending else None
+
+        return await self._watch_book(look)
 
     # ---- shell handlers ----------------------------------------------------------------------
     def _publish_status(self, status, channel, parent=None) -> None:  # noqa: ANN001
