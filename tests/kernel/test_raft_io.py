@@ -142,7 +142,8 @@ def _strace_counts(out: str) -> dict[str, tuple[int, int]]:
 def test_a_groups_messages_make_no_failed_reads_or_sockopt_queries(tmp_path):
     """Three RaftLogs (one process), 100 records: each is 4 messages out of the leader and 4
     answers in, and a proposal's wake-up. Fails on the code before: 2 getsockopt and an EAGAIN
-    recv per message (~800 each), and an EAGAIN pipe read per wake-up."""
+    recv per message (~800 each), an EAGAIN pipe read per wake-up, and a getrandom (the
+    message's nonce) per message sent."""
     records = 100
     proc = subprocess.Popen([sys.executable, "-c", GROUP, str(records)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
@@ -150,7 +151,7 @@ def test_a_groups_messages_make_no_failed_reads_or_sockopt_queries(tmp_path):
         assert proc.stdout.readline().strip() == "GO"
         out = tmp_path / "strace.txt"
         tracer = subprocess.Popen(["strace", "-f", "-c", "-o", str(out), "-p", str(proc.pid),
-                                   "-e", "trace=recvfrom,getsockopt,read,sendto"],
+                                   "-e", "trace=recvfrom,getsockopt,read,sendto,getrandom"],
                                   stderr=subprocess.PIPE, text=True)
         assert "attached" in tracer.stderr.readline()
         time.sleep(0.5)  # every thread attached
@@ -171,3 +172,5 @@ def test_a_groups_messages_make_no_failed_reads_or_sockopt_queries(tmp_path):
     assert counts.get("getsockopt", (0, 0))[0] < records // 10
     assert counts["recvfrom"][1] < records // 10  # reads that failed with EAGAIN
     assert counts.get("read", (0, 0))[1] < records // 10
+    # nonces drawn 64 at a time (raft_crypto.py), not a getrandom per message sent
+    assert counts.get("getrandom", (0, 0))[0] < sends // 20
