@@ -3,10 +3,10 @@ message of every cell (the Global Scheduler's kernel fronts).
 
 ``Socket.send_multipart`` type-checks every frame, then ORs ``SNDMORE`` into the flags of each
 one (``IntFlag`` arithmetic: two enum constructions per frame); ``recv_multipart`` reads
-``RCVMORE`` through ``Socket.get``, which builds an enum per frame. For the ~7 frames of a
+``RCVMORE`` through ``getsockopt``, which builds an enum per frame. For the ~7 frames of a
 Jupyter message that was half of the call (measured: 16 us vs 9 us for one 6-frame send on
 loopback TCP; a trivial cell makes the front send 6 messages and receive 6, issue 36). These
-call the Cython socket's ``send``/``recv`` with plain ints: the same libzmq calls, the
+call the Cython socket's ``send``/``recv``/``get`` with plain ints: the same libzmq calls, the
 same errors (``zmq.Again``, ``zmq.ZMQError``), the same frames. Anything that is not a pyzmq
 socket (a test's stand-in) goes through its own ``send_multipart``/``recv_multipart``.
 """
@@ -21,8 +21,10 @@ from zmq.backend import Socket as _BaseSocket
 
 _send = _BaseSocket.send
 _recv = _BaseSocket.recv
+_get = _BaseSocket.get
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
 
 
 def send_frames(sock: Any, frames: Sequence[Any], flags: int = 0) -> None:
@@ -37,17 +39,10 @@ def send_frames(sock: Any, frames: Sequence[Any], flags: int = 0) -> None:
 
 
 def recv_frames(sock: Any, flags: int = 0) -> list[bytes]:
-    """``sock.recv_multipart(flags)`` (copying): the frames of one message as bytes.
-
-    Each frame is received as a ``Frame`` and copied to bytes: its ``more`` is read by the
-    Cython receive itself, where ``Socket.get(RCVMORE)`` builds a ``SocketOption`` enum on every
-    call, ints included (pyzmq 27; about 1 us a frame, 3% of the Global Scheduler's CPU per
-    cell, issue 36)."""
+    """``sock.recv_multipart(flags)`` (copying): the frames of one message as bytes."""
     if not isinstance(sock, _BaseSocket):
         return sock.recv_multipart(flags)
-    frames = []
-    while True:
-        frame = _recv(sock, flags, False)
-        frames.append(frame.bytes)
-        if not frame.more:
-            return frames
+    frames = [_recv(sock, flags)]
+    while _get(sock, _RCVMORE):
+        frames.append(_recv(sock, flags))
+    return frames
