@@ -160,16 +160,6 @@ class _KeyedSyncObj(SyncObj):
             log.debug("could not compare an AppendEntries with the log", exc_info=True)
             return message, None
 
-    def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
-        """pysyncobj's step that sends the proposals queued since the last tick, on every tick:
-        with none queued (most ticks) it read the clock twice, took the queue's lock and raised
-        and caught ``Queue.Empty``. A proposal queued after this look wakes the tick thread
-        (pysyncobj's pipe notifier), and the next tick sends it."""
-        queue = getattr(self._SyncObj__commandsQueue, "_FastQueue__queue", None)
-        if queue is not None and not queue:
-            return
-        super()._checkCommandsToApply()
-
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's (mangled) name
         """pysyncobj's apply step. Without batching it answers True after every apply, and the
         leader then sends each member an AppendEntries carrying only the new commit index (and

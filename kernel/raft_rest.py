@@ -199,11 +199,8 @@ class RaftRest:
         return self._get("raftLog")[-1][1]
 
     def _state(self) -> tuple:
-        # read directly, not through ``_get``: this runs on every tick of every replica
-        sync = self._sync
-        return (sync._SyncObj__raftLog[-1][1], sync._SyncObj__raftCommitIndex,
-                sync._SyncObj__raftLastApplied, sync._SyncObj__raftState,
-                sync._SyncObj__raftLeader, sync._SyncObj__raftCurrentTerm)
+        return (self._log_index(), self._get("raftCommitIndex"), self._get("raftLastApplied"),
+                self._get("raftState"), self._get("raftLeader"), self._get("raftCurrentTerm"))
 
     def _caught_up(self) -> bool:
         index = self._log_index()
@@ -245,14 +242,14 @@ class RaftRest:
             self._snapshot = state
             self.wake("log or role changed")
         now = raft_clock()
-        conf = self._sync._SyncObj__conf
+        conf = self._get("conf")
         if (not self.resting and self._woke_at
                 and now - self._woke_at > self.timings.fallback_grace
                 and conf.leaderFallbackTimeout != self._normal["leaderFallbackTimeout"]):
             conf.leaderFallbackTimeout = self._normal["leaderFallbackTimeout"]
         if self.resting:
             return
-        role = self._sync._SyncObj__raftState
+        role = self._get("raftState")
         if role == _FOLLOWER and now - self._last_activity >= self.timings.follower_quiet:
             self._maybe_rest_follower()
         elif role == _LEADER and now - self._last_activity >= self.timings.leader_quiet:
