@@ -30,6 +30,7 @@ from pysyncobj import pickle as pysyncobj_pickle
 
 from .election import Applied, ElectionBook
 from .raft_crypto import RaftCipher, raft_key
+from .raft_io import install as use_quick_raft_reads
 from .raft_random import keep_raft_off_the_users_generator
 from .raft_rest import RaftRest, RestingTransport, RestTimings
 from .raft_start import QuickStart
@@ -355,6 +356,7 @@ class RaftLog:
     ) -> None:
         keep_raft_off_the_users_generator()
         use_raft_wire_codec()  # small messages unzipped (raft_wire.py)
+        use_quick_raft_reads()  # no SO_ERROR query or EAGAIN read per message (raft_io.py)
         """``quick_start``: this replica founds a new group (not ``--join``): its first
         election need not wait pysyncobj's timeouts (raft_start.py). ``on_diverged(why)``: an
         entry this replica applied was replaced in its log (``AppliedEntryGuard``), on

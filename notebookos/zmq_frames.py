@@ -7,7 +7,10 @@ one (``IntFlag`` arithmetic: two enum constructions per frame); ``recv_multipart
 Jupyter message that was half of the call (measured: 16 us vs 9 us for one 6-frame send on
 loopback TCP; a trivial cell makes the front send 6 messages and receive 6, issue 36). These
 call the Cython socket's ``send``/``recv``/``get`` with plain ints: the same libzmq calls, the
-same errors (``zmq.Again``, ``zmq.ZMQError``), the same frames. Anything that is not a pyzmq
+same errors (``zmq.Again``, ``zmq.ZMQError``), the same frames. (pyzmq 27's Cython ``get`` still
+builds a ``SocketOption`` per call, ints included, about 1 us a frame; receiving ``Frame``
+objects instead, whose ``more`` the receive reads, measured no cheaper in the Global Scheduler,
+issue 36.) Anything that is not a pyzmq
 socket (a test's stand-in) goes through its own ``send_multipart``/``recv_multipart``.
 """
 

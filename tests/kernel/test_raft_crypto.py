@@ -4,6 +4,7 @@ replica that no longer loads ``cryptography`` (issue 36: 9 MB of each replica's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -92,3 +93,21 @@ def test_a_replica_does_not_load_cryptography_and_refuses_a_pysyncobj_password()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "refused" in out.stdout
+
+
+def test_a_forked_child_never_reuses_its_parents_nonces():
+    cipher = RaftCipher(raft_key(b"k"))
+    cipher.encrypt_at_time(b"x", 1)  # the parent has drawn a block of nonces
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next nonces, to the parent
+        os.write(write, b"".join(cipher.encrypt_at_time(b"x", 1)[9:21] for _ in range(8)))
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 12 * 8)
+    os.close(read)
+    parent = b"".join(cipher.encrypt_at_time(b"x", 1)[9:21] for _ in range(8))
+    assert len(child) == 12 * 8
+    assert not {child[i:i + 12] for i in range(0, 96, 12)} & {parent[i:i + 12]
+                                                              for i in range(0, 96, 12)}
