@@ -127,7 +127,7 @@ class GlobalSchedulerDaemon:
             server = grpc.aio.server(
                 migration_thread_pool=self.grpc_pool,
                 interceptors=[interceptor, SyncHandlersInPool(self.grpc_pool),
-                              FlushBeforeAnswer(self.service.store, self.grpc_pool)])
+                              FlushBeforeAnswer(self.service.store)])
             gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, server)
             try:
                 port = add_secure_port(server, config, f"{gs.host}:{gs.grpc_port}")

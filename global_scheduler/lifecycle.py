@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
@@ -22,7 +22,6 @@ import grpc
 from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
-from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.limits import (
     FDS_PER_OPEN_KERNEL,
@@ -44,55 +43,55 @@ INCARNATION_ENV = "NOTEBOOKOS_INCARNATION"
 # States a restart waits out (its replicas are changing), at most RESTART_WAIT_S
 RESTART_WAITS = ("starting", "hibernating", "waking")
 RESTART_WAIT_S = 60.0
+# How long a start behind its front waits for its answer to be sent before its replicas start
+# anyway (gRPC ends the call at once after the answer; this only bounds a call that never ends)
+ANSWER_WAIT_S = 10.0
 
 
 class KernelLifecycleMixin:
-    def StartKernel(self, request, context):  # noqa: N802
-        def bad(msg: str) -> None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{msg}")
-
-        if not request.kernel_id:
-            bad("kernel_id must not be empty")
-        if not request.key:
-            bad("key must not be empty (the kernel's HMAC key)")
-        scheme = request.signature_scheme or "hmac-sha256"
-        if scheme not in SUPPORTED_SCHEMES:
-            bad(f"signature_scheme={scheme!r} is not supported; use one of {SUPPORTED_SCHEMES}")
-        if request.hints.replicas < 0:
-            bad(f"hints.replicas={request.hints.replicas} must be >= 0")
+    async def StartKernel(self, request, context):  # noqa: N802
+        """On the loop (grpc_loop.py): the request checked here, the admission (ALREADY_EXISTS,
+        RESOURCE_EXHAUSTED, the kernel entered in the state) under the lock, awaited, and the
+        blocking steps (the replicas' hosts chosen, replicas started, the session's GPUs
+        bound, the front's sockets bound) awaited in the ``gs-work`` pool; run to its end
+        whoever waits, as StopKernel. A kernel started behind its front
+        (``return_when_bound``) starts its replicas in a task on the loop once this answer is
+        sent (``_finish_start``)."""
+        parsed = _parse_start(request)
+        if isinstance(parsed, tuple):
+            await context.abort(*parsed)
+        scheme, spec, hints = parsed.scheme, parsed.spec, parsed.hints
+        # The replicas start once this answer is sent (gRPC calls the done callback when the
+        # call ends): their start would otherwise take the interpreter from this answer.
+        answered = asyncio.get_running_loop().create_future()
+        context.add_done_callback(lambda _: _settle(answered))
         try:
-            spec = resource_spec_from_proto(request.resources, "StartKernelRequest.resources")
-        except InvalidResourceSpec as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        try:
-            hints = KernelHints.from_map(request.hints.extra)
-        except InvalidHints as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{exc}")
-        try:
-            # The replicas start once this answer is sent (gRPC calls the callback when the
-            # call ends): their start would otherwise take the interpreter from this answer.
-            entry = self.start_kernel(request.kernel_id, spec, request.key, scheme,
-                                      request.kernel_name, dict(request.env),
-                                      return_when_bound=request.return_when_bound, hints=hints,
-                                      after_answer=context.add_callback)
+            entry = await self._run_to_end(self.start_kernel(
+                request.kernel_id, spec, request.key, scheme, request.kernel_name,
+                dict(request.env), return_when_bound=request.return_when_bound, hints=hints,
+                answered=answered))
         except StartError as exc:
-            context.abort(exc.code, str(exc))
-        with self.lock:
+            await context.abort(exc.code, str(exc))
+        except asyncio.CancelledError:
+            _settle(answered)  # the client went away: no answer to wait for
+            raise
+        async with self._locked():
             status = self._kernel_status(entry, with_key=False)
         connection = self._connection(entry, with_key=True)
         return global_scheduler_pb2.StartKernelResponse(connection=connection, status=status)
 
-    def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
-                     kernel_name: str = "", env: dict[str, str] | None = None, *,
-                     return_when_bound: bool = False,
-                     hints: KernelHints | None = None,
-                     after_answer: Callable[[Callable[[], None]], bool] | None = None,
-                     ) -> KernelEntry:
-        """Start a kernel; with ``return_when_bound`` (replica-per-host policies), return once
-        its replicas' hosts are chosen and its front is bound: the replicas start behind it
-        (``_finish_start``) while it holds the client's requests, at once or, given
-        ``after_answer`` (a gRPC context's ``add_callback``), once the caller has its answer."""
-        with self.lock:
+    async def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
+                           kernel_name: str = "", env: dict[str, str] | None = None, *,
+                           return_when_bound: bool = False,
+                           hints: KernelHints | None = None,
+                           answered: Awaitable[None] | None = None,
+                           ) -> KernelEntry:
+        """Start a kernel (on the loop); with ``return_when_bound`` (replica-per-host
+        policies), return once its replicas' hosts are chosen and its front is bound: the
+        replicas start behind it (``_finish_start``, a task on the loop) while it holds the
+        client's requests, once ``answered`` is done (the caller has its answer), or at once.
+        Raises StartError."""
+        async with self._locked():
             if kernel_id in self.kernels:
                 raise StartError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"kernel {kernel_id!r} is already running; stop it first")
@@ -103,32 +102,44 @@ class KernelLifecycleMixin:
                                 hints=hints or KernelHints())
             self.kernels[kernel_id] = entry
         started = time.monotonic()
-        if return_when_bound and self.mode.starts_behind_front:
-            return self._start_behind_front(entry, spec, started, after_answer)
+        behind = return_when_bound and self.mode.starts_behind_front
+        plan = None
+        pool = self._pool
         try:
-            self._start_retrying(kernel_id, "start",
-                                 lambda: self.mode.start_containers(kernel_id))
-            if self.binding.binds_at_placement:
-                self._bind_for_session(entry, spec)
+            if behind:
+                # admitted: its replicas' hosts chosen (a refusal is answered now)
+                plan = await pool.run(self._plan_replicas, kernel_id, self.replicas_per_kernel,
+                                      join=False)
+            else:
+                await pool.run(self._start_retrying, kernel_id, "start",
+                               lambda: self.mode.start_containers(kernel_id))
+                if self.binding.binds_at_placement:
+                    await pool.run(self._bind_for_session, entry, spec)
             # bound out of the lock (its sockets, when no spare is ready: ms); it touches no
             # state the lock guards until it is the entry's and started, under the lock
-            front = self._new_front(entry)
-            FrontLoop.shared()  # the first front's start starts the loop's thread: not here
-            with self.lock:
-                entry.front = front
-                entry.front.set_replicas(entry.endpoints())
-                entry.front.start()
-                entry.state = "idle"
-                self._save_kernel(entry)
-            self.metrics.placement.labels(operation="kernel_start").observe(
-                time.monotonic() - started)
-            self.mode.after_start(kernel_id)
-            return entry
+            front = await pool.run(self._new_front, entry, None, behind)
         except Exception as exc:
-            failure = self._start_failed(kernel_id, exc)
+            failure = await pool.run(self._start_failed, kernel_id, exc)
             if failure is exc:
                 raise
             raise failure from exc
+        async with self._locked():
+            entry.front = front
+            if not behind:
+                entry.front.set_replicas(entry.endpoints())
+            entry.front.start()
+            if not behind:
+                entry.state = "idle"
+            self._save_kernel(entry)
+        if behind:
+            task = asyncio.ensure_future(self._finish_start(entry, spec, plan, started, answered))
+            self._effects.add(task)
+            task.add_done_callback(self._effects.discard)
+            return entry
+        self.metrics.placement.labels(operation="kernel_start").observe(
+            time.monotonic() - started)
+        await pool.run(self.mode.after_start, kernel_id)
+        return entry
 
     def _start_failed(self, kernel_id: str, exc: Exception) -> StartError:
         """A start that failed before its answer: the kernel is discarded, and the error to
@@ -158,55 +169,33 @@ class KernelLifecycleMixin:
                 f"no longer used; the operator can raise the scheduler's open-file limit "
                 f"(about {FDS_PER_OPEN_KERNEL} a kernel) or global_scheduler.max_kernels")
 
-    def _start_behind_front(self, entry: KernelEntry, spec: ResourceSpec, started: float,
-                            after_answer: Callable[[Callable[[], None]], bool] | None = None,
-                            ) -> KernelEntry:
-        """Admit the kernel (choose its replicas' hosts: a refusal is answered now), bind its
-        front in the starting state, and start the replicas on another thread (once the answer
-        is sent, given ``after_answer``, which returns False for a call already ended)."""
+    async def _finish_start(self, entry: KernelEntry, spec: ResourceSpec, plan: object,
+                            started: float, answered: Awaitable[None] | None) -> None:
+        """The replicas of a kernel whose front is bound, a task on the loop: once the start
+        is answered, start them (the planned ones first; a retry places anew: in the pool)
+        once a client attaches to the front or ``replicas_wait_for_client_s`` has passed,
+        then let the front send what it held, or fail it with why."""
         kernel_id = entry.kernel_id
-        try:
-            plan = self._plan_replicas(kernel_id, self.replicas_per_kernel, join=False)
-            front = self._new_front(entry, starting=True)  # bound out of the lock, as above
-            FrontLoop.shared()
-            with self.lock:
-                entry.front = front
-                entry.front.start()
-                self._save_kernel(entry)
-        except Exception as exc:
-            failure = self._start_failed(kernel_id, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        finish = threading.Thread(target=self._finish_start, args=(entry, spec, plan, started),
-                                  daemon=True, name=f"start-{kernel_id}").start
-        if after_answer is None or not after_answer(finish):
-            finish()
-        return entry
-
-    def _finish_start(self, entry: KernelEntry, spec: ResourceSpec, plan: object,
-                      started: float) -> None:
-        """The replicas of a kernel whose front is bound: start them (the planned ones first;
-        a retry places anew) once a client attaches to the front or
-        ``replicas_wait_for_client_s`` has passed, then let the front send what it held, or
-        fail it with why."""
-        kernel_id = entry.kernel_id
+        if answered is not None:  # done when the call ended (bounded: a call that never ends)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(answered), ANSWER_WAIT_S)
         if self.replicas_wait_for_client_s > 0:
             # Jupyter Server subscribes to the kernel's IOPub ~15 ms after its StartKernel is
             # answered, as the last step of the REST create; replicas starting meanwhile on
             # the same machine take its CPU (docs/performance.md, issue 18).
-            entry.front.client_attached.wait(self.replicas_wait_for_client_s)
-            with self.lock:
+            await entry.front.client_attached.wait_async(self.replicas_wait_for_client_s)
+            async with self._locked():
                 if self.kernels.get(kernel_id) is not entry:
                     return  # stopped meanwhile
         plans = [plan]
         try:
-            self._start_retrying(kernel_id, "start", lambda: self._add_replicas(
-                kernel_id, self.replicas_per_kernel, join=False,
-                planned=plans.pop() if plans else None))
+            await self._pool.run(self._start_retrying, kernel_id, "start",
+                                 lambda: self._add_replicas(
+                                     kernel_id, self.replicas_per_kernel, join=False,
+                                     planned=plans.pop() if plans else None))
             if self.binding.binds_at_placement:
-                self._bind_for_session(entry, spec)
-            with self.lock:
+                await self._pool.run(self._bind_for_session, entry, spec)
+            async with self._locked():
                 if self.kernels.get(kernel_id) is not entry:
                     return  # stopped meanwhile (StopKernel stopped the replicas)
                 entry.state = "idle"
@@ -218,18 +207,19 @@ class KernelLifecycleMixin:
         except Exception as exc:  # noqa: BLE001 - the front must hear of any failure
             reason = str(exc) if isinstance(exc, StartError) else f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, StartError):
-                log.exception("kernel %s failed to start", kernel_id)
+                log.error("kernel %s failed to start", kernel_id, exc_info=exc)
             else:
                 log.warning("kernel %s: its replicas did not start: %s", kernel_id, reason)
-            with self.lock:
+            async with self._locked():
                 current = self.kernels.get(kernel_id) is entry
                 if current:
                     entry.state, entry.message = "failed", f"start failed: {reason}"
                     self._save_kernel(entry)
                 replicas = list(entry.replicas.values())
-            if current:
-                for r in replicas:  # e.g. the session GPUs could not be bound
-                    self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
+            if current:  # e.g. the session GPUs could not be bound
+                await asyncio.gather(*(self._pool.run(
+                    self._stop_replica_quietly, r.host_id, kernel_id, r.replica_id)
+                    for r in replicas))
             if entry.front is not None:
                 entry.front.start_failed(reason)
 
@@ -494,3 +484,41 @@ def _incarnation(env: dict[str, str]) -> int:
         return max(0, int(env.get(INCARNATION_ENV) or 0))
     except ValueError:
         return 0
+
+
+class _StartRequest:
+    """A StartKernelRequest's checked parts."""
+
+    def __init__(self, scheme: str, spec: ResourceSpec, hints: KernelHints) -> None:
+        self.scheme, self.spec, self.hints = scheme, spec, hints
+
+
+def _parse_start(request: Any) -> _StartRequest | tuple[grpc.StatusCode, str]:
+    """The request's checked parts, or why it is refused (INVALID_ARGUMENT, and what)."""
+    def bad(msg: str) -> tuple[grpc.StatusCode, str]:
+        return grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{msg}"
+
+    if not request.kernel_id:
+        return bad("kernel_id must not be empty")
+    if not request.key:
+        return bad("key must not be empty (the kernel's HMAC key)")
+    scheme = request.signature_scheme or "hmac-sha256"
+    if scheme not in SUPPORTED_SCHEMES:
+        return bad(f"signature_scheme={scheme!r} is not supported; use one of "
+                   f"{SUPPORTED_SCHEMES}")
+    if request.hints.replicas < 0:
+        return bad(f"hints.replicas={request.hints.replicas} must be >= 0")
+    try:
+        spec = resource_spec_from_proto(request.resources, "StartKernelRequest.resources")
+    except InvalidResourceSpec as exc:
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    try:
+        hints = KernelHints.from_map(request.hints.extra)
+    except InvalidHints as exc:
+        return bad(str(exc))
+    return _StartRequest(scheme, spec, hints)
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -28,6 +28,7 @@ between threads is this lock's state; moving the remaining handlers onto the loo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -332,6 +333,12 @@ class WorkPool(futures.ThreadPoolExecutor):
         future = super().submit(fn, *args, **kwargs)
         future.add_done_callback(_log_failure)
         return future
+
+
+    async def run(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+        """For a coroutine on a loop: ``fn`` run in the pool, awaited. Its exception is the
+        awaiting coroutine's (a refused start's StartError, say), not logged here."""
+        return await asyncio.wrap_future(super().submit(fn, *args, **kwargs))
 
 
 def _log_failure(future: futures.Future) -> None:
