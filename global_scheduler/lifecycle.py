@@ -379,11 +379,17 @@ class KernelLifecycleMixin:
         task.add_done_callback(self._effects.discard)
         return await asyncio.shield(task)
 
-    def WakeKernel(self, request, context):  # noqa: N802
-        with self.lock:
-            if request.kernel_id not in self.kernels:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
-        return global_scheduler_pb2.WakeKernelResponse(waking=self.wake_kernel(request.kernel_id))
+    async def WakeKernel(self, request, context):  # noqa: N802
+        """On the loop: the decision under the lock, awaited; the wake itself (the replicas
+        started from the checkpoint) goes to the ``gs-work`` pool, as before."""
+        async with self._locked():
+            known = request.kernel_id in self.kernels
+            waking = known and self._begin_wake(request.kernel_id)
+        if not known:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+        if waking:
+            self._pool.submit(self._wake, request.kernel_id)
+        return global_scheduler_pb2.WakeKernelResponse(waking=waking)
 
     def RestartKernel(self, request, context):  # noqa: N802
         """Fresh replicas (empty namespace) behind the same front ports: the clients' sockets
@@ -462,21 +468,30 @@ class KernelLifecycleMixin:
         return global_scheduler_pb2.RestartKernelResponse(
             connection=self._connection(entry, with_key=True), status=status)
 
-    def MigrateReplica(self, request, context):  # noqa: N802
+    async def MigrateReplica(self, request, context):  # noqa: N802
+        """On the loop: the request checked here; the migration (its kernel's membership
+        guard taken, which another change of its replicas may hold for seconds, then the
+        decision and the Local Schedulers' calls: recovery.migrate_replica) awaited in the
+        ``gs-work`` pool, run to its end whoever waits; the answer's status under the lock,
+        awaited."""
         if not request.kernel_id or request.replica_id < 1:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "MigrateReplicaRequest needs kernel_id and replica_id >= 1")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "MigrateReplicaRequest needs kernel_id and replica_id >= 1")
         try:
-            rid, host_id = self.migrate_replica(request.kernel_id, request.replica_id,
-                                                request.target_host_id or None)
+            rid, host_id = await self._run_to_end(self._pool.run(
+                self.migrate_replica, request.kernel_id, request.replica_id,
+                request.target_host_id or None))
         except StartError as exc:
-            context.abort(exc.code, str(exc))
-        with self.lock:
-            status = self._kernel_status(self.kernels[request.kernel_id])
+            await context.abort(exc.code, str(exc))
+        async with self._locked():
+            entry = self.kernels.get(request.kernel_id)
+            status = self._kernel_status(entry) if entry is not None else None
+        if status is None:  # stopped since (the synchronous handler raised: UNKNOWN)
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"kernel {request.kernel_id} was stopped after its migration")
         replica = next((r for r in status.replicas if r.replica_id == rid), None)
         return global_scheduler_pb2.MigrateReplicaResponse(target_host_id=host_id,
                                                            replica=replica)
-
 
 def _incarnation(env: dict[str, str]) -> int:
     """The kernel's incarnation, as its replicas' environment says (0 before any restart)."""

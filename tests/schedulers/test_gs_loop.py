@@ -312,3 +312,37 @@ def test_starts_take_no_pool_thread_and_make_no_thread_of_their_own(gs_in_proces
     assert "key must not be empty" in keyless.value.details()
     assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
     assert not [n for n in watch.names if n.startswith("start-")]
+
+
+def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
+    """WakeKernel and MigrateReplica run on the loop: a wake asked of an awake kernel (and of
+    an unknown one), a migration refused for its arguments and a real one (a replica moved to
+    a fourth host, its Local Scheduler calls in the ``gs-work`` pool) hand the ``gs-grpc`` pool
+    nothing. The kernel runs a cell on its new replica set."""
+    cluster, daemon, _ = gs_in_process
+    kernel_id = "k-moved"
+    kc = cluster.client(_start(cluster, kernel_id, False).connection)
+    assert run_cell(kc, "x = 6 * 7")["reply"]["content"]["status"] == "ok"
+    cluster.start_ls("host-3")
+    cluster.wait_hosts(HOSTS + 1)
+    moved_from = next(r.host_id for r in cluster.kernel(kernel_id).replicas if r.replica_id == 1)
+    stub = cluster.stub
+    with _Watch(daemon) as watch:
+        awake = stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
+                                timeout=10)
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id="k-none"),
+                            timeout=10)
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
+                kernel_id=kernel_id, replica_id=0), timeout=10)
+        moved = stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
+            kernel_id=kernel_id, replica_id=1, target_host_id="host-3"), timeout=90)
+    assert not awake.waking
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert moved.target_host_id == "host-3" and moved.replica.host_id == "host-3"
+    hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
+    assert "host-3" in hosts and moved_from not in hosts
+    assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
+    assert run_cell(kc, "print(x)")["reply"]["content"]["status"] == "ok"
