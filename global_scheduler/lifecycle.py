@@ -391,82 +391,109 @@ class KernelLifecycleMixin:
             self._pool.submit(self._wake, request.kernel_id)
         return global_scheduler_pb2.WakeKernelResponse(waking=waking)
 
-    def RestartKernel(self, request, context):  # noqa: N802
+    async def RestartKernel(self, request, context):  # noqa: N802
         """Fresh replicas (empty namespace) behind the same front ports: the clients' sockets
         stay connected. Also for a kernel its client has just asked to shut down for a restart
         (Jupyter sends ``shutdown_request`` with ``restart`` first), and for a hibernated one
-        (it wakes empty)."""
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while True:  # a start, a wake or a hibernation under way ends first (seconds)
-            with self.lock:
-                entry = self.kernels.get(request.kernel_id)
-                if entry is None:
-                    context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
-                if entry.state not in RESTART_WAITS:
-                    break
-                seen = self._kernel_changes
-            if time.monotonic() >= deadline:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"kernel {request.kernel_id} is still {entry.state} after "
-                              f"{RESTART_WAIT_S:g} s")
-            self._await_kernel_change(seen, min(deadline, time.monotonic() + 1.0))
-        with self.lock:
-            if entry.state == "stopping" and not entry.client_shutdown:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"kernel {request.kernel_id} is stopping")
-            guard = self._recovery_guards.setdefault(request.kernel_id, threading.Lock())
-        with guard:
-            with self.lock:
-                if entry.state in RESTART_WAITS or (entry.state == "stopping"
-                                                    and not entry.client_shutdown):
-                    # a wake or a stop began since (rare): the client may ask again
-                    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"kernel {request.kernel_id} is {entry.state}")
-                old = list(entry.replicas.values())
-                entry.state = "starting"
-                entry.client_shutdown = False
-                entry.hibernated_unix = 0.0
-                entry.wake_error = ""
-                kernel = self.cluster.kernels[request.kernel_id]
-                for r in old:
-                    entry.replicas.pop(r.replica_id, None)
-                    if r.replica_id in kernel.replicas:
-                        self.cluster.remove_replica(request.kernel_id, r.replica_id)
-                entry.raft_removals.clear()
-                entry.removal_addresses.clear()
-                entry.executions.clear()
-                with self._placement_cv:
-                    self.cell_queue.kernel_gone(request.kernel_id)
-                entry.session_gpus = None
-                entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
-                entry.lost_cells.clear()
-                # a new incarnation: its checkpoints, counting from cell 1 again, are fenced
-                # above the old one's, and the old replicas' late writes are refused (issue 34)
-                entry.env = {**entry.env, INCARNATION_ENV: str(_incarnation(entry.env) + 1)}
-                kernel.executor = None
-                if entry.front is not None:
-                    entry.front.set_replicas([])
-            list(self._pool.map(lambda r: self._stop_replica_quietly(
-                r.host_id, request.kernel_id, r.replica_id), old))
-            self._finish_pending_stops(entry)  # a hibernated kernel's, before new ones start
-            try:
-                self.mode.start_containers(request.kernel_id)
-                if self.binding.binds_at_placement:
-                    self._bind_for_session(entry, kernel.request)
-            except StartError as exc:
-                with self.lock:
-                    entry.state, entry.message = "failed", f"restart failed: {exc}"
-                    self._save_kernel(entry)
-                context.abort(exc.code, str(exc))
-            with self.lock:
-                entry.state, entry.message = "idle", ""
-                self._save_kernel(entry)
-                self._active(entry)
-            self.mode.after_start(request.kernel_id)
-            with self.lock:
-                status = self._kernel_status(entry)
+        (it wakes empty).
+
+        On the loop: a start, a wake or a hibernation under way is waited out by awaiting the
+        kernel's changes (``_kernels_changed.signal``, fired by ``_save_kernel``); the
+        decisions under the lock, awaited; the old replicas' stops, the new replicas' start
+        and the session GPUs' binding awaited in the ``gs-work`` pool; run to its end whoever
+        waits, as StopKernel."""
+        refused, entry = await self._run_to_end(self._restart_kernel(request.kernel_id))
+        if refused is not None:
+            await context.abort(*refused)
+        async with self._locked():
+            status = self._kernel_status(entry)
         return global_scheduler_pb2.RestartKernelResponse(
             connection=self._connection(entry, with_key=True), status=status)
+
+    async def _restart_kernel(self, kernel_id: str,
+                              ) -> tuple[tuple[grpc.StatusCode, str] | None, KernelEntry | None]:
+        """RestartKernel's waits, decisions and effects: why it was refused (or None), and the
+        restarted kernel's entry."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        changed = self._kernels_changed.signal
+        while True:  # a start, a wake or a hibernation under way ends first (seconds)
+            woken = changed.future()  # before the look: a change after it wakes us
+            async with self._locked():
+                entry = self.kernels.get(kernel_id)
+                if entry is None:
+                    return (grpc.StatusCode.NOT_FOUND, f"no kernel {kernel_id!r}"), None
+                state = entry.state
+                if state not in RESTART_WAITS:
+                    if state == "stopping" and not entry.client_shutdown:
+                        return (grpc.StatusCode.FAILED_PRECONDITION,
+                                f"kernel {kernel_id} is stopping"), None
+                    guard = self._recovery_guards.setdefault(kernel_id, threading.Lock())
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return (grpc.StatusCode.FAILED_PRECONDITION,
+                        f"kernel {kernel_id} is still {state} after {RESTART_WAIT_S:g} s"), None
+            await changed.wait(woken, min(left, 1.0))
+        # one recovery (or restart) of a kernel at once; one running holds a pool thread
+        # while this waits for it, not the loop
+        if not guard.acquire(blocking=False):
+            await self._pool.run(guard.acquire)
+        try:
+            return await self._restart_guarded(entry), entry
+        finally:
+            guard.release()
+
+    async def _restart_guarded(self, entry: KernelEntry) -> tuple[grpc.StatusCode, str] | None:
+        """The restart itself, the kernel's recovery guard held: why it failed, or None."""
+        kernel_id = entry.kernel_id
+        async with self._locked():
+            if entry.state in RESTART_WAITS or (entry.state == "stopping"
+                                                and not entry.client_shutdown):
+                # a wake or a stop began since (rare): the client may ask again
+                return grpc.StatusCode.FAILED_PRECONDITION, f"kernel {kernel_id} is {entry.state}"
+            old = list(entry.replicas.values())
+            entry.state = "starting"
+            entry.client_shutdown = False
+            entry.hibernated_unix = 0.0
+            entry.wake_error = ""
+            kernel = self.cluster.kernels[kernel_id]
+            for r in old:
+                entry.replicas.pop(r.replica_id, None)
+                if r.replica_id in kernel.replicas:
+                    self.cluster.remove_replica(kernel_id, r.replica_id)
+            entry.raft_removals.clear()
+            entry.removal_addresses.clear()
+            entry.executions.clear()
+            with self._placement_cv:
+                self.cell_queue.kernel_gone(kernel_id)
+            entry.session_gpus = None
+            entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
+            entry.lost_cells.clear()
+            # a new incarnation: its checkpoints, counting from cell 1 again, are fenced
+            # above the old one's, and the old replicas' late writes are refused (issue 34)
+            entry.env = {**entry.env, INCARNATION_ENV: str(_incarnation(entry.env) + 1)}
+            kernel.executor = None
+            if entry.front is not None:
+                entry.front.set_replicas([])
+        pool = self._pool
+        await asyncio.gather(*(pool.run(self._stop_replica_quietly, r.host_id, kernel_id,
+                                        r.replica_id) for r in old))
+        await pool.run(self._finish_pending_stops, entry)  # a hibernated kernel's, first
+        try:
+            await pool.run(self.mode.start_containers, kernel_id)
+            if self.binding.binds_at_placement:
+                await pool.run(self._bind_for_session, entry, kernel.request)
+        except StartError as exc:
+            async with self._locked():
+                entry.state, entry.message = "failed", f"restart failed: {exc}"
+                self._save_kernel(entry)
+            return exc.code, str(exc)
+        async with self._locked():
+            entry.state, entry.message = "idle", ""
+            self._save_kernel(entry)
+            self._active(entry)
+        await pool.run(self.mode.after_start, kernel_id)
+        return None
 
     async def MigrateReplica(self, request, context):  # noqa: N802
         """On the loop: the request checked here; the migration (its kernel's membership

@@ -346,3 +346,33 @@ def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
     assert "host-3" in hosts and moved_from not in hosts
     assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
     assert run_cell(kc, "print(x)")["reply"]["content"]["status"] == "ok"
+
+
+def test_restarts_wait_out_a_start_on_the_loop_and_take_no_pool_thread(gs_in_process):
+    """RestartKernel runs on the loop: asked right after a start behind the front was
+    answered (its replicas still starting), it waits the start out by awaiting the kernel's
+    changes (the synchronous handler slept in a ``gs-grpc`` thread), then starts fresh
+    replicas behind the same ports; a restart of a running kernel and of an unknown one hand
+    the ``gs-grpc`` pool nothing either."""
+    cluster, daemon, _ = gs_in_process
+    stub = cluster.stub
+    with _Watch(daemon) as watch:
+        first = _start(cluster, "k-restarted", True)
+        restarted = stub.RestartKernel(global_scheduler_pb2.RestartKernelRequest(
+            kernel_id="k-restarted"), timeout=120)
+        kc = cluster.client(first.connection)
+        assert run_cell(kc, "x = 1")["reply"]["content"]["status"] == "ok"
+        again = stub.RestartKernel(global_scheduler_pb2.RestartKernelRequest(
+            kernel_id="k-restarted"), timeout=120)
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.RestartKernel(global_scheduler_pb2.RestartKernelRequest(kernel_id="k-none"),
+                               timeout=10)
+    assert restarted.connection.shell_port == first.connection.shell_port
+    assert again.connection.shell_port == first.connection.shell_port
+    assert again.status.state == common_pb2.KERNEL_STATE_IDLE and len(again.status.replicas) == 3
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    fresh = run_cell(kc, "print('x' in dir())")
+    assert fresh["reply"]["content"]["status"] == "ok"
+    assert "".join(o["content"].get("text", "") for o in fresh["outputs"]) == "False\n"
+    assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
+    assert not [n for n in watch.names if n.startswith("start-")]
