@@ -2,10 +2,16 @@
 stop, interrupt, restart, and moving a replica on request. Mixed into
 ``GlobalSchedulerService``.
 
-``StopKernel`` and ``InterruptKernel`` are coroutines on the loop (issue 32): a decision under
-the lock, awaited (``_locked``: state_lock.py), and the Local Scheduler calls as effects awaited
-in the ``gs-work`` pool, run to their end whoever waits (``_run_to_end``). The other handlers
-are still synchronous, in the ``gs-grpc`` pool (grpc_loop.py)."""
+Every handler here is a coroutine on the loop (issue 32): the request checked on the loop, a
+decision under the lock, awaited (``_locked``: state_lock.py; nothing awaited inside), and the
+blocking parts (Local Scheduler calls, replica starts waited for, front sockets bound) as
+effects awaited in the ``gs-work`` pool (``_pool.run``), run to their end whoever waits
+(``_run_to_end``). A start behind its front starts its replicas in a task on the loop once the
+answer is sent (``_finish_start``); a restart awaits the kernel's changes
+(``_kernels_changed.signal``) to wait out a start, wake or hibernation. What still holds a
+thread: a replica start waits for its replicas in a ``gs-work`` thread (``_add_replicas``), a
+migration runs whole there (its membership guard is a thread lock held across it), and a
+restart takes a kernel's recovery guard there when a recovery holds it."""
 
 from __future__ import annotations
 

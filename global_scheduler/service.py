@@ -18,9 +18,10 @@ on the fronts' loop (``FrontLoop.shared()``, grpc.aio). ``Heartbeat`` and ``Repo
 are coroutines on that loop: a short decision under the lock (awaited, ``acquire_async``:
 state_lock.py), never an ``await`` while holding it, their effects handed to ``_pool``. The
 status queries are coroutines too, answered from the lock-versioned status board while a
-thread holds the lock (status.py), and so are ``StopKernel`` and ``InterruptKernel`` (their
-Local Scheduler calls awaited in ``_pool``: lifecycle.py). Every other handler is a synchronous method run in the
-daemon's ``gs-grpc`` pool (grpc_loop.SyncHandlersInPool) and takes the lock as before. The host
+thread holds the lock (status.py), and so is the kernel life cycle (``StartKernel``,
+``RestartKernel``, ``WakeKernel``, ``MigrateReplica``, ``StopKernel``, ``InterruptKernel``:
+their Local Scheduler calls awaited in ``_pool``, lifecycle.py). The host registration
+handlers are synchronous methods run in the daemon's ``gs-grpc`` pool (grpc_loop.SyncHandlersInPool) and takes the lock as before. The host
 monitor is a timer on the loop (host_monitor.py) armed for ``next_host_deadline``; its
 ``check_hosts`` runs in ``_pool``. The front hooks run on the loop too. What remains shared
 between threads is this lock's state; moving the remaining handlers onto the loop is next.
