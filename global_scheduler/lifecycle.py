@@ -140,7 +140,7 @@ class KernelLifecycleMixin:
         if behind:
             task = asyncio.ensure_future(self._finish_start(entry, spec, plan, started, answered))
             self._effects.add(task)
-            task.add_done_callback(self._effects.discard)
+            task.add_done_callback(self._effect_ended)
             return entry
         self.metrics.placement.labels(operation="kernel_start").observe(
             time.monotonic() - started)
@@ -382,8 +382,15 @@ class KernelLifecycleMixin:
         they run to the end as a task of their own."""
         task = asyncio.ensure_future(effects)
         self._effects.add(task)
-        task.add_done_callback(self._effects.discard)
+        task.add_done_callback(self._effect_ended)
         return await asyncio.shield(task)
+
+    def _effect_ended(self, task: asyncio.Future) -> None:
+        """A task of ``_run_to_end`` ended: forgotten; its exception (a refused start whose
+        client had gone) taken, so that asyncio does not log it as never retrieved."""
+        self._effects.discard(task)
+        if not task.cancelled():
+            task.exception()
 
     async def WakeKernel(self, request, context):  # noqa: N802
         """On the loop: the decision under the lock, awaited; the wake itself (the replicas
