@@ -5,12 +5,16 @@ Who owns what (issue 32; docs/architecture.md, "The Global Scheduler's loop"):
 - the fronts' loop (``FrontLoop.shared()``, one thread) runs the ``grpc.aio`` server: every
   call's I/O, the interceptors (join token, registry flush), and the handlers written as
   coroutines (``Heartbeat``, ``ReportReplicaEvent``, the status queries ``GetKernelStatus``,
-  ``ListKernels``, ``GetClusterStatus``, and ``StopKernel``, ``InterruptKernel``), which await
+  ``ListKernels``, ``GetClusterStatus``, and the kernel life cycle ``StartKernel``,
+  ``RestartKernel``, ``WakeKernel``, ``MigrateReplica``, ``StopKernel``,
+  ``InterruptKernel``), which await
   ``service.lock`` without blocking the loop (state_lock.py, status.py, lifecycle.py); it also
   runs the host monitor's timer (host_monitor.py) and every kernel front;
-- the other handlers are still synchronous methods, run in ``gs-grpc`` pool threads under
+- the other handlers (``RegisterHost``, ``DeregisterHost``, ``DrainHost``) are still
+  synchronous methods, run in ``gs-grpc`` pool threads under
   ``service.lock`` (grpc_loop.SyncHandlersInPool), as the synchronous server ran them;
-- the service's ``gs-work`` pool runs the effects (replica starts, recovery, host checks).
+- the service's ``gs-work`` pool runs the effects (replica starts and migrations, recovery,
+  host checks).
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ class GlobalSchedulerDaemon:
             server = grpc.aio.server(
                 migration_thread_pool=self.grpc_pool,
                 interceptors=[interceptor, SyncHandlersInPool(self.grpc_pool),
-                              FlushBeforeAnswer(self.service.store, self.grpc_pool)])
+                              FlushBeforeAnswer(self.service.store)])
             gs_grpc.add_GlobalSchedulerServicer_to_server(self.service, server)
             try:
                 port = add_secure_port(server, config, f"{gs.host}:{gs.grpc_port}")

@@ -66,6 +66,7 @@ from notebookos.global_scheduler.front_replies import (  # noqa: F401 - re-expor
 )
 from notebookos.global_scheduler.front_requests import MAX_RESUBMISSIONS, _Pending  # noqa: F401
 from notebookos.global_scheduler.front_sockets import FrontSockets
+from notebookos.global_scheduler.loop_waits import SignallingEvent
 from notebookos.unrouted import UnroutedReplies
 from notebookos.zmq_frames import send_frames
 
@@ -128,7 +129,7 @@ class KernelFront(StartGate, ExecuteRouter, ReplyMerger, IOPubMerger, ReplicaLin
         self._stop = threading.Event()
         # Set by a client's first frame on any client socket (an IOPub subscription, a request,
         # a heartbeat) or by close(): a kernel's replicas may wait for it to start (lifecycle).
-        self.client_attached = threading.Event()
+        self.client_attached = SignallingEvent()  # awaited on the loop (lifecycle)
         self._bound_at = time.monotonic()
         self._init_checks()
         self._init_pump()

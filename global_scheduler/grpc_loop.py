@@ -4,13 +4,14 @@ whose I/O is driven by the loop that owns the kernel fronts (``FrontLoop.shared(
 Two kinds of handler serve on it:
 
 - coroutines (``async def``: ``Heartbeat``, ``ReportReplicaEvent``, ``GetKernelStatus``,
-  ``ListKernels``, ``GetClusterStatus``, ``StopKernel``, ``InterruptKernel``) run on the loop
-  itself. They take ``service.lock``
+  ``ListKernels``, ``GetClusterStatus``, and the kernel life cycle, lifecycle.py) run on the
+  loop itself. They take ``service.lock``
   with ``await lock.acquire_async()`` (state_lock.py: a thread holding it delays the call, not
   the loop) for a short decision, but never await while holding it (the lock is an RLock:
   another coroutine on the loop would enter it too), and whatever blocks (a Local Scheduler
   called, a sleep, a wait on a future) goes to an executor;
-- every other handler is still a plain method run in a thread pool under the lock, as before.
+- every other handler (``RegisterHost``, ``DeregisterHost``, ``DrainHost``) is still a plain
+  method run in a thread pool under the lock, as before.
   ``SyncHandlersInPool`` runs it there (``loop.run_in_executor``, as grpc.aio's own
   ``migration_thread_pool`` would) with a ``SyncContext`` that keeps what the synchronous
   ``grpc.server`` gave a handler and grpc.aio's compatibility context does not

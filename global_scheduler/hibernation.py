@@ -227,14 +227,21 @@ class HibernationMixin:
     def wake_kernel(self, kernel_id: str) -> bool:
         """Start waking a hibernated kernel (in the background); False when it is not asleep."""
         with self.lock:
-            entry = self.kernels.get(kernel_id)
-            if entry is None or entry.state != "hibernated":
-                return False
-            entry.state = "waking"
-            entry.wake_started = time.monotonic()
-            entry.wake_error = ""
-            self._save_kernel(entry)
-        self._pool.submit(self._wake, kernel_id)
+            waking = self._begin_wake(kernel_id)
+        if waking:
+            self._pool.submit(self._wake, kernel_id)
+        return waking
+
+    def _begin_wake(self, kernel_id: str) -> bool:
+        """The decision to wake the kernel: it is hibernated, and now waking (the wake itself,
+        ``_wake``, is the caller's to hand the pool once the lock is let go). Lock held."""
+        entry = self.kernels.get(kernel_id)
+        if entry is None or entry.state != "hibernated":
+            return False
+        entry.state = "waking"
+        entry.wake_started = time.monotonic()
+        entry.wake_error = ""
+        self._save_kernel(entry)
         return True
 
     def _wake(self, kernel_id: str) -> None:

@@ -2,10 +2,16 @@
 stop, interrupt, restart, and moving a replica on request. Mixed into
 ``GlobalSchedulerService``.
 
-``StopKernel`` and ``InterruptKernel`` are coroutines on the loop (issue 32): a decision under
-the lock, awaited (``_locked``: state_lock.py), and the Local Scheduler calls as effects awaited
-in the ``gs-work`` pool, run to their end whoever waits (``_run_to_end``). The other handlers
-are still synchronous, in the ``gs-grpc`` pool (grpc_loop.py)."""
+Every handler here is a coroutine on the loop (issue 32): the request checked on the loop, a
+decision under the lock, awaited (``_locked``: state_lock.py; nothing awaited inside), and the
+blocking parts (Local Scheduler calls, replica starts waited for, front sockets bound) as
+effects awaited in the ``gs-work`` pool (``_pool.run``), run to their end whoever waits
+(``_run_to_end``). A start behind its front starts its replicas in a task on the loop once the
+answer is sent (``_finish_start``); a restart awaits the kernel's changes
+(``_kernels_changed.signal``) to wait out a start, wake or hibernation. What still holds a
+thread: a replica start waits for its replicas in a ``gs-work`` thread (``_add_replicas``), a
+migration runs whole there (its membership guard is a thread lock held across it), and a
+restart takes a kernel's recovery guard there when a recovery holds it."""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
@@ -22,7 +28,6 @@ import grpc
 from notebookos.cluster import AccountingError
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
-from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.limits import (
     FDS_PER_OPEN_KERNEL,
@@ -44,55 +49,55 @@ INCARNATION_ENV = "NOTEBOOKOS_INCARNATION"
 # States a restart waits out (its replicas are changing), at most RESTART_WAIT_S
 RESTART_WAITS = ("starting", "hibernating", "waking")
 RESTART_WAIT_S = 60.0
+# How long a start behind its front waits for its answer to be sent before its replicas start
+# anyway (gRPC ends the call at once after the answer; this only bounds a call that never ends)
+ANSWER_WAIT_S = 10.0
 
 
 class KernelLifecycleMixin:
-    def StartKernel(self, request, context):  # noqa: N802
-        def bad(msg: str) -> None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{msg}")
-
-        if not request.kernel_id:
-            bad("kernel_id must not be empty")
-        if not request.key:
-            bad("key must not be empty (the kernel's HMAC key)")
-        scheme = request.signature_scheme or "hmac-sha256"
-        if scheme not in SUPPORTED_SCHEMES:
-            bad(f"signature_scheme={scheme!r} is not supported; use one of {SUPPORTED_SCHEMES}")
-        if request.hints.replicas < 0:
-            bad(f"hints.replicas={request.hints.replicas} must be >= 0")
+    async def StartKernel(self, request, context):  # noqa: N802
+        """On the loop (grpc_loop.py): the request checked here, the admission (ALREADY_EXISTS,
+        RESOURCE_EXHAUSTED, the kernel entered in the state) under the lock, awaited, and the
+        blocking steps (the replicas' hosts chosen, replicas started, the session's GPUs
+        bound, the front's sockets bound) awaited in the ``gs-work`` pool; run to its end
+        whoever waits, as StopKernel. A kernel started behind its front
+        (``return_when_bound``) starts its replicas in a task on the loop once this answer is
+        sent (``_finish_start``)."""
+        parsed = _parse_start(request)
+        if isinstance(parsed, tuple):
+            await context.abort(*parsed)
+        scheme, spec, hints = parsed.scheme, parsed.spec, parsed.hints
+        # The replicas start once this answer is sent (gRPC calls the done callback when the
+        # call ends): their start would otherwise take the interpreter from this answer.
+        answered = asyncio.get_running_loop().create_future()
+        context.add_done_callback(lambda _: _settle(answered))
         try:
-            spec = resource_spec_from_proto(request.resources, "StartKernelRequest.resources")
-        except InvalidResourceSpec as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        try:
-            hints = KernelHints.from_map(request.hints.extra)
-        except InvalidHints as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{exc}")
-        try:
-            # The replicas start once this answer is sent (gRPC calls the callback when the
-            # call ends): their start would otherwise take the interpreter from this answer.
-            entry = self.start_kernel(request.kernel_id, spec, request.key, scheme,
-                                      request.kernel_name, dict(request.env),
-                                      return_when_bound=request.return_when_bound, hints=hints,
-                                      after_answer=context.add_callback)
+            entry = await self._run_to_end(self.start_kernel(
+                request.kernel_id, spec, request.key, scheme, request.kernel_name,
+                dict(request.env), return_when_bound=request.return_when_bound, hints=hints,
+                answered=answered))
         except StartError as exc:
-            context.abort(exc.code, str(exc))
-        with self.lock:
+            await context.abort(exc.code, str(exc))
+        except asyncio.CancelledError:
+            _settle(answered)  # the client went away: no answer to wait for
+            raise
+        async with self._locked():
             status = self._kernel_status(entry, with_key=False)
         connection = self._connection(entry, with_key=True)
         return global_scheduler_pb2.StartKernelResponse(connection=connection, status=status)
 
-    def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
-                     kernel_name: str = "", env: dict[str, str] | None = None, *,
-                     return_when_bound: bool = False,
-                     hints: KernelHints | None = None,
-                     after_answer: Callable[[Callable[[], None]], bool] | None = None,
-                     ) -> KernelEntry:
-        """Start a kernel; with ``return_when_bound`` (replica-per-host policies), return once
-        its replicas' hosts are chosen and its front is bound: the replicas start behind it
-        (``_finish_start``) while it holds the client's requests, at once or, given
-        ``after_answer`` (a gRPC context's ``add_callback``), once the caller has its answer."""
-        with self.lock:
+    async def start_kernel(self, kernel_id: str, spec: ResourceSpec, key: str, scheme: str,
+                           kernel_name: str = "", env: dict[str, str] | None = None, *,
+                           return_when_bound: bool = False,
+                           hints: KernelHints | None = None,
+                           answered: Awaitable[None] | None = None,
+                           ) -> KernelEntry:
+        """Start a kernel (on the loop); with ``return_when_bound`` (replica-per-host
+        policies), return once its replicas' hosts are chosen and its front is bound: the
+        replicas start behind it (``_finish_start``, a task on the loop) while it holds the
+        client's requests, once ``answered`` is done (the caller has its answer), or at once.
+        Raises StartError."""
+        async with self._locked():
             if kernel_id in self.kernels:
                 raise StartError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"kernel {kernel_id!r} is already running; stop it first")
@@ -103,32 +108,44 @@ class KernelLifecycleMixin:
                                 hints=hints or KernelHints())
             self.kernels[kernel_id] = entry
         started = time.monotonic()
-        if return_when_bound and self.mode.starts_behind_front:
-            return self._start_behind_front(entry, spec, started, after_answer)
+        behind = return_when_bound and self.mode.starts_behind_front
+        plan = None
+        pool = self._pool
         try:
-            self._start_retrying(kernel_id, "start",
-                                 lambda: self.mode.start_containers(kernel_id))
-            if self.binding.binds_at_placement:
-                self._bind_for_session(entry, spec)
+            if behind:
+                # admitted: its replicas' hosts chosen (a refusal is answered now)
+                plan = await pool.run(self._plan_replicas, kernel_id, self.replicas_per_kernel,
+                                      join=False)
+            else:
+                await pool.run(self._start_retrying, kernel_id, "start",
+                               lambda: self.mode.start_containers(kernel_id))
+                if self.binding.binds_at_placement:
+                    await pool.run(self._bind_for_session, entry, spec)
             # bound out of the lock (its sockets, when no spare is ready: ms); it touches no
             # state the lock guards until it is the entry's and started, under the lock
-            front = self._new_front(entry)
-            FrontLoop.shared()  # the first front's start starts the loop's thread: not here
-            with self.lock:
-                entry.front = front
-                entry.front.set_replicas(entry.endpoints())
-                entry.front.start()
-                entry.state = "idle"
-                self._save_kernel(entry)
-            self.metrics.placement.labels(operation="kernel_start").observe(
-                time.monotonic() - started)
-            self.mode.after_start(kernel_id)
-            return entry
+            front = await pool.run(self._new_front, entry, None, behind)
         except Exception as exc:
-            failure = self._start_failed(kernel_id, exc)
+            failure = await pool.run(self._start_failed, kernel_id, exc)
             if failure is exc:
                 raise
             raise failure from exc
+        async with self._locked():
+            entry.front = front
+            if not behind:
+                entry.front.set_replicas(entry.endpoints())
+            entry.front.start()
+            if not behind:
+                entry.state = "idle"
+            self._save_kernel(entry)
+        if behind:
+            task = asyncio.ensure_future(self._finish_start(entry, spec, plan, started, answered))
+            self._effects.add(task)
+            task.add_done_callback(self._effect_ended)
+            return entry
+        self.metrics.placement.labels(operation="kernel_start").observe(
+            time.monotonic() - started)
+        await pool.run(self.mode.after_start, kernel_id)
+        return entry
 
     def _start_failed(self, kernel_id: str, exc: Exception) -> StartError:
         """A start that failed before its answer: the kernel is discarded, and the error to
@@ -158,55 +175,33 @@ class KernelLifecycleMixin:
                 f"no longer used; the operator can raise the scheduler's open-file limit "
                 f"(about {FDS_PER_OPEN_KERNEL} a kernel) or global_scheduler.max_kernels")
 
-    def _start_behind_front(self, entry: KernelEntry, spec: ResourceSpec, started: float,
-                            after_answer: Callable[[Callable[[], None]], bool] | None = None,
-                            ) -> KernelEntry:
-        """Admit the kernel (choose its replicas' hosts: a refusal is answered now), bind its
-        front in the starting state, and start the replicas on another thread (once the answer
-        is sent, given ``after_answer``, which returns False for a call already ended)."""
+    async def _finish_start(self, entry: KernelEntry, spec: ResourceSpec, plan: object,
+                            started: float, answered: Awaitable[None] | None) -> None:
+        """The replicas of a kernel whose front is bound, a task on the loop: once the start
+        is answered, start them (the planned ones first; a retry places anew: in the pool)
+        once a client attaches to the front or ``replicas_wait_for_client_s`` has passed,
+        then let the front send what it held, or fail it with why."""
         kernel_id = entry.kernel_id
-        try:
-            plan = self._plan_replicas(kernel_id, self.replicas_per_kernel, join=False)
-            front = self._new_front(entry, starting=True)  # bound out of the lock, as above
-            FrontLoop.shared()
-            with self.lock:
-                entry.front = front
-                entry.front.start()
-                self._save_kernel(entry)
-        except Exception as exc:
-            failure = self._start_failed(kernel_id, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        finish = threading.Thread(target=self._finish_start, args=(entry, spec, plan, started),
-                                  daemon=True, name=f"start-{kernel_id}").start
-        if after_answer is None or not after_answer(finish):
-            finish()
-        return entry
-
-    def _finish_start(self, entry: KernelEntry, spec: ResourceSpec, plan: object,
-                      started: float) -> None:
-        """The replicas of a kernel whose front is bound: start them (the planned ones first;
-        a retry places anew) once a client attaches to the front or
-        ``replicas_wait_for_client_s`` has passed, then let the front send what it held, or
-        fail it with why."""
-        kernel_id = entry.kernel_id
+        if answered is not None:  # done when the call ended (bounded: a call that never ends)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(answered), ANSWER_WAIT_S)
         if self.replicas_wait_for_client_s > 0:
             # Jupyter Server subscribes to the kernel's IOPub ~15 ms after its StartKernel is
             # answered, as the last step of the REST create; replicas starting meanwhile on
             # the same machine take its CPU (docs/performance.md, issue 18).
-            entry.front.client_attached.wait(self.replicas_wait_for_client_s)
-            with self.lock:
+            await entry.front.client_attached.wait_async(self.replicas_wait_for_client_s)
+            async with self._locked():
                 if self.kernels.get(kernel_id) is not entry:
                     return  # stopped meanwhile
         plans = [plan]
         try:
-            self._start_retrying(kernel_id, "start", lambda: self._add_replicas(
-                kernel_id, self.replicas_per_kernel, join=False,
-                planned=plans.pop() if plans else None))
+            await self._pool.run(self._start_retrying, kernel_id, "start",
+                                 lambda: self._add_replicas(
+                                     kernel_id, self.replicas_per_kernel, join=False,
+                                     planned=plans.pop() if plans else None))
             if self.binding.binds_at_placement:
-                self._bind_for_session(entry, spec)
-            with self.lock:
+                await self._pool.run(self._bind_for_session, entry, spec)
+            async with self._locked():
                 if self.kernels.get(kernel_id) is not entry:
                     return  # stopped meanwhile (StopKernel stopped the replicas)
                 entry.state = "idle"
@@ -218,18 +213,19 @@ class KernelLifecycleMixin:
         except Exception as exc:  # noqa: BLE001 - the front must hear of any failure
             reason = str(exc) if isinstance(exc, StartError) else f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, StartError):
-                log.exception("kernel %s failed to start", kernel_id)
+                log.error("kernel %s failed to start", kernel_id, exc_info=exc)
             else:
                 log.warning("kernel %s: its replicas did not start: %s", kernel_id, reason)
-            with self.lock:
+            async with self._locked():
                 current = self.kernels.get(kernel_id) is entry
                 if current:
                     entry.state, entry.message = "failed", f"start failed: {reason}"
                     self._save_kernel(entry)
                 replicas = list(entry.replicas.values())
-            if current:
-                for r in replicas:  # e.g. the session GPUs could not be bound
-                    self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
+            if current:  # e.g. the session GPUs could not be bound
+                await asyncio.gather(*(self._pool.run(
+                    self._stop_replica_quietly, r.host_id, kernel_id, r.replica_id)
+                    for r in replicas))
             if entry.front is not None:
                 entry.front.start_failed(reason)
 
@@ -386,107 +382,156 @@ class KernelLifecycleMixin:
         they run to the end as a task of their own."""
         task = asyncio.ensure_future(effects)
         self._effects.add(task)
-        task.add_done_callback(self._effects.discard)
+        task.add_done_callback(self._effect_ended)
         return await asyncio.shield(task)
 
-    def WakeKernel(self, request, context):  # noqa: N802
-        with self.lock:
-            if request.kernel_id not in self.kernels:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
-        return global_scheduler_pb2.WakeKernelResponse(waking=self.wake_kernel(request.kernel_id))
+    def _effect_ended(self, task: asyncio.Future) -> None:
+        """A task of ``_run_to_end`` ended: forgotten; its exception (a refused start whose
+        client had gone) taken, so that asyncio does not log it as never retrieved."""
+        self._effects.discard(task)
+        if not task.cancelled():
+            task.exception()
 
-    def RestartKernel(self, request, context):  # noqa: N802
+    async def WakeKernel(self, request, context):  # noqa: N802
+        """On the loop: the decision under the lock, awaited; the wake itself (the replicas
+        started from the checkpoint) goes to the ``gs-work`` pool, as before."""
+        async with self._locked():
+            known = request.kernel_id in self.kernels
+            waking = known and self._begin_wake(request.kernel_id)
+        if not known:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
+        if waking:
+            self._pool.submit(self._wake, request.kernel_id)
+        return global_scheduler_pb2.WakeKernelResponse(waking=waking)
+
+    async def RestartKernel(self, request, context):  # noqa: N802
         """Fresh replicas (empty namespace) behind the same front ports: the clients' sockets
         stay connected. Also for a kernel its client has just asked to shut down for a restart
         (Jupyter sends ``shutdown_request`` with ``restart`` first), and for a hibernated one
-        (it wakes empty)."""
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while True:  # a start, a wake or a hibernation under way ends first (seconds)
-            with self.lock:
-                entry = self.kernels.get(request.kernel_id)
-                if entry is None:
-                    context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
-                if entry.state not in RESTART_WAITS:
-                    break
-                seen = self._kernel_changes
-            if time.monotonic() >= deadline:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"kernel {request.kernel_id} is still {entry.state} after "
-                              f"{RESTART_WAIT_S:g} s")
-            self._await_kernel_change(seen, min(deadline, time.monotonic() + 1.0))
-        with self.lock:
-            if entry.state == "stopping" and not entry.client_shutdown:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"kernel {request.kernel_id} is stopping")
-            guard = self._recovery_guards.setdefault(request.kernel_id, threading.Lock())
-        with guard:
-            with self.lock:
-                if entry.state in RESTART_WAITS or (entry.state == "stopping"
-                                                    and not entry.client_shutdown):
-                    # a wake or a stop began since (rare): the client may ask again
-                    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"kernel {request.kernel_id} is {entry.state}")
-                old = list(entry.replicas.values())
-                entry.state = "starting"
-                entry.client_shutdown = False
-                entry.hibernated_unix = 0.0
-                entry.wake_error = ""
-                kernel = self.cluster.kernels[request.kernel_id]
-                for r in old:
-                    entry.replicas.pop(r.replica_id, None)
-                    if r.replica_id in kernel.replicas:
-                        self.cluster.remove_replica(request.kernel_id, r.replica_id)
-                entry.raft_removals.clear()
-                entry.removal_addresses.clear()
-                entry.executions.clear()
-                with self._placement_cv:
-                    self.cell_queue.kernel_gone(request.kernel_id)
-                entry.session_gpus = None
-                entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
-                entry.lost_cells.clear()
-                # a new incarnation: its checkpoints, counting from cell 1 again, are fenced
-                # above the old one's, and the old replicas' late writes are refused (issue 34)
-                entry.env = {**entry.env, INCARNATION_ENV: str(_incarnation(entry.env) + 1)}
-                kernel.executor = None
-                if entry.front is not None:
-                    entry.front.set_replicas([])
-            list(self._pool.map(lambda r: self._stop_replica_quietly(
-                r.host_id, request.kernel_id, r.replica_id), old))
-            self._finish_pending_stops(entry)  # a hibernated kernel's, before new ones start
-            try:
-                self.mode.start_containers(request.kernel_id)
-                if self.binding.binds_at_placement:
-                    self._bind_for_session(entry, kernel.request)
-            except StartError as exc:
-                with self.lock:
-                    entry.state, entry.message = "failed", f"restart failed: {exc}"
-                    self._save_kernel(entry)
-                context.abort(exc.code, str(exc))
-            with self.lock:
-                entry.state, entry.message = "idle", ""
-                self._save_kernel(entry)
-                self._active(entry)
-            self.mode.after_start(request.kernel_id)
-            with self.lock:
-                status = self._kernel_status(entry)
+        (it wakes empty).
+
+        On the loop: a start, a wake or a hibernation under way is waited out by awaiting the
+        kernel's changes (``_kernels_changed.signal``, fired by ``_save_kernel``); the
+        decisions under the lock, awaited; the old replicas' stops, the new replicas' start
+        and the session GPUs' binding awaited in the ``gs-work`` pool; run to its end whoever
+        waits, as StopKernel."""
+        refused, entry = await self._run_to_end(self._restart_kernel(request.kernel_id))
+        if refused is not None:
+            await context.abort(*refused)
+        async with self._locked():
+            status = self._kernel_status(entry)
         return global_scheduler_pb2.RestartKernelResponse(
             connection=self._connection(entry, with_key=True), status=status)
 
-    def MigrateReplica(self, request, context):  # noqa: N802
-        if not request.kernel_id or request.replica_id < 1:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "MigrateReplicaRequest needs kernel_id and replica_id >= 1")
+    async def _restart_kernel(self, kernel_id: str,
+                              ) -> tuple[tuple[grpc.StatusCode, str] | None, KernelEntry | None]:
+        """RestartKernel's waits, decisions and effects: why it was refused (or None), and the
+        restarted kernel's entry."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        changed = self._kernels_changed.signal
+        while True:  # a start, a wake or a hibernation under way ends first (seconds)
+            woken = changed.future()  # before the look: a change after it wakes us
+            async with self._locked():
+                entry = self.kernels.get(kernel_id)
+                if entry is None:
+                    return (grpc.StatusCode.NOT_FOUND, f"no kernel {kernel_id!r}"), None
+                state = entry.state
+                if state not in RESTART_WAITS:
+                    if state == "stopping" and not entry.client_shutdown:
+                        return (grpc.StatusCode.FAILED_PRECONDITION,
+                                f"kernel {kernel_id} is stopping"), None
+                    guard = self._recovery_guards.setdefault(kernel_id, threading.Lock())
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return (grpc.StatusCode.FAILED_PRECONDITION,
+                        f"kernel {kernel_id} is still {state} after {RESTART_WAIT_S:g} s"), None
+            await changed.wait(woken, min(left, 1.0))
+        # one recovery (or restart) of a kernel at once; one running holds a pool thread
+        # while this waits for it, not the loop
+        if not guard.acquire(blocking=False):
+            await self._pool.run(guard.acquire)
         try:
-            rid, host_id = self.migrate_replica(request.kernel_id, request.replica_id,
-                                                request.target_host_id or None)
+            return await self._restart_guarded(entry), entry
+        finally:
+            guard.release()
+
+    async def _restart_guarded(self, entry: KernelEntry) -> tuple[grpc.StatusCode, str] | None:
+        """The restart itself, the kernel's recovery guard held: why it failed, or None."""
+        kernel_id = entry.kernel_id
+        async with self._locked():
+            if entry.state in RESTART_WAITS or (entry.state == "stopping"
+                                                and not entry.client_shutdown):
+                # a wake or a stop began since (rare): the client may ask again
+                return grpc.StatusCode.FAILED_PRECONDITION, f"kernel {kernel_id} is {entry.state}"
+            old = list(entry.replicas.values())
+            entry.state = "starting"
+            entry.client_shutdown = False
+            entry.hibernated_unix = 0.0
+            entry.wake_error = ""
+            kernel = self.cluster.kernels[kernel_id]
+            for r in old:
+                entry.replicas.pop(r.replica_id, None)
+                if r.replica_id in kernel.replicas:
+                    self.cluster.remove_replica(kernel_id, r.replica_id)
+            entry.raft_removals.clear()
+            entry.removal_addresses.clear()
+            entry.executions.clear()
+            with self._placement_cv:
+                self.cell_queue.kernel_gone(kernel_id)
+            entry.session_gpus = None
+            entry.checkpoint_count = 0  # per-cell containers: the next cell starts empty
+            entry.lost_cells.clear()
+            # a new incarnation: its checkpoints, counting from cell 1 again, are fenced
+            # above the old one's, and the old replicas' late writes are refused (issue 34)
+            entry.env = {**entry.env, INCARNATION_ENV: str(_incarnation(entry.env) + 1)}
+            kernel.executor = None
+            if entry.front is not None:
+                entry.front.set_replicas([])
+        pool = self._pool
+        await asyncio.gather(*(pool.run(self._stop_replica_quietly, r.host_id, kernel_id,
+                                        r.replica_id) for r in old))
+        await pool.run(self._finish_pending_stops, entry)  # a hibernated kernel's, first
+        try:
+            await pool.run(self.mode.start_containers, kernel_id)
+            if self.binding.binds_at_placement:
+                await pool.run(self._bind_for_session, entry, kernel.request)
         except StartError as exc:
-            context.abort(exc.code, str(exc))
-        with self.lock:
-            status = self._kernel_status(self.kernels[request.kernel_id])
+            async with self._locked():
+                entry.state, entry.message = "failed", f"restart failed: {exc}"
+                self._save_kernel(entry)
+            return exc.code, str(exc)
+        async with self._locked():
+            entry.state, entry.message = "idle", ""
+            self._save_kernel(entry)
+            self._active(entry)
+        await pool.run(self.mode.after_start, kernel_id)
+        return None
+
+    async def MigrateReplica(self, request, context):  # noqa: N802
+        """On the loop: the request checked here; the migration (its kernel's membership
+        guard taken, which another change of its replicas may hold for seconds, then the
+        decision and the Local Schedulers' calls: recovery.migrate_replica) awaited in the
+        ``gs-work`` pool, run to its end whoever waits; the answer's status under the lock,
+        awaited."""
+        if not request.kernel_id or request.replica_id < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "MigrateReplicaRequest needs kernel_id and replica_id >= 1")
+        try:
+            rid, host_id = await self._run_to_end(self._pool.run(
+                self.migrate_replica, request.kernel_id, request.replica_id,
+                request.target_host_id or None))
+        except StartError as exc:
+            await context.abort(exc.code, str(exc))
+        async with self._locked():
+            entry = self.kernels.get(request.kernel_id)
+            status = self._kernel_status(entry) if entry is not None else None
+        if status is None:  # stopped since (the synchronous handler raised: UNKNOWN)
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"kernel {request.kernel_id} was stopped after its migration")
         replica = next((r for r in status.replicas if r.replica_id == rid), None)
         return global_scheduler_pb2.MigrateReplicaResponse(target_host_id=host_id,
                                                            replica=replica)
-
 
 def _incarnation(env: dict[str, str]) -> int:
     """The kernel's incarnation, as its replicas' environment says (0 before any restart)."""
@@ -494,3 +539,41 @@ def _incarnation(env: dict[str, str]) -> int:
         return max(0, int(env.get(INCARNATION_ENV) or 0))
     except ValueError:
         return 0
+
+
+class _StartRequest:
+    """A StartKernelRequest's checked parts."""
+
+    def __init__(self, scheme: str, spec: ResourceSpec, hints: KernelHints) -> None:
+        self.scheme, self.spec, self.hints = scheme, spec, hints
+
+
+def _parse_start(request: Any) -> _StartRequest | tuple[grpc.StatusCode, str]:
+    """The request's checked parts, or why it is refused (INVALID_ARGUMENT, and what)."""
+    def bad(msg: str) -> tuple[grpc.StatusCode, str]:
+        return grpc.StatusCode.INVALID_ARGUMENT, f"StartKernelRequest.{msg}"
+
+    if not request.kernel_id:
+        return bad("kernel_id must not be empty")
+    if not request.key:
+        return bad("key must not be empty (the kernel's HMAC key)")
+    scheme = request.signature_scheme or "hmac-sha256"
+    if scheme not in SUPPORTED_SCHEMES:
+        return bad(f"signature_scheme={scheme!r} is not supported; use one of "
+                   f"{SUPPORTED_SCHEMES}")
+    if request.hints.replicas < 0:
+        return bad(f"hints.replicas={request.hints.replicas} must be >= 0")
+    try:
+        spec = resource_spec_from_proto(request.resources, "StartKernelRequest.resources")
+    except InvalidResourceSpec as exc:
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    try:
+        hints = KernelHints.from_map(request.hints.extra)
+    except InvalidHints as exc:
+        return bad(str(exc))
+    return _StartRequest(scheme, spec, hints)
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

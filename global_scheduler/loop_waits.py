@@ -84,6 +84,32 @@ class SignallingCondition(threading.Condition):
         self.signal.fire()
 
 
+class SignallingEvent(threading.Event):
+    """A ``threading.Event`` that coroutines on the loop can await too (``wait_async``): its
+    ``set`` fires ``signal``, whichever thread sets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signal = LoopSignal()
+
+    def set(self) -> None:
+        super().set()
+        self.signal.fire()
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        """On the loop: until it is set or ``timeout`` passes; whether it is set."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            woken = self.signal.future()  # before the look: a set after it wakes us
+            if self.is_set():
+                return True
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            await self.signal.wait(woken, left)
+
+
 async def run_blocking(fn: Callable[[], T], pool: PlacementPool | None = None) -> T:
     """Run ``fn`` on a thread of the placement pool and await its result."""
     loop = asyncio.get_running_loop()

@@ -10,8 +10,8 @@ records are independent, so their order across records does not matter.
 
 What a client is told stays durable: ``flush`` waits until every change made before it was
 written, and the Global Scheduler's gRPC server calls it before each answer
-(``FlushBeforeAnswer``, which never waits on the server's loop), as the write under the lock
-did. A write that fails is logged and tried
+(``FlushBeforeAnswer``, which never blocks the server's loop: a coroutine handler's answer
+awaits ``flush_async``, which holds no thread), as the write under the lock did. A write that fails is logged and tried
 again (newest version first) until it succeeds or the scheduler stops; ``flush`` gives up after
 its timeout and says so in the log rather than holding the answer for good.
 """
@@ -22,7 +22,6 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import Executor
 from typing import Any
 
 import grpc
@@ -49,6 +48,8 @@ class RegistryWriter(RegistryStore):
         self._written = 0  # changes taken and written (or replaced by a newer one written)
         self._closed = False
         self._thread: threading.Thread | None = None
+        # flush_async's waiters: (changes wanted written, their loop, the future to resolve)
+        self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     # -- RegistryStore ----------------------------------------------------------------------
 
@@ -75,6 +76,7 @@ class RegistryWriter(RegistryStore):
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            self._wake_async(everyone=True)
         if self._thread is not None:
             self._thread.join(timeout=FLUSH_TIMEOUT_S)
 
@@ -94,6 +96,42 @@ class RegistryWriter(RegistryStore):
                     return False
                 self._cv.wait(left)
         return True
+
+    async def flush_async(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """``flush`` for a coroutine on a loop: awaited, holding no thread (the writer thread
+        resolves it once the changes taken before this call are written)."""
+        loop = asyncio.get_running_loop()
+        with self._cv:
+            wanted = self._made
+            if self._written >= wanted:
+                return True
+            done: asyncio.Future[bool] = loop.create_future()
+            if self._closed:
+                done.set_result(False)
+            else:
+                self._async_waiters.append((wanted, loop, done))
+        try:
+            if await asyncio.wait_for(asyncio.shield(done), timeout_s):
+                return True
+        except TimeoutError:
+            pass
+        log.error("registry: %d change(s) not written after %.0f s; the scheduler answers "
+                  "anyway and keeps trying", wanted - self._written, timeout_s)
+        return False
+
+    def _wake_async(self, everyone: bool = False) -> None:
+        """Resolve the ``flush_async`` waiters whose changes are written (all of them, with
+        False for those not written, when ``everyone``: the writer closes). Under ``_cv``."""
+        kept = []
+        for wanted, loop, done in self._async_waiters:
+            if self._written >= wanted or everyone:
+                try:
+                    loop.call_soon_threadsafe(_settle, done, self._written >= wanted)
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+            else:
+                kept.append((wanted, loop, done))
+        self._async_waiters = kept
 
     @property
     def pending(self) -> int:
@@ -132,6 +170,7 @@ class RegistryWriter(RegistryStore):
                 else:
                     self._written = max(self._written, made)
                     self._cv.notify_all()
+                    self._wake_async()
                 closed = self._closed
             if failed:
                 if closed:
@@ -175,25 +214,24 @@ class FlushBeforeAnswer(grpc.aio.ServerInterceptor):
     The wait never blocks the loop the server runs on: a synchronous handler's wrapper
     flushes in the pool thread the handler ran in (``grpc_loop.SyncHandlersInPool``, placed
     after this interceptor, runs it there); a coroutine handler's answer goes out at once when
-    nothing is pending (a heartbeat writes nothing), and otherwise waits for the flush in
-    ``pool``."""
+    nothing is pending (a heartbeat writes nothing), and otherwise awaits ``flush_async``
+    (no thread: a start's answer took one of the ``gs-grpc`` pool before, issue 32)."""
 
-    def __init__(self, writer: RegistryWriter, pool: Executor) -> None:
+    def __init__(self, writer: RegistryWriter) -> None:
         self._writer = writer
-        self._pool = pool
 
     async def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        inner, writer, pool = handler.unary_unary, self._writer, self._pool
+        inner, writer = handler.unary_unary, self._writer
         if is_async(inner):  # as grpc.aio decides where a handler runs
             async def answer(request, context):  # noqa: ANN001, ANN202
                 try:
                     return await inner(request, context)
                 finally:
                     if writer.pending:
-                        await asyncio.get_running_loop().run_in_executor(pool, writer.flush)
+                        await writer.flush_async()
         else:
             def answer(request, context):  # noqa: ANN001, ANN202
                 try:
@@ -204,3 +242,8 @@ class FlushBeforeAnswer(grpc.aio.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(
             answer, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)
+
+
+def _settle(done: asyncio.Future, written: bool) -> None:
+    if not done.done():
+        done.set_result(written)

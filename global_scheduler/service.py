@@ -18,9 +18,10 @@ on the fronts' loop (``FrontLoop.shared()``, grpc.aio). ``Heartbeat`` and ``Repo
 are coroutines on that loop: a short decision under the lock (awaited, ``acquire_async``:
 state_lock.py), never an ``await`` while holding it, their effects handed to ``_pool``. The
 status queries are coroutines too, answered from the lock-versioned status board while a
-thread holds the lock (status.py), and so are ``StopKernel`` and ``InterruptKernel`` (their
-Local Scheduler calls awaited in ``_pool``: lifecycle.py). Every other handler is a synchronous method run in the
-daemon's ``gs-grpc`` pool (grpc_loop.SyncHandlersInPool) and takes the lock as before. The host
+thread holds the lock (status.py), and so is the kernel life cycle (``StartKernel``,
+``RestartKernel``, ``WakeKernel``, ``MigrateReplica``, ``StopKernel``, ``InterruptKernel``:
+their Local Scheduler calls awaited in ``_pool``, lifecycle.py). The host registration
+handlers are synchronous methods run in the daemon's ``gs-grpc`` pool (grpc_loop.SyncHandlersInPool) and takes the lock as before. The host
 monitor is a timer on the loop (host_monitor.py) armed for ``next_host_deadline``; its
 ``check_hosts`` runs in ``_pool``. The front hooks run on the loop too. What remains shared
 between threads is this lock's state; moving the remaining handlers onto the loop is next.
@@ -28,6 +29,7 @@ between threads is this lock's state; moving the remaining handlers onto the loo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -332,6 +334,12 @@ class WorkPool(futures.ThreadPoolExecutor):
         future = super().submit(fn, *args, **kwargs)
         future.add_done_callback(_log_failure)
         return future
+
+
+    async def run(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+        """For a coroutine on a loop: ``fn`` run in the pool, awaited. Its exception is the
+        awaiting coroutine's (a refused start's StartError, say), not logged here."""
+        return await asyncio.wrap_future(super().submit(fn, *args, **kwargs))
 
 
 def _log_failure(future: futures.Future) -> None:

@@ -5,7 +5,9 @@ this process (so its threads can be named) and real Local Schedulers heartbeatin
   thread (the synchronous server ran each call on one of 32 pool threads);
 - an idle scheduler with healthy hosts checks them only when a heartbeat deadline could pass
   (the thread it replaces looked every 0.75 s with these settings), and still drops a host
-  whose Local Scheduler died, at its deadline.
+  whose Local Scheduler died, at its deadline;
+- the kernel life cycle's handlers (start, restart, wake, migrate, stop, interrupt) run on the
+  loop: they hand the ``gs-grpc`` pool nothing, and a start makes no thread of its own.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from sched_cluster import Cluster
+from sched_cluster import Cluster, run_cell
 
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
@@ -237,3 +240,139 @@ def test_a_stop_whose_client_gave_up_still_runs_to_its_end(gs_in_process):
     with pytest.raises(grpc.RpcError) as gone:
         cluster.kernel(entry.kernel_id)
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+class _Watch:
+    """What the daemon's threads did while a test ran: the callables handed to its ``gs-grpc``
+    pool (each synchronous handler's call is one) and every thread name seen, sampled every
+    5 ms."""
+
+    def __init__(self, daemon: GlobalSchedulerDaemon) -> None:
+        self.handed: list[Callable] = []
+        self.names: set[str] = set()
+        self._pool = daemon.grpc_pool
+        self._submit = self._pool.submit
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, name="test-sampler", daemon=True)
+
+    def __enter__(self) -> _Watch:
+        def counted(fn, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            self.handed.append(fn)
+            return self._submit(fn, *args, **kwargs)
+
+        self._pool.submit = counted  # type: ignore[method-assign]
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._sampler.join()
+        del self._pool.submit
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.005):
+            self.names.update(_names())
+
+
+def _start(cluster: Cluster, kernel_id: str, behind: bool) -> global_scheduler_pb2.StartKernelResponse:
+    return cluster.stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
+        kernel_id=kernel_id, key=uuid.uuid4().hex, return_when_bound=behind,
+        resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=128)), timeout=90)
+
+
+def test_starts_take_no_pool_thread_and_make_no_thread_of_their_own(gs_in_process):
+    """StartKernel runs on the loop: two kernels started at once, one behind its front (as
+    Jupyter's provisioner asks) and one answered once its replicas run, hand the ``gs-grpc``
+    pool nothing, and the one behind its front starts its replicas in a task on the loop (a
+    ``start-<kernel>`` thread did it before). Both kernels run a cell; a second start of the
+    same kernel and a request without a key are refused as before."""
+    cluster, daemon, _ = gs_in_process
+    answers: dict[str, object] = {}
+
+    def start(kernel_id: str, behind: bool) -> None:
+        answers[kernel_id] = _start(cluster, kernel_id, behind)
+
+    with _Watch(daemon) as watch:
+        starts = [threading.Thread(target=start, args=(f"k-start-{b}", b)) for b in (True, False)]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join(120)
+        for kernel_id, answer in answers.items():
+            kc = cluster.client(answer.connection)
+            assert run_cell(kc, "print(6 * 7)")["reply"]["content"]["status"] == "ok", kernel_id
+        with pytest.raises(grpc.RpcError) as again:
+            _start(cluster, "k-start-True", True)
+        with pytest.raises(grpc.RpcError) as keyless:
+            cluster.stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
+                kernel_id="k-keyless"), timeout=10)
+    assert sorted(answers) == ["k-start-False", "k-start-True"]
+    assert again.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert keyless.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "key must not be empty" in keyless.value.details()
+    assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
+    assert not [n for n in watch.names if n.startswith("start-")]
+
+
+def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
+    """WakeKernel and MigrateReplica run on the loop: a wake asked of an awake kernel (and of
+    an unknown one), a migration refused for its arguments and a real one (a replica moved to
+    a fourth host, its Local Scheduler calls in the ``gs-work`` pool) hand the ``gs-grpc`` pool
+    nothing. The kernel runs a cell on its new replica set."""
+    cluster, daemon, _ = gs_in_process
+    kernel_id = "k-moved"
+    kc = cluster.client(_start(cluster, kernel_id, False).connection)
+    assert run_cell(kc, "x = 6 * 7")["reply"]["content"]["status"] == "ok"
+    cluster.start_ls("host-3")
+    cluster.wait_hosts(HOSTS + 1)
+    moved_from = next(r.host_id for r in cluster.kernel(kernel_id).replicas if r.replica_id == 1)
+    stub = cluster.stub
+    with _Watch(daemon) as watch:
+        awake = stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
+                                timeout=10)
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id="k-none"),
+                            timeout=10)
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
+                kernel_id=kernel_id, replica_id=0), timeout=10)
+        moved = stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
+            kernel_id=kernel_id, replica_id=1, target_host_id="host-3"), timeout=90)
+    assert not awake.waking
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert moved.target_host_id == "host-3" and moved.replica.host_id == "host-3"
+    hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
+    assert "host-3" in hosts and moved_from not in hosts
+    assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
+    assert run_cell(kc, "print(x)")["reply"]["content"]["status"] == "ok"
+
+
+def test_restarts_wait_out_a_start_on_the_loop_and_take_no_pool_thread(gs_in_process):
+    """RestartKernel runs on the loop: asked right after a start behind the front was
+    answered (its replicas still starting), it waits the start out by awaiting the kernel's
+    changes (the synchronous handler slept in a ``gs-grpc`` thread), then starts fresh
+    replicas behind the same ports; a restart of a running kernel and of an unknown one hand
+    the ``gs-grpc`` pool nothing either."""
+    cluster, daemon, _ = gs_in_process
+    stub = cluster.stub
+    with _Watch(daemon) as watch:
+        first = _start(cluster, "k-restarted", True)
+        restarted = stub.RestartKernel(global_scheduler_pb2.RestartKernelRequest(
+            kernel_id="k-restarted"), timeout=120)
+        kc = cluster.client(first.connection)
+        assert run_cell(kc, "x = 1")["reply"]["content"]["status"] == "ok"
+        again = stub.RestartKernel(global_scheduler_pb2.RestartKernelRequest(
+            kernel_id="k-restarted"), timeout=120)
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.RestartKernel(global_scheduler_pb2.RestartKernelRequest(kernel_id="k-none"),
+                               timeout=10)
+    assert restarted.connection.shell_port == first.connection.shell_port
+    assert again.connection.shell_port == first.connection.shell_port
+    assert again.status.state == common_pb2.KERNEL_STATE_IDLE and len(again.status.replicas) == 3
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    fresh = run_cell(kc, "print('x' in dir())")
+    assert fresh["reply"]["content"]["status"] == "ok"
+    assert "".join(o["content"].get("text", "") for o in fresh["outputs"]) == "False\n"
+    assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
+    assert not [n for n in watch.names if n.startswith("start-")]

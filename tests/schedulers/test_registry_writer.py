@@ -4,6 +4,7 @@ newest version of a record replacing one not yet written, a failing store is tri
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -66,6 +67,44 @@ def test_a_write_returns_at_once_and_flush_waits_until_the_store_has_it() -> Non
     assert writer.pending == 0
     writer.delete_kernel("k1")
     assert writer.load() == ({"h1": {"address": "a"}}, {})  # load sees every change before it
+    writer.close()
+
+
+def test_flush_async_is_awaited_on_the_loop_holding_no_thread() -> None:
+    """A coroutine handler's answer awaits ``flush_async``: the loop goes on meanwhile (a
+    ticker keeps ticking), no thread is made for the wait, and it returns once the store has
+    what was taken before it; a store that stays down makes it give up at its timeout."""
+    store = SlowStore(delay_s=0.3)
+    writer = RegistryWriter(store)
+
+    async def main() -> tuple[bool, int, int, float]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick = asyncio.ensure_future(ticker())
+        writer.put_kernel("k1", {"n": 1})
+        threads = threading.active_count()  # the writer's thread is started by the put
+        started = time.monotonic()
+        written = await writer.flush_async()
+        took = time.monotonic() - started
+        tick.cancel()
+        return written, ticks, threading.active_count() - threads, took
+
+    written, ticks, more_threads, took = asyncio.run(main())
+    assert written and store.kernels == {"k1": {"n": 1}}
+    assert 0.25 < took < 2.0 and ticks >= 10 and more_threads == 0
+    assert asyncio.run(writer.flush_async())  # nothing pending: at once
+
+    store.failing.set()
+    writer.put_kernel("k2", {"n": 2})
+    assert not asyncio.run(writer.flush_async(timeout_s=0.5))
+    store.failing.clear()
+    assert asyncio.run(writer.flush_async()) and store.kernels["k2"] == {"n": 2}
     writer.close()
 
 
