@@ -11,9 +11,10 @@ records are independent, so their order across records does not matter.
 What a client is told stays durable: ``flush`` waits until every change made before it was
 written, and the Global Scheduler's gRPC server calls it before each answer
 (``FlushBeforeAnswer``, which never blocks the server's loop: a coroutine handler's answer
-awaits ``flush_async``, which holds no thread), as the write under the lock did. A write that fails is logged and tried
-again (newest version first) until it succeeds or the scheduler stops; ``flush`` gives up after
-its timeout and says so in the log rather than holding the answer for good.
+awaits ``flush_async``, which holds no thread), as the write under the lock did. A write that
+fails is logged and tried again (newest version first) until it succeeds or the scheduler
+stops; ``flush`` gives up after its timeout and says so in the log rather than holding the
+answer for good.
 """
 
 from __future__ import annotations
