@@ -37,6 +37,7 @@ from .election import Applied, Election, Phase, choose_vote
 from .figures import PyplotSettle
 from .gpu_glue import GpuGlue
 from .held_replies import HeldReplies
+from .interrupt_traceback import hide_handler_frame
 from .peers import parse_peers
 from .raft_log import RaftLog
 from .records import (
@@ -242,6 +243,8 @@ class ReplicaKernel(IPythonKernel):
         if self.replica_id in self._peer_map:
             raise ValueError(f"--peers names this replica's own id {self.replica_id}")
         members = {self.replica_id: self.raft_address, **self._peer_map}
+        # an interrupted cell's traceback without _on_sigint's frame, as a plain kernel's
+        hide_handler_frame(self.shell, ReplicaKernel._on_sigint.__code__)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._change: asyncio.Future | None = None  # set by the next change (_next_change)
         # whether a wait other than the apply loop's holds ``_change`` (see ``_on_commit``)

@@ -7,6 +7,7 @@ particular executor say so through the target of their execute_request.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -158,6 +159,11 @@ def test_interrupt_on_control_stops_the_executor_cell(group: ReplicaGroup):
     assert notebookos_meta(result.reply(1))["executor_status"] == "error"
     after = group.execute("print(started, 'finished' in globals())", target=3)
     assert after.stdout() == "1 False\n"
+    # the traceback is a plain kernel's: it ends at the cell's line, not in the replica's
+    # SIGINT handler (kernel/interrupt_traceback.py)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(result.reply(2)["content"]["traceback"]))
+    assert "time.sleep(30)" in shown
+    assert "_on_sigint" not in shown and "replica.py" not in shown, shown
 
 
 def test_unsigned_and_malformed_messages_are_dropped_without_a_crash(group: ReplicaGroup):
