@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -33,12 +34,24 @@ HOSTS = 3
 
 @pytest.fixture
 def gs_in_process(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
+    yield from _gs_in_process(tmp_path, {})
+
+
+@pytest.fixture
+def gs_one_replica(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
+    """As ``gs_in_process``, with one replica a kernel (many kernels on a small machine)."""
+    yield from _gs_in_process(tmp_path, {"cluster.replicas_per_kernel": 1})
+
+
+def _gs_in_process(tmp_path: Path, overrides: dict
+                   ) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
     cluster = Cluster(tmp_path)  # heartbeats every 0.3 s, heartbeat timeout 3 s
     config = load_config(env=cluster.env, overrides={
         "global_scheduler.host": "127.0.0.1",
         "global_scheduler.grpc_port": cluster.gs_port,
         "global_scheduler.metrics_port": 0,
         "cluster.state_dir": str(tmp_path / "state"),
+        **overrides,
     })
     daemon = GlobalSchedulerDaemon(config)
     checks: list[float] = []
@@ -312,6 +325,56 @@ def test_starts_take_no_pool_thread_and_make_no_thread_of_their_own(gs_in_proces
     assert "key must not be empty" in keyless.value.details()
     assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
     assert not [n for n in watch.names if n.startswith("start-")]
+
+
+def _waiting_for_readiness() -> int:
+    """How many ``gs-work`` threads wait now for replicas to answer (in readiness.py)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    waiting = 0
+    for ident, frame in sys._current_frames().items():
+        if not names.get(ident, "").startswith("gs-work"):
+            continue
+        f = frame
+        while f is not None and not f.f_code.co_filename.endswith("readiness.py"):
+            f = f.f_back
+        waiting += f is not None
+    return waiting
+
+
+def test_many_starts_wait_for_their_replicas_without_a_pool_thread(gs_one_replica):
+    """A start waits for its replicas to answer on the loop: 20 kernels started at once behind
+    their fronts (more than the 16 ``gs-work`` threads) all become idle, and no ``gs-work``
+    thread waits for a replica meanwhile (each start held one for its whole wait before, and
+    the starts past the 16th queued behind them)."""
+    cluster, daemon, _ = gs_one_replica
+    kernel_ids = [f"k-many-{i}" for i in range(20)]
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _waiting_for_readiness())
+
+    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
+    sampler.start()
+    try:
+        starts = [threading.Thread(target=_start, args=(cluster, k, True)) for k in kernel_ids]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join(120)
+        deadline = time.monotonic() + 240
+        states: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            states = {k: cluster.kernel(k).state for k in kernel_ids}
+            if all(s == common_pb2.KERNEL_STATE_IDLE for s in states.values()):
+                break
+            time.sleep(0.5)
+    finally:
+        done.set()
+        sampler.join()
+    assert all(s == common_pb2.KERNEL_STATE_IDLE for s in states.values()), states
+    assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
 
 
 def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
