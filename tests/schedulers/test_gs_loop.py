@@ -7,7 +7,8 @@ this process (so its threads can be named) and real Local Schedulers heartbeatin
   (the thread it replaces looked every 0.75 s with these settings), and still drops a host
   whose Local Scheduler died, at its deadline;
 - the kernel life cycle's handlers (start, restart, wake, migrate, stop, interrupt) run on the
-  loop: they hand the ``gs-grpc`` pool nothing, and a start makes no thread of its own.
+  loop: they hand the ``gs-grpc`` pool nothing, and a start makes no thread of its own;
+- so do the host calls (register, deregister, drain).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sched_cluster import Cluster, run_cell
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
 from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.testing.credentials import join_token_metadata
 
 HOSTS = 3
 
@@ -439,3 +441,45 @@ def test_restarts_wait_out_a_start_on_the_loop_and_take_no_pool_thread(gs_in_pro
     assert "".join(o["content"].get("text", "") for o in fresh["outputs"]) == "False\n"
     assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
     assert not [n for n in watch.names if n.startswith("start-")]
+
+
+def test_host_registrations_and_drains_take_no_pool_thread(gs_in_process):
+    """RegisterHost, DeregisterHost and DrainHost run on the loop: a fourth host registering
+    (and a registration refused for its capacity), a drain of a host running a replica (moved
+    to the fourth host, its migration in the ``gs-work`` pool) and of an unknown host, and a
+    deregistration of an unknown host and of the drained one hand the ``gs-grpc`` pool
+    nothing. The kernel runs a cell on its new replica set."""
+    cluster, daemon, _ = gs_in_process
+    kernel_id = "k-drained"
+    kc = cluster.client(_start(cluster, kernel_id, False).connection)
+    assert run_cell(kc, "x = 6 * 7")["reply"]["content"]["status"] == "ok"
+    stub, token = cluster.stub, join_token_metadata()
+    drained = next(r.host_id for r in cluster.kernel(kernel_id).replicas if r.replica_id == 1)
+    with _Watch(daemon) as watch:
+        cluster.start_ls("host-3")
+        cluster.wait_hosts(HOSTS + 1)
+        with pytest.raises(grpc.RpcError) as no_gpus:
+            stub.RegisterHost(global_scheduler_pb2.RegisterHostRequest(
+                host_id="host-x", address="127.0.0.1:9", instance_id="x",
+                capacity=common_pb2.ResourceSpec(millicpus=1000, memory_mb=1024)),
+                timeout=10, metadata=token)
+        moved = stub.DrainHost(global_scheduler_pb2.DrainHostRequest(
+            host_id=drained, deadline_s=60), timeout=90, metadata=token)
+        with pytest.raises(grpc.RpcError) as unknown_drain:
+            stub.DrainHost(global_scheduler_pb2.DrainHostRequest(host_id="host-x", deadline_s=5),
+                           timeout=10, metadata=token)
+        with pytest.raises(grpc.RpcError) as unknown_gone:
+            stub.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(host_id="host-x"),
+                                timeout=10, metadata=token)
+        gone = stub.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(
+            host_id=drained, reason="test"), timeout=10, metadata=token)
+    assert no_gpus.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "zero GPUs" in no_gpus.value.details()
+    assert (moved.moved, moved.stayed) == (1, 0), moved
+    assert unknown_drain.value.code() == grpc.StatusCode.NOT_FOUND
+    assert unknown_gone.value.code() == grpc.StatusCode.NOT_FOUND
+    assert gone.replicas_lost == 0
+    hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
+    assert "host-3" in hosts and drained not in hosts
+    assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
+    assert run_cell(kc, "print(x)")["reply"]["content"]["status"] == "ok"
