@@ -7,12 +7,12 @@ Who owns what (issue 32; docs/architecture.md, "The Global Scheduler's loop"):
   coroutines (``Heartbeat``, ``ReportReplicaEvent``, the status queries ``GetKernelStatus``,
   ``ListKernels``, ``GetClusterStatus``, and the kernel life cycle ``StartKernel``,
   ``RestartKernel``, ``WakeKernel``, ``MigrateReplica``, ``StopKernel``,
-  ``InterruptKernel``), which await
-  ``service.lock`` without blocking the loop (state_lock.py, status.py, lifecycle.py); it also
-  runs the host monitor's timer (host_monitor.py) and every kernel front;
-- the other handlers (``RegisterHost``, ``DeregisterHost``, ``DrainHost``) are still
-  synchronous methods, run in ``gs-grpc`` pool threads under
-  ``service.lock`` (grpc_loop.SyncHandlersInPool), as the synchronous server ran them;
+  ``InterruptKernel``, and the host calls ``RegisterHost``, ``DeregisterHost``,
+  ``DrainHost``), which await ``service.lock`` without blocking the loop (state_lock.py,
+  status.py, lifecycle.py, host_registry.py, host_drain.py); it also runs the host monitor's
+  timer (host_monitor.py) and every kernel front;
+- no handler is synchronous now; one that were would run in a ``gs-grpc`` pool thread
+  (grpc_loop.SyncHandlersInPool), as the synchronous server ran them;
 - the service's ``gs-work`` pool runs the effects (replica starts and migrations, recovery,
   host checks).
 """

@@ -109,7 +109,10 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         when the kernel's record changes (``_save_kernel``), when the cell is withdrawn or the
         scheduler stops, and at 0.2 s to tell the user why it waits; at least every
         ``REPLICA_WAIT_RECHECK_S`` it looks again in any case (a change that bypassed
-        ``_save_kernel`` then costs that much, not the whole timeout)."""
+        ``_save_kernel`` then costs that much, not the whole timeout). Each look takes the
+        lock awaited (state_lock.py: a thread holding it delays the cell, not the loop); a
+        hibernated kernel's wake is decided there (``_begin_wake``) and run in the
+        ``gs-work`` pool (``_wake``), as WakeKernel does."""
         started = time.monotonic()
         deadline = started + self.start_timeout_s
         told = False
@@ -118,7 +121,8 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         signal = self._kernels_changed.signal
         while time.monotonic() < deadline:
             changed = signal.future()  # before the state is read: a change after it wakes us
-            with self.lock:
+            await self.lock.acquire_async()  # a thread holding it delays this cell, not the loop
+            try:
                 entry = self.kernels.get(kernel_id)
                 if entry is None or entry.state == "stopping":
                     return
@@ -142,15 +146,20 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 why = entry.message
                 front = entry.front
                 checkpoint = entry.checkpoint_count
+                # hibernated: the decision to wake it (hibernating: its replicas stop first)
+                waking = asleep and self._begin_wake(kernel_id)
+            finally:
+                self.lock.release()
             if asleep:
                 if not woke:
-                    woke = True  # hibernating: its replicas stop first; hibernated: wake it
+                    woke = True
                     if front is not None:
                         front.cell_waiting(msg_id, "the notebook was hibernated (idle); waking "
                                            f"it from its checkpoint after cell [{checkpoint}]"
                                            "; the cell runs once its replicas are ready")
-                if self.wake_kernel(kernel_id):
+                if waking:  # the wake itself (Local Scheduler calls, its replicas' start)
                     wakes += 1
+                    self._pool.submit(self._wake, kernel_id)
             elif not told and time.monotonic() - started >= 0.2 and front is not None:
                 told = True  # a rebuild takes seconds: say why the cell waits
                 front.cell_waiting(msg_id, "waiting for the kernel's replicas to be replaced"

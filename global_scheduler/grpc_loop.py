@@ -10,8 +10,8 @@ Two kinds of handler serve on it:
   the loop) for a short decision, but never await while holding it (the lock is an RLock:
   another coroutine on the loop would enter it too), and whatever blocks (a Local Scheduler
   called, a sleep, a wait on a future) goes to an executor;
-- every other handler (``RegisterHost``, ``DeregisterHost``, ``DrainHost``) is still a plain
-  method run in a thread pool under the lock, as before.
+- a plain method (none is left: the host calls, ``RegisterHost``, ``DeregisterHost`` and
+  ``DrainHost``, became coroutines too) would run in a thread pool, as before.
   ``SyncHandlersInPool`` runs it there (``loop.run_in_executor``, as grpc.aio's own
   ``migration_thread_pool`` would) with a ``SyncContext`` that keeps what the synchronous
   ``grpc.server`` gave a handler and grpc.aio's compatibility context does not

@@ -9,6 +9,11 @@ placed by the container cycle) once the cell it runs, if any, has finished. With
 the host's replicas were stopped with it and replaced afterwards, and a cell running on one was
 failed and answered by the others' election.
 
+The drain is a coroutine on the loop (``drain_host_async``; issue 32): each replica's move (a
+decision and its migration, Local Scheduler calls) is awaited in the ``gs-work`` pool, and the
+waits for a cell to end hold no thread. The autoscaler's scale-in runs it from its thread
+(``drain_host``).
+
 When every host asks at once the whole cluster is stopping (``notebookos up`` stopping, ``docker
 compose down``): after ``DRAIN_SETTLE_S`` no host is left to take a replica and the call returns
 at once, having moved nothing.
@@ -16,6 +21,7 @@ at once, having moved nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -23,6 +29,7 @@ import grpc
 
 from notebookos.global_scheduler.cycle_runner import REPLICAS
 from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.policies.cycle import Status
 from notebookos.proto import global_scheduler_pb2
 
@@ -33,50 +40,69 @@ DRAIN_RECHECK_S = 1.0  # a replica that cannot move yet is looked at again this 
 
 
 class HostDrainMixin:
-    def DrainHost(self, request, context):  # noqa: N802
+    async def DrainHost(self, request, context):  # noqa: N802
+        """On the loop (grpc_loop.py): the request checked here and against the registry under
+        the lock, awaited; then the drain (``drain_host_async``), which ends when its caller
+        goes away (the call cancelled), as before."""
         if not request.deadline_s > 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"deadline_s must be positive, got {request.deadline_s}")
-        with self.lock:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"deadline_s must be positive, got {request.deadline_s}")
+        refused = None
+        async with self._locked():
             link = self.hosts.get(request.host_id)
             if link is None:
-                context.abort(grpc.StatusCode.NOT_FOUND,
-                              f"host {request.host_id!r} is not registered")
-            if request.instance_id and link.instance_id != request.instance_id:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"host {request.host_id!r} registered again since (instance "
-                              f"{link.instance_id}, not {request.instance_id})")
-        moved, stayed, detail = self.drain_host(
-            request.host_id, time.monotonic() + request.deadline_s,
-            still_wanted=context.is_active)
+                refused = (grpc.StatusCode.NOT_FOUND,
+                           f"host {request.host_id!r} is not registered")
+            elif request.instance_id and link.instance_id != request.instance_id:
+                refused = (grpc.StatusCode.FAILED_PRECONDITION,
+                           f"host {request.host_id!r} registered again since (instance "
+                           f"{link.instance_id}, not {request.instance_id})")
+        if refused is not None:
+            await context.abort(*refused)
+        moved, stayed, detail = await self.drain_host_async(
+            request.host_id, time.monotonic() + request.deadline_s)
         return global_scheduler_pb2.DrainHostResponse(moved=moved, stayed=stayed, detail=detail)
 
-    def drain_host(self, host_id: str, deadline: float, still_wanted=lambda: True,  # noqa: ANN001
-                   *, reason: str = "drain", settle: bool = True) -> tuple[int, int, str]:
+    def drain_host(self, host_id: str, deadline: float, *, reason: str = "drain",
+                   settle: bool = True) -> tuple[int, int, str]:
+        """``drain_host_async`` for a thread (the autoscaler's scale-in): run on the fronts'
+        loop, this thread blocked until it ends."""
+        return FrontLoop.shared().spawn(self.drain_host_async(
+            host_id, deadline, reason=reason, settle=settle)).result()
+
+    async def drain_host_async(self, host_id: str, deadline: float, *, reason: str = "drain",
+                               settle: bool = True) -> tuple[int, int, str]:
         """Migrate every replica off ``host_id`` by ``deadline`` (monotonic); returns (moved,
-        stayed, why some stayed). ``still_wanted()`` false (the caller went away) ends it.
-        ``reason`` labels the migrations (drain, scale_in); ``settle``: wait
-        ``DRAIN_SETTLE_S`` for other hosts stopping at the same time (not for a scale-in,
-        which the scheduler itself decided)."""
-        with self.lock:
+        stayed, why some stayed). On the loop: the looks at the host's replicas under the
+        lock, awaited; each replica's move (``_drain_one``: a decision and its migration) in
+        the ``gs-work`` pool, awaited; the waits for a cell to end or another change of a
+        kernel's replicas on the kernels' changes (``_kernels_changed.signal``), holding no
+        thread. Cancelled (its caller went away), it ends after the move under way. ``reason``
+        labels the migrations (drain, scale_in); ``settle``: wait ``DRAIN_SETTLE_S`` for
+        other hosts stopping at the same time (not for a scale-in, which the scheduler itself
+        decided)."""
+        async with self._locked():
             link = self.hosts.get(host_id)
             if link is None:
                 return 0, 0, f"host {host_id} is not registered"
             link.draining = True
-        self._kernel_changed()  # cells waiting on the host's replicas look again
-        on_host = self._replicas_on(host_id)
+            self._kernel_changed()  # cells waiting on the host's replicas look again
+            on_host = self._replicas_on(host_id)
         log.info("host %s is draining: %d replica(s) to move", host_id, len(on_host))
         if on_host and settle:  # hosts stopping together ask within this long
-            self._stop.wait(max(0.0, min(DRAIN_SETTLE_S, deadline - time.monotonic())))
+            await asyncio.sleep(max(0.0, min(DRAIN_SETTLE_S, deadline - time.monotonic())))
         moved = 0
         left: dict[tuple[str, int], str] = {}  # replicas that will not move, and why
-        while not self._stop.is_set() and still_wanted():
-            seen = self._kernel_changes
+        changed = self._kernels_changed.signal
+        while not self._stop.is_set():
+            woken = changed.future()  # before the look: a change after it wakes us
             waiting = False
-            for kernel_id, replica_id in self._replicas_on(host_id):
+            async with self._locked():
+                on_host = self._replicas_on(host_id)
+            for kernel_id, replica_id in on_host:
                 if (kernel_id, replica_id) in left:
                     continue
-                outcome = self._drain_one(kernel_id, replica_id, reason)
+                outcome = await self._pool.run(self._drain_one, kernel_id, replica_id, reason)
                 if outcome is True:
                     moved += 1
                 elif outcome is None:
@@ -85,8 +111,10 @@ class HostDrainMixin:
                     left[(kernel_id, replica_id)] = outcome
             if not waiting or time.monotonic() >= deadline:
                 break
-            self._await_kernel_change(seen, min(deadline, time.monotonic() + DRAIN_RECHECK_S))
-        stayed = self._replicas_on(host_id)
+            await changed.wait(woken, max(0.0, min(deadline - time.monotonic(),
+                                                   DRAIN_RECHECK_S)))
+        async with self._locked():
+            stayed = self._replicas_on(host_id)
         reasons = sorted({left.get(r, "the deadline passed first") for r in stayed})
         detail = "; ".join(reasons)
         log.info("host %s drained: %d replica(s) moved, %d stayed%s", host_id, moved,

@@ -1,12 +1,17 @@
 """What the Local Schedulers tell the Global Scheduler: registration, heartbeats, leaving, and
 the replica events they report; a host silent for too long is dropped. Mixed into
-``GlobalSchedulerService`` (its lock, cluster model, host links and kernel entries)."""
+``GlobalSchedulerService`` (its lock, cluster model, host links and kernel entries).
+
+The handlers are coroutines on the loop (issue 32): the decision under the lock, awaited
+(``_locked``: state_lock.py), the blocking effects (a probe of another instance, the host
+links' channel work deferred under the lock) awaited in the ``gs-work`` pool."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -29,6 +34,38 @@ NODE_REPROBE_S = 1.0
 # ... and every NODE_FAST_REPROBE_S for the first NODE_FAST_REPROBE_FOR_S of the outage.
 NODE_FAST_REPROBE_S = 0.2
 NODE_FAST_REPROBE_FOR_S = 3.0
+
+
+class _Refused(Exception):
+    """A registration the cluster model refused: ``args[0]`` is (code, details)."""
+
+
+def _parse_registration(request: Any) -> tuple[tuple[grpc.StatusCode, str] | None,
+                                                ResourceSpec | None, list[dict]]:
+    """A RegisterHostRequest checked: (why it is refused (INVALID_ARGUMENT) or None, its
+    capacity, its GPUs)."""
+    def bad(msg: str) -> tuple[tuple[grpc.StatusCode, str], None, list]:
+        return (grpc.StatusCode.INVALID_ARGUMENT, f"RegisterHostRequest.{msg}"), None, []
+
+    if not request.host_id:
+        return bad("host_id must not be empty")
+    if not request.address or ":" not in request.address:
+        return bad(f"address={request.address!r} must be host:port")
+    try:
+        capacity = resource_spec_from_proto(request.capacity, "RegisterHostRequest.capacity")
+    except InvalidResourceSpec as exc:
+        return (grpc.StatusCode.INVALID_ARGUMENT, str(exc)), None, []
+    ids = [g.device_id for g in request.gpus]
+    if capacity.gpus == 0:
+        return bad("capacity offers zero GPUs: a NotebookOS host needs at least one GPU (real, "
+                   "or virtual with local_scheduler.virtual_gpus >= 1)")
+    if capacity.gpus != len(ids):
+        return bad(f"capacity.gpus={capacity.gpus} differs from the {len(ids)} GPU(s) listed")
+    if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+        return bad(f"gpus has duplicate or negative device ids {ids}")
+    gpus = [{"device_id": g.device_id, "name": g.name, "vram_gb": g.vram_gb}
+            for g in request.gpus]
+    return None, capacity, gpus
 
 
 class HostRegistryMixin:
@@ -85,91 +122,96 @@ class HostRegistryMixin:
             return self.lifetime.warm_per_host
         return offered
 
-    def RegisterHost(self, request, context):  # noqa: N802 - gRPC method name
-        def bad(msg: str) -> None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"RegisterHostRequest.{msg}")
-
-        if not request.host_id:
-            bad("host_id must not be empty")
-        if not request.address or ":" not in request.address:
-            bad(f"address={request.address!r} must be host:port")
-        try:
-            capacity = resource_spec_from_proto(request.capacity, "RegisterHostRequest.capacity")
-        except InvalidResourceSpec as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        ids = [g.device_id for g in request.gpus]
-        if capacity.gpus == 0:
-            bad("capacity offers zero GPUs: a NotebookOS host needs at least one GPU (real, or "
-                "virtual with local_scheduler.virtual_gpus >= 1)")
-        if capacity.gpus != len(ids):
-            bad(f"capacity.gpus={capacity.gpus} differs from the {len(ids)} GPU(s) listed")
-        if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
-            bad(f"gpus has duplicate or negative device ids {ids}")
-        gpus = [{"device_id": g.device_id, "name": g.name, "vram_gb": g.vram_gb}
-                for g in request.gpus]
-        stale: list[global_scheduler_pb2.ReplicaRef] = []
-        with self.lock:
-            link = self.hosts.get(request.host_id)
-            contested = link is not None and link.instance_id != request.instance_id \
-                and time.time() - link.last_heartbeat < self.heartbeat_timeout_s
-            old = (link.address, link.instance_id) if link is not None else None
-        if contested and old is not None and self._instance_answers(request.host_id, *old):
-            context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                          f"host {request.host_id} is registered from {old[0]} (instance "
-                          f"{old[1][:8]}), which still answers; two Local Schedulers claim one "
-                          "host id")
-        try:
-            link = self._register_host(request, context, capacity, gpus, stale)
-        finally:
-            self._run_deferred()  # the links' channels closed and watches started, if any
-        if self.on_hosts_changed is not None:
-            self.on_hosts_changed()
+    async def RegisterHost(self, request, context):  # noqa: N802 - gRPC method name
+        """On the loop (grpc_loop.py): the request checked here; the decision (the host added,
+        readdressed or replaced, and the replicas it lost) under the lock, awaited
+        (state_lock.py); the probe of another instance registered under the same id and the
+        host links' channel work (``_run_deferred``) awaited in the ``gs-work`` pool; run to
+        its end whoever waits, as StopKernel."""
+        bad, capacity, gpus = _parse_registration(request)
+        if bad is not None:
+            await context.abort(*bad)
+        refused, link, stale = await self._run_to_end(self._register(request, capacity, gpus))
+        if refused is not None:
+            await context.abort(*refused)
         return global_scheduler_pb2.RegisterHostResponse(
             scheduler_instance_id=self.instance_id,
             heartbeat_interval_s=self.heartbeat_interval_s,
             prewarm_pool_target=link.prewarm_pool_target, stale_replicas=stale)
 
-    def _register_host(self, request, context, capacity: ResourceSpec,  # noqa: ANN001
-                       gpus: list[dict], stale: list) -> HostLink:
-        """RegisterHost's change of the registry, under the lock: returns the host's link;
-        the caller runs what it deferred (``_run_deferred``)."""
-        with self.lock:
+    async def _register(self, request, capacity: ResourceSpec, gpus: list[dict],  # noqa: ANN001
+                        ) -> tuple[tuple[grpc.StatusCode, str] | None, HostLink | None, list]:
+        """RegisterHost's decisions and effects: why it was refused (or None), the host's
+        link, and the replicas it runs that this scheduler did not place there."""
+        stale: list[global_scheduler_pb2.ReplicaRef] = []
+        async with self._locked():
             link = self.hosts.get(request.host_id)
-            if link is not None:
-                host = self.cluster.hosts[request.host_id]
-                if host.capacity != capacity:
-                    # a different machine under the same id: the replicas of the old one are lost
-                    self._drop_host(request.host_id, "re-registered with a new capacity")
-                    link = None
-                elif link.instance_id != request.instance_id:
-                    # a restarted daemon (on a new port, maybe): the replicas it took back are
-                    # kept (a Local Scheduler's restart loses no replica), the others are lost
-                    if link.address != request.address:
-                        log.info("host %s re-registered from %s (was %s)", request.host_id,
-                                 request.address, link.address)
-                        self.cluster.hosts[request.host_id].address = request.address
-                    # a fresh channel and watch: the old one may be backing off its reconnects
-                    self._defer(link.readdress(request.address))
-                    self._lose_unreported(request.host_id, request.replicas)
-            if link is None:
-                try:
-                    self._add_host(request.host_id, request.address, request.instance_id,
-                                   capacity, gpus, request.virtual_gpus, request.prewarm_pool_size)
-                except (ValueError, AccountingError) as exc:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                link = self.hosts[request.host_id]
-                log.info("host %s registered at %s with %d GPU(s)", request.host_id,
-                         request.address, capacity.gpus)
-            link.instance_id = request.instance_id
-            link.metrics_address = request.metrics_address
-            link.last_heartbeat = time.time()
-            link.prewarm_pool_target = self._pool_target(request.prewarm_pool_size)
-            for r in request.replicas:
-                # Placed replicas count as known, including those still starting.
-                if not self._placed_on(request.host_id, r.kernel_id, r.replica_id):
-                    stale.append(global_scheduler_pb2.ReplicaRef(kernel_id=r.kernel_id,
-                                                                replica_id=r.replica_id))
-            self._save_host(request.host_id)
+            contested = link is not None and link.instance_id != request.instance_id \
+                and time.time() - link.last_heartbeat < self.heartbeat_timeout_s
+            old = (link.address, link.instance_id) if link is not None else None
+        if contested and old is not None \
+                and await self._pool.run(self._instance_answers, request.host_id, *old):
+            return (grpc.StatusCode.ALREADY_EXISTS,
+                    f"host {request.host_id} is registered from {old[0]} (instance "
+                    f"{old[1][:8]}), which still answers; two Local Schedulers claim one "
+                    "host id"), None, stale
+        try:
+            async with self._locked():
+                link = self._register_host(request, capacity, gpus, stale)
+        except _Refused as exc:
+            return exc.args[0], None, stale
+        finally:
+            # the links' channels closed and watches started, if any
+            await self._pool.run(self._run_deferred)
+        await self._hosts_changed()
+        return None, link, stale
+
+    async def _hosts_changed(self) -> None:
+        """Hosts came or went: ``on_hosts_changed`` (when set) told, in the ``gs-work`` pool."""
+        if self.on_hosts_changed is not None:
+            await self._pool.run(self.on_hosts_changed)
+
+    def _register_host(self, request, capacity: ResourceSpec,  # noqa: ANN001
+                       gpus: list[dict], stale: list) -> HostLink:
+        """RegisterHost's change of the registry, lock held: returns the host's link; raises
+        _Refused (a host the cluster model refuses); the caller runs what it deferred
+        (``_run_deferred``)."""
+        link = self.hosts.get(request.host_id)
+        if link is not None:
+            host = self.cluster.hosts[request.host_id]
+            if host.capacity != capacity:
+                # a different machine under the same id: the replicas of the old one are lost
+                self._drop_host(request.host_id, "re-registered with a new capacity")
+                link = None
+            elif link.instance_id != request.instance_id:
+                # a restarted daemon (on a new port, maybe): the replicas it took back are
+                # kept (a Local Scheduler's restart loses no replica), the others are lost
+                if link.address != request.address:
+                    log.info("host %s re-registered from %s (was %s)", request.host_id,
+                             request.address, link.address)
+                    self.cluster.hosts[request.host_id].address = request.address
+                # a fresh channel and watch: the old one may be backing off its reconnects
+                self._defer(link.readdress(request.address))
+                self._lose_unreported(request.host_id, request.replicas)
+        if link is None:
+            try:
+                self._add_host(request.host_id, request.address, request.instance_id,
+                               capacity, gpus, request.virtual_gpus, request.prewarm_pool_size)
+            except (ValueError, AccountingError) as exc:
+                raise _Refused((grpc.StatusCode.INVALID_ARGUMENT, str(exc))) from exc
+            link = self.hosts[request.host_id]
+            log.info("host %s registered at %s with %d GPU(s)", request.host_id,
+                     request.address, capacity.gpus)
+        link.instance_id = request.instance_id
+        link.metrics_address = request.metrics_address
+        link.last_heartbeat = time.time()
+        link.prewarm_pool_target = self._pool_target(request.prewarm_pool_size)
+        for r in request.replicas:
+            # Placed replicas count as known, including those still starting.
+            if not self._placed_on(request.host_id, r.kernel_id, r.replica_id):
+                stale.append(global_scheduler_pb2.ReplicaRef(kernel_id=r.kernel_id,
+                                                            replica_id=r.replica_id))
+        self._save_host(request.host_id)
         return link
 
     def _instance_answers(self, host_id: str, address: str, instance_id: str) -> bool:
@@ -259,16 +301,27 @@ class HostRegistryMixin:
         placed = kernel.replicas.get(replica_id) if kernel is not None else None
         return placed is not None and placed.host_id == host_id
 
-    def DeregisterHost(self, request, context):  # noqa: N802
-        with self.lock:
-            if request.host_id not in self.hosts:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"host {request.host_id!r} is not "
-                              "registered")
-            lost = self._drop_host(request.host_id, request.reason or "deregistered")
-        self._run_deferred()
-        if self.on_hosts_changed is not None:
-            self.on_hosts_changed()
+    async def DeregisterHost(self, request, context):  # noqa: N802
+        """On the loop: the host dropped (its replicas lost, their replacements handed to the
+        pool) under the lock, awaited; its link's channel closed in the ``gs-work`` pool,
+        awaited; run to its end whoever waits."""
+        lost = await self._run_to_end(self._deregister(
+            request.host_id, request.reason or "deregistered"))
+        if lost is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"host {request.host_id!r} is not registered")
         return global_scheduler_pb2.DeregisterHostResponse(replicas_lost=lost)
+
+    async def _deregister(self, host_id: str, reason: str) -> int | None:
+        """DeregisterHost's decision and effects: the replicas lost, None for a host not
+        registered."""
+        async with self._locked():
+            if host_id not in self.hosts:
+                return None
+            lost = self._drop_host(host_id, reason)
+        await self._pool.run(self._run_deferred)
+        await self._hosts_changed()
+        return lost
 
     def _drop_host(self, host_id: str, reason: str) -> int:
         """Forget a host; its replicas are lost and replaced elsewhere. Caller holds the lock,

@@ -47,7 +47,12 @@ class KernelMode(ABC):
 
     @abstractmethod
     def start_containers(self, kernel_id: str) -> None:
-        """Start what a new (or restarted) kernel runs before its first cell."""
+        """Start what a new (or restarted) kernel runs before its first cell; blocks."""
+
+    async def start_containers_async(self, kernel_id: str) -> None:
+        """``start_containers`` for a coroutine on the loop: by default run in the ``gs-work``
+        pool, awaited."""
+        await self.service._pool.run(self.start_containers, kernel_id)
 
     def after_start(self, kernel_id: str) -> None:
         """The kernel is up and its front bound."""
@@ -99,6 +104,11 @@ class ReplicatedKernels(KernelMode):
     def start_containers(self, kernel_id: str) -> None:
         s = self.service
         s._add_replicas(kernel_id, s.replicas_per_kernel, join=False)
+
+    async def start_containers_async(self, kernel_id: str) -> None:
+        """On the loop: the wait for the replicas to answer holds no thread."""
+        s = self.service
+        await s._add_replicas_async(kernel_id, s.replicas_per_kernel, join=False)
 
     def new_front(self, entry: KernelEntry, ports: dict[str, int] | None,
                   starting: bool) -> KernelFront:

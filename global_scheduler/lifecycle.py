@@ -7,11 +7,11 @@ decision under the lock, awaited (``_locked``: state_lock.py; nothing awaited in
 blocking parts (Local Scheduler calls, replica starts waited for, front sockets bound) as
 effects awaited in the ``gs-work`` pool (``_pool.run``), run to their end whoever waits
 (``_run_to_end``). A start behind its front starts its replicas in a task on the loop once the
-answer is sent (``_finish_start``); a restart awaits the kernel's changes
+answer is sent (``_finish_start``); a start or restart waits for its replicas to answer on
+the loop (``_add_replicas_async``: readiness.ready); a restart awaits the kernel's changes
 (``_kernels_changed.signal``) to wait out a start, wake or hibernation. What still holds a
-thread: a replica start waits for its replicas in a ``gs-work`` thread (``_add_replicas``), a
-migration runs whole there (its membership guard is a thread lock held across it), and a
-restart takes a kernel's recovery guard there when a recovery holds it."""
+thread: a migration runs whole in ``gs-work`` (its membership guard is a thread lock held
+across it), and a restart takes a kernel's recovery guard there when a recovery holds it."""
 
 from __future__ import annotations
 
@@ -117,8 +117,8 @@ class KernelLifecycleMixin:
                 plan = await pool.run(self._plan_replicas, kernel_id, self.replicas_per_kernel,
                                       join=False)
             else:
-                await pool.run(self._start_retrying, kernel_id, "start",
-                               lambda: self.mode.start_containers(kernel_id))
+                await self._start_retrying_async(
+                    kernel_id, "start", lambda: self.mode.start_containers_async(kernel_id))
                 if self.binding.binds_at_placement:
                     await pool.run(self._bind_for_session, entry, spec)
             # bound out of the lock (its sockets, when no spare is ready: ms); it touches no
@@ -195,10 +195,9 @@ class KernelLifecycleMixin:
                     return  # stopped meanwhile
         plans = [plan]
         try:
-            await self._pool.run(self._start_retrying, kernel_id, "start",
-                                 lambda: self._add_replicas(
-                                     kernel_id, self.replicas_per_kernel, join=False,
-                                     planned=plans.pop() if plans else None))
+            await self._start_retrying_async(kernel_id, "start", lambda: self._add_replicas_async(
+                kernel_id, self.replicas_per_kernel, join=False,
+                planned=plans.pop() if plans else None))
             if self.binding.binds_at_placement:
                 await self._pool.run(self._bind_for_session, entry, spec)
             async with self._locked():
@@ -493,7 +492,7 @@ class KernelLifecycleMixin:
                                         r.replica_id) for r in old))
         await pool.run(self._finish_pending_stops, entry)  # a hibernated kernel's, first
         try:
-            await pool.run(self.mode.start_containers, kernel_id)
+            await self.mode.start_containers_async(kernel_id)
             if self.binding.binds_at_placement:
                 await pool.run(self._bind_for_session, entry, kernel.request)
         except StartError as exc:

@@ -1,12 +1,17 @@
 """Starting and stopping replica processes through the Local Schedulers: placing new replicas
 (where the policy says, or on a given host), starting them in parallel, joining them to a running
-Raft group, waiting until they answer. Mixed into ``GlobalSchedulerService``."""
+Raft group, waiting until they answer. Mixed into ``GlobalSchedulerService``.
+
+The wait until they answer runs on the loop (readiness.py): a coroutine awaits
+``_add_replicas_async`` (its Local Scheduler calls in the ``gs-work`` pool, the wait holding
+no thread); a thread calls ``_add_replicas``, which blocks on the same steps."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -17,7 +22,7 @@ from notebookos.global_scheduler.cycle_runner import REPLICAS, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
-from notebookos.global_scheduler.readiness import wait_until_ready
+from notebookos.global_scheduler.readiness import ready, wait_until_ready
 from notebookos.policies.cycle import Action, Status
 from notebookos.ports import raft_port
 from notebookos.proto import local_scheduler_pb2
@@ -31,6 +36,22 @@ T = TypeVar("T")
 ReplicaPlan = tuple[list, list, list, Any]
 
 
+@dataclass
+class _Launch:
+    """Replicas started by their Local Schedulers (``_launch_replicas``), for the wait until
+    they answer and what follows (``_settle_replicas``)."""
+
+    kernel_id: str
+    entry: KernelEntry
+    plan: list
+    started: dict[int, ReplicaLink]
+    errors: list[str]
+    t_started: float
+    t_added: float
+    ready: set[int] = field(default_factory=set)  # the replicas that answered
+    infos: dict[int, dict] = field(default_factory=dict)  # their kernel_info replies
+
+
 class ReplicaStarterMixin(CycleRunnerMixin):
     def _start_retrying(self, kernel_id: str, what: str, start: Callable[[], T]) -> T:
         """``start()``, tried up to three times: a process can lose a port race at start. A
@@ -39,11 +60,17 @@ class ReplicaStarterMixin(CycleRunnerMixin):
             try:
                 return start()
             except StartError as exc:
-                if exc.code in (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                grpc.StatusCode.ABORTED) or attempt == 2:
-                    raise
-                log.warning("kernel %s: %s attempt %d failed: %s", kernel_id, what,
-                            attempt + 1, exc)
+                _retry_or_raise(kernel_id, what, attempt, exc)
+        raise AssertionError("unreachable")
+
+    async def _start_retrying_async(self, kernel_id: str, what: str,
+                                    start: Callable[[], Awaitable[T]]) -> T:
+        """``_start_retrying`` on the loop: ``await start()``, tried up to three times."""
+        for attempt in range(3):
+            try:
+                return await start()
+            except StartError as exc:
+                _retry_or_raise(kernel_id, what, attempt, exc)
         raise AssertionError("unreachable")
 
     def _plan_replicas(self, kernel_id: str, count: int, *, join: bool,
@@ -137,9 +164,36 @@ class ReplicaStarterMixin(CycleRunnerMixin):
         """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says;
         or as ``planned`` by ``_plan_replicas``), start them (from the host's prewarm pool when
         ``prewarmed`` and it has one), wait until they answer; returns their ids. Raises
-        StartError."""
+        StartError. For a thread (a recovery, a migration, a wake, a cell's container): it
+        blocks, its wait for the replicas run on the loop (readiness.wait_until_ready); on
+        the loop, await ``_add_replicas_async``."""
         if planned is None:
             planned = self._plan_replicas(kernel_id, count, join=join, on_host=on_host)
+        launch = self._launch_replicas(kernel_id, planned, join=join, restore=restore,
+                                       prewarmed=prewarmed, extra_env=extra_env)
+        if not launch.errors:
+            launch.ready = wait_until_ready(*self._readiness_args(launch))
+        return self._settle_replicas(launch)
+
+    async def _add_replicas_async(self, kernel_id: str, count: int, *, join: bool,
+                                  planned: ReplicaPlan | None = None) -> list[int]:
+        """``_add_replicas`` on the loop: the placement, the Local Schedulers' calls and what
+        follows awaited in the ``gs-work`` pool; the wait for the replicas to answer on the
+        loop itself (readiness.ready), holding no thread."""
+        pool = self._pool
+        if planned is None:
+            planned = await pool.run(self._plan_replicas, kernel_id, count, join=join)
+        launch = await pool.run(self._launch_replicas, kernel_id, planned, join=join)
+        if not launch.errors:
+            launch.ready = await ready(*self._readiness_args(launch))
+        return await pool.run(self._settle_replicas, launch)
+
+    def _launch_replicas(self, kernel_id: str, planned: ReplicaPlan, *, join: bool,
+                         restore: bool = False, prewarmed: bool = True,
+                         extra_env: dict[str, str] | None = None) -> _Launch:
+        """The planned replicas started by their Local Schedulers (in parallel) and, when
+        ``join``, added to the kernel's Raft group; blocks. What failed is in the result's
+        ``errors``. Raises StartError (ABORTED) for a kernel stopped before."""
         members, plan, peers, request_spec = planned
         with self.lock:
             entry = self.kernels.get(kernel_id)
@@ -194,18 +248,30 @@ class ReplicaStarterMixin(CycleRunnerMixin):
                 except StartError as exc:
                     errors.append(str(exc))
         t_added = time.monotonic()
-        infos: dict[int, dict] = {}
+        return _Launch(kernel_id, entry, plan, started, errors, t_started, t_added)
+
+    def _readiness_args(self, launch: _Launch) -> tuple:
+        """What the wait for ``launch``'s replicas to answer is given (readiness.ready): it
+        stops early for a replica that died starting, and keeps their kernel_info replies."""
+        kernel_id = launch.kernel_id
+        return ([r.endpoint for r in launch.started.values()], launch.entry.key,
+                launch.entry.signature_scheme, self.start_timeout_s,
+                lambda rid: (kernel_id, rid) not in self._died_starting, launch.infos)
+
+    def _settle_replicas(self, launch: _Launch) -> list[int]:
+        """After the wait: the started replicas become the kernel's (their ids returned), or,
+        for one that failed or a kernel stopped meanwhile, they are all stopped again and
+        StartError raised; blocks (Local Scheduler calls)."""
+        kernel_id, entry, plan = launch.kernel_id, launch.entry, launch.plan
+        started, errors, infos = launch.started, launch.errors, launch.infos
         if not errors:
-            ready = wait_until_ready(
-                [r.endpoint for r in started.values()], entry.key, entry.signature_scheme,
-                self.start_timeout_s,
-                alive=lambda rid: (kernel_id, rid) not in self._died_starting, replies=infos)
             errors = [f"replica {rid} on host {r.host_id} "
                       + ("died while starting" if (kernel_id, rid) in self._died_starting
                          else f"did not answer within {self.start_timeout_s:g}s")
-                      for rid, r in started.items() if rid not in ready]
+                      for rid, r in started.items() if rid not in launch.ready]
             log.info("kernel %s: replicas %s membership %.2fs, ready %.2fs", kernel_id,
-                     sorted(started), t_added - t_started, time.monotonic() - t_added)
+                     sorted(started), launch.t_added - launch.t_started,
+                     time.monotonic() - launch.t_added)
         with self.lock:
             stopped = self.kernels.get(kernel_id) is not entry  # StopKernel while they started
         if stopped:
@@ -295,3 +361,11 @@ class ReplicaStarterMixin(CycleRunnerMixin):
         except grpc.RpcError as exc:
             log.info("stopping replica %s/%d on %s: %s", kernel_id, replica_id, host_id,
                      exc.details())
+
+
+def _retry_or_raise(kernel_id: str, what: str, attempt: int, exc: StartError) -> None:
+    """A start that failed: raises ``exc`` when it is not tried again (no resources, the
+    kernel stopped, the third attempt), else logs it."""
+    if exc.code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED) or attempt == 2:
+        raise exc
+    log.warning("kernel %s: %s attempt %d failed: %s", kernel_id, what, attempt + 1, exc)

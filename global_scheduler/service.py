@@ -20,8 +20,8 @@ state_lock.py), never an ``await`` while holding it, their effects handed to ``_
 status queries are coroutines too, answered from the lock-versioned status board while a
 thread holds the lock (status.py), and so is the kernel life cycle (``StartKernel``,
 ``RestartKernel``, ``WakeKernel``, ``MigrateReplica``, ``StopKernel``, ``InterruptKernel``:
-their Local Scheduler calls awaited in ``_pool``, lifecycle.py). The host registration
-handlers are synchronous methods run in the daemon's ``gs-grpc`` pool (grpc_loop.SyncHandlersInPool) and takes the lock as before. The host
+their Local Scheduler calls awaited in ``_pool``, lifecycle.py), and the host calls
+(``RegisterHost``, ``DeregisterHost``, ``DrainHost``: host_registry.py, host_drain.py). The host
 monitor is a timer on the loop (host_monitor.py) armed for ``next_host_deadline``; its
 ``check_hosts`` runs in ``_pool``. The front hooks run on the loop too. What remains shared
 between threads is this lock's state; moving the remaining handlers onto the loop is next.

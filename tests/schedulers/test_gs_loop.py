@@ -7,13 +7,15 @@ this process (so its threads can be named) and real Local Schedulers heartbeatin
   (the thread it replaces looked every 0.75 s with these settings), and still drops a host
   whose Local Scheduler died, at its deadline;
 - the kernel life cycle's handlers (start, restart, wake, migrate, stop, interrupt) run on the
-  loop: they hand the ``gs-grpc`` pool nothing, and a start makes no thread of its own.
+  loop: they hand the ``gs-grpc`` pool nothing, and a start makes no thread of its own;
+- so do the host calls (register, deregister, drain).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -27,18 +29,31 @@ from sched_cluster import Cluster, run_cell
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
 from notebookos.proto import common_pb2, global_scheduler_pb2
+from notebookos.testing.credentials import join_token_metadata
 
 HOSTS = 3
 
 
 @pytest.fixture
 def gs_in_process(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
+    yield from _gs_in_process(tmp_path, {})
+
+
+@pytest.fixture
+def gs_one_replica(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
+    """As ``gs_in_process``, with one replica a kernel (many kernels on a small machine)."""
+    yield from _gs_in_process(tmp_path, {"cluster.replicas_per_kernel": 1})
+
+
+def _gs_in_process(tmp_path: Path, overrides: dict
+                   ) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
     cluster = Cluster(tmp_path)  # heartbeats every 0.3 s, heartbeat timeout 3 s
     config = load_config(env=cluster.env, overrides={
         "global_scheduler.host": "127.0.0.1",
         "global_scheduler.grpc_port": cluster.gs_port,
         "global_scheduler.metrics_port": 0,
         "cluster.state_dir": str(tmp_path / "state"),
+        **overrides,
     })
     daemon = GlobalSchedulerDaemon(config)
     checks: list[float] = []
@@ -314,6 +329,56 @@ def test_starts_take_no_pool_thread_and_make_no_thread_of_their_own(gs_in_proces
     assert not [n for n in watch.names if n.startswith("start-")]
 
 
+def _waiting_for_readiness() -> int:
+    """How many ``gs-work`` threads wait now for replicas to answer (in readiness.py)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    waiting = 0
+    for ident, frame in sys._current_frames().items():
+        if not names.get(ident, "").startswith("gs-work"):
+            continue
+        f = frame
+        while f is not None and not f.f_code.co_filename.endswith("readiness.py"):
+            f = f.f_back
+        waiting += f is not None
+    return waiting
+
+
+def test_many_starts_wait_for_their_replicas_without_a_pool_thread(gs_one_replica):
+    """A start waits for its replicas to answer on the loop: 20 kernels started at once behind
+    their fronts (more than the 16 ``gs-work`` threads) all become idle, and no ``gs-work``
+    thread waits for a replica meanwhile (each start held one for its whole wait before, and
+    the starts past the 16th queued behind them)."""
+    cluster, daemon, _ = gs_one_replica
+    kernel_ids = [f"k-many-{i}" for i in range(20)]
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _waiting_for_readiness())
+
+    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
+    sampler.start()
+    try:
+        starts = [threading.Thread(target=_start, args=(cluster, k, True)) for k in kernel_ids]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join(120)
+        deadline = time.monotonic() + 240
+        states: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            states = {k: cluster.kernel(k).state for k in kernel_ids}
+            if all(s == common_pb2.KERNEL_STATE_IDLE for s in states.values()):
+                break
+            time.sleep(0.5)
+    finally:
+        done.set()
+        sampler.join()
+    assert all(s == common_pb2.KERNEL_STATE_IDLE for s in states.values()), states
+    assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
+
+
 def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
     """WakeKernel and MigrateReplica run on the loop: a wake asked of an awake kernel (and of
     an unknown one), a migration refused for its arguments and a real one (a replica moved to
@@ -376,3 +441,45 @@ def test_restarts_wait_out_a_start_on_the_loop_and_take_no_pool_thread(gs_in_pro
     assert "".join(o["content"].get("text", "") for o in fresh["outputs"]) == "False\n"
     assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
     assert not [n for n in watch.names if n.startswith("start-")]
+
+
+def test_host_registrations_and_drains_take_no_pool_thread(gs_in_process):
+    """RegisterHost, DeregisterHost and DrainHost run on the loop: a fourth host registering
+    (and a registration refused for its capacity), a drain of a host running a replica (moved
+    to the fourth host, its migration in the ``gs-work`` pool) and of an unknown host, and a
+    deregistration of an unknown host and of the drained one hand the ``gs-grpc`` pool
+    nothing. The kernel runs a cell on its new replica set."""
+    cluster, daemon, _ = gs_in_process
+    kernel_id = "k-drained"
+    kc = cluster.client(_start(cluster, kernel_id, False).connection)
+    assert run_cell(kc, "x = 6 * 7")["reply"]["content"]["status"] == "ok"
+    stub, token = cluster.stub, join_token_metadata()
+    drained = next(r.host_id for r in cluster.kernel(kernel_id).replicas if r.replica_id == 1)
+    with _Watch(daemon) as watch:
+        cluster.start_ls("host-3")
+        cluster.wait_hosts(HOSTS + 1)
+        with pytest.raises(grpc.RpcError) as no_gpus:
+            stub.RegisterHost(global_scheduler_pb2.RegisterHostRequest(
+                host_id="host-x", address="127.0.0.1:9", instance_id="x",
+                capacity=common_pb2.ResourceSpec(millicpus=1000, memory_mb=1024)),
+                timeout=10, metadata=token)
+        moved = stub.DrainHost(global_scheduler_pb2.DrainHostRequest(
+            host_id=drained, deadline_s=60), timeout=90, metadata=token)
+        with pytest.raises(grpc.RpcError) as unknown_drain:
+            stub.DrainHost(global_scheduler_pb2.DrainHostRequest(host_id="host-x", deadline_s=5),
+                           timeout=10, metadata=token)
+        with pytest.raises(grpc.RpcError) as unknown_gone:
+            stub.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(host_id="host-x"),
+                                timeout=10, metadata=token)
+        gone = stub.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(
+            host_id=drained, reason="test"), timeout=10, metadata=token)
+    assert no_gpus.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "zero GPUs" in no_gpus.value.details()
+    assert (moved.moved, moved.stayed) == (1, 0), moved
+    assert unknown_drain.value.code() == grpc.StatusCode.NOT_FOUND
+    assert unknown_gone.value.code() == grpc.StatusCode.NOT_FOUND
+    assert gone.replicas_lost == 0
+    hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
+    assert "host-3" in hosts and drained not in hosts
+    assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
+    assert run_cell(kc, "print(x)")["reply"]["content"]["status"] == "ok"

@@ -4,6 +4,7 @@ other hosts (the fronts' hooks take that lock on the one loop that serves every 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -139,10 +140,11 @@ def test_a_host_links_channel_is_opened_and_closed_out_of_the_lock(tmp_path):
     taker.start()
     try:
         t0 = time.monotonic()
-        service.RegisterHost(_register("host-0", "one"), context)
-        service.RegisterHost(_register("host-0", "two"), context)  # restarted: readdressed
-        service.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(
-            host_id="host-0", reason="test"), context)
+        asyncio.run(service.RegisterHost(_register("host-0", "one"), context))
+        # restarted: readdressed
+        asyncio.run(service.RegisterHost(_register("host-0", "two"), context))
+        asyncio.run(service.DeregisterHost(global_scheduler_pb2.DeregisterHostRequest(
+            host_id="host-0", reason="test"), context))
         took = time.monotonic() - t0
     finally:
         done.set()

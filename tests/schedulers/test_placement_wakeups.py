@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +23,7 @@ from notebookos.global_scheduler.execution import ExecutionMixin, _Pass
 from notebookos.global_scheduler.front import PlacementFailed
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.loop_waits import SignallingCondition
+from notebookos.global_scheduler.state_lock import StateLock
 from notebookos.policies import get_policy
 from notebookos.policies.cell_order import ArrivalOrder, CellOrder, UserFairness
 from notebookos.resources import ResourceSpec
@@ -178,12 +180,14 @@ class _Entry:
 class _ReplicaWaits(_Waits):
     def __init__(self) -> None:
         super().__init__(ArrivalOrder())
-        self.lock = threading.RLock()
+        self.lock = StateLock()  # as the service's: awaited on the loop
         self.kernels = {"k": _Entry()}
         self.start_timeout_s = 30.0
         self._kernel_changes = 0
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gs-work")
 
-    def wake_kernel(self, kernel_id: str) -> bool:
+    def _begin_wake(self, kernel_id: str) -> bool:
+        """The decision to wake (lock held): never, the kernel is not asleep here."""
         return False
 
 
@@ -239,26 +243,28 @@ class _FailingWakes(_ReplicaWaits):
         self.failures = failures
         self.wakes = 0
 
-    def wake_kernel(self, kernel_id: str) -> bool:
+    def _begin_wake(self, kernel_id: str) -> bool:
+        """The decision to wake, lock held (as the service's): a hibernated kernel is waking."""
         entry = self.kernels[kernel_id]
         if entry.state != "hibernated":
             return False
         self.wakes += 1
-
-        def finish() -> None:  # the wake runs in the background, as _wake does
-            time.sleep(0.05)
-            with self.lock:
-                if self.wakes <= self.failures:  # back to sleep, with the reason
-                    entry.state = "hibernated"
-                    entry.wake_error = "replica 6 on host-0 died while starting"
-                else:
-                    entry.replicas[1] = object()
-                    entry.state = "idle"
-                self._kernel_changed()
-
         entry.state = "waking"
-        threading.Thread(target=finish).start()
         return True
+
+    def _wake(self, kernel_id: str) -> None:
+        """The wake, in the pool (as the service's): back to sleep with the reason while it
+        fails, else replicas."""
+        entry = self.kernels[kernel_id]
+        time.sleep(0.05)
+        with self.lock:
+            if self.wakes <= self.failures:
+                entry.state = "hibernated"
+                entry.wake_error = "replica 6 on host-0 died while starting"
+            else:
+                entry.replicas[1] = object()
+                entry.state = "idle"
+            self._kernel_changed()
 
 
 def test_a_failed_wake_is_tried_again_before_the_cell_fails() -> None:
@@ -267,6 +273,7 @@ def test_a_failed_wake_is_tried_again_before_the_cell_fails() -> None:
     w = _FailingWakes(failures=2)
     thread, outcome = _wait_in_thread(w)
     thread.join(10)
+    w._pool.shutdown(wait=True)  # its threads gone before the next test counts threads
     assert outcome == ["ready"] and w.wakes == 3
 
 
@@ -274,8 +281,45 @@ def test_a_wake_that_keeps_failing_fails_the_cell_with_the_reason() -> None:
     w = _FailingWakes(failures=10)
     thread, outcome = _wait_in_thread(w)
     thread.join(10)
+    w._pool.shutdown(wait=True)
     assert len(outcome) == 1 and "died while starting" in str(outcome[0]), outcome
     assert w.wakes == 3
+
+
+def test_a_cell_waking_a_kernel_waits_for_the_lock_without_blocking_the_loop() -> None:
+    """A cell for a hibernated notebook decides the wake under the lock, awaited: while a
+    thread holds the lock for a second, the loop the cell waits on runs on (it took the lock
+    the blocking way, in its look and in ``wake_kernel``, and stopped the loop meanwhile);
+    the wake then runs in the pool and the cell goes on."""
+    from notebookos.loop_thread import LoopThread
+
+    w = _FailingWakes(failures=0)
+    loop = LoopThread("placement-test")
+    gaps: list[float] = []
+
+    async def tick() -> None:  # what the fronts on the loop need: turns
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    try:
+        ticker = loop.spawn(tick())
+        time.sleep(0.1)
+        with w.lock:
+            wait = loop.spawn(w._wait_for_replicas("k", "m"))
+            time.sleep(1.0)
+            assert not wait.done() and w.wakes == 0
+        time.sleep(0.05)
+        assert max(gaps) < 0.5, f"the loop stood still for {max(gaps):.2f} s"
+        wait.result(timeout=5)
+        ticker.cancel()
+    finally:
+        loop.close()
+        w._pool.shutdown(wait=True)
+    assert w.wakes == 1
 
 
 def test_cells_waiting_for_gpus_hold_no_thread_and_a_release_wakes_them_all() -> None:
