@@ -139,7 +139,7 @@ SUSTAINED_P99_MS = 10.0  # issue 32: the rate the fronts sustain with p99 under 
 
 
 def measure(count: int, window: float, cells: int, rate: float,
-            sweep: list[float]) -> dict[str, Any]:
+            sweep: list[float], keep_links: bool = False) -> dict[str, Any]:
     key = uuid.uuid4().hex
     standin = subprocess.Popen(
         [sys.executable, "-m", "notebookos.testing.standin_replicas", "--kernels", str(count),
@@ -159,6 +159,7 @@ def measure(count: int, window: float, cells: int, rate: float,
             for k in range(first, min(count, first + WARM_BATCH)):
                 front = KernelFront(kernel_id(k), key, "hmac-sha256", hooks)
                 front.lazy_link_idle_s = REST_S
+                front.rest_standby_links = not keep_links
                 front.set_replicas([
                     ReplicaEndpoint(int(r), "127.0.0.1", p["shell"], p["iopub"][k],
                                     p["stdin"], p["control"]) for r, p in ports.items()])
@@ -199,6 +200,7 @@ def measure(count: int, window: float, cells: int, rate: float,
         direct_ms = [v * 1000 for v in straight]
         return {
             "kernels": count,
+            "links_rest": not keep_links,
             "open_s": round(open_s, 3),
             "front_opens_per_s": round(count / open_s, 1) if open_s > 0 else None,
             "threads_before": threads_before,
@@ -513,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cells/s through the other fronts for loaded_cell_ms")
     parser.add_argument("--sweep", default="200,400,800,1600,3200",
                         help="comma-separated load rates (cells/s) for sustained_cells_per_s")
+    parser.add_argument("--keep-links", action="store_true",
+                        help="the baseline: idle fronts keep their standbys' links (as before "
+                             "they rested)")
     parser.add_argument("--real", default="",
                         help="comma-separated counts of idle kernels of real replicas behind "
                              "the whole Global Scheduler daemon (e.g. 1,10,20)")
@@ -532,8 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     raise_limits()
     # idle kernels whose standbys' links rest, beside the load's 200 active ones
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    room = (soft - 1024 - LOAD_FRONTS * (FDS_PER_IDLE_KERNEL - FDS_PER_RESTING_KERNEL + 2)) \
-        // FDS_PER_RESTING_KERNEL
+    idle_fds = FDS_PER_IDLE_KERNEL if args.keep_links else FDS_PER_RESTING_KERNEL
+    room = (soft - 1024 - LOAD_FRONTS * (FDS_PER_IDLE_KERNEL - idle_fds + 2)) // idle_fds
     results = []
     for count in (int(n) for n in args.kernels.split(",") if n):
         if count > room:
@@ -543,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(results[-1]), flush=True)
             continue
         sweep = [float(r) for r in args.sweep.split(",") if r]
-        results.append(measure(count, args.window, args.cells, args.rate, sweep))
+        results.append(measure(count, args.window, args.cells, args.rate, sweep,
+                               args.keep_links))
         if not args.json:
             print(json.dumps(results[-1]), flush=True)
     real = []
