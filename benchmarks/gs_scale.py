@@ -9,7 +9,10 @@ replicas in one other process, speaking the replica's side of the protocol). For
 - ``threads``: this process's threads with N open fronts, and ``threads_before`` with none
   (the fronts' loop and the placement pool are the only threads fronts add);
 - ``idle_cpu_ms_per_s`` (the process, N idle fronts, over --window s) and its value per kernel;
-- ``rss_per_kernel_kb``: resident memory added per open front (its 11 ZMQ sockets while idle, its maps);
+- every front runs one cell as it opens (in batches of ``WARM_BATCH``), then rests ``REST_S``:
+  its standbys' links rest, as an idle notebook's do after ``idle_links_close_s`` in the daemon;
+- ``rss_per_kernel_kb``: resident memory added per open front (its 7 ZMQ sockets while idle,
+  its maps);
 - ``cell_ms`` p50/p99: a trivial cell through kernel 0's front (client -> front -> stand-in
   executor -> front -> client), against ``direct_ms``, the same request sent straight to the
   stand-in (alternating, same run); ``overhead_ms`` = their difference at p50 and p99;
@@ -59,7 +62,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from notebookos.global_scheduler.front import KernelFront, ReplicaEndpoint  # noqa: E402
-from notebookos.global_scheduler.limits import raise_limits  # noqa: E402
+from notebookos.global_scheduler.limits import (  # noqa: E402
+    FDS_PER_IDLE_KERNEL,
+    FDS_PER_RESTING_KERNEL,
+    raise_limits,
+)
 from notebookos.testing import smoke  # noqa: E402
 from notebookos.testing.standin_replicas import PlaceOnReplicaOne, kernel_id  # noqa: E402
 
@@ -132,7 +139,7 @@ SUSTAINED_P99_MS = 10.0  # issue 32: the rate the fronts sustain with p99 under 
 
 
 def measure(count: int, window: float, cells: int, rate: float,
-            sweep: list[float]) -> dict[str, Any]:
+            sweep: list[float], keep_links: bool = False) -> dict[str, Any]:
     key = uuid.uuid4().hex
     standin = subprocess.Popen(
         [sys.executable, "-m", "notebookos.testing.standin_replicas", "--kernels", str(count),
@@ -145,15 +152,26 @@ def measure(count: int, window: float, cells: int, rate: float,
         ports = json.loads(standin.stdout.readline())
         threads_before, rss_before = _threads(), _rss_kb()
         hooks = PlaceOnReplicaOne()
-        opened = time.perf_counter()
-        for k in range(count):
-            front = KernelFront(kernel_id(k), key, "hmac-sha256", hooks)
-            front.set_replicas([
-                ReplicaEndpoint(int(r), "127.0.0.1", p["shell"], p["iopub"][k], p["stdin"],
-                                p["control"]) for r, p in ports.items()])
-            front.start()
-            fronts.append(front)
-        open_s = time.perf_counter() - opened
+        open_s = 0.0
+        for first in range(0, count, WARM_BATCH):
+            opened = time.perf_counter()
+            batch = []
+            for k in range(first, min(count, first + WARM_BATCH)):
+                front = KernelFront(kernel_id(k), key, "hmac-sha256", hooks)
+                front.lazy_link_idle_s = REST_S
+                front.rest_standby_links = not keep_links
+                front.set_replicas([
+                    ReplicaEndpoint(int(r), "127.0.0.1", p["shell"], p["iopub"][k],
+                                    p["stdin"], p["control"]) for r, p in ports.items()])
+                front.start()
+                batch.append(front)
+            open_s += time.perf_counter() - opened
+            fronts += batch
+            # every kernel runs a cell, as a notebook does when it opens; then, idle for
+            # REST_S, its standbys' links rest (front_replicas.py), as after
+            # global_scheduler.idle_links_close_s in the daemon
+            _drive({"key": key, "warm": [f.ports["shell_port"] for f in batch]})
+            time.sleep(REST_S + 0.5)
         client = Client(context, key, fronts[0].ports["shell_port"], fronts[0].ports["iopub_port"])
         clients.append(client)
         time.sleep(1.0)  # the IOPub subscription reaches the front
@@ -182,6 +200,7 @@ def measure(count: int, window: float, cells: int, rate: float,
         direct_ms = [v * 1000 for v in straight]
         return {
             "kernels": count,
+            "links_rest": not keep_links,
             "open_s": round(open_s, 3),
             "front_opens_per_s": round(count / open_s, 1) if open_s > 0 else None,
             "threads_before": threads_before,
@@ -213,6 +232,8 @@ def measure(count: int, window: float, cells: int, rate: float,
 
 
 LOAD_FRONTS = 200  # the other fronts the load goes through, round robin
+WARM_BATCH = 200  # fronts opened (and given their first cell) at a time
+REST_S = 1.0  # the fronts' idle_links_close_s here (the daemon's default is 30 s)
 
 
 def _drive(spec: dict[str, Any]) -> dict[str, Any]:
@@ -229,6 +250,15 @@ def drive(spec: dict[str, Any]) -> dict[str, Any]:
     kernel_info through the front, then kernel 0's cells while ``rate`` cells/s go round robin
     through the other fronts. Times in seconds, the load's figures in ms."""
     context = zmq.Context()
+    if "warm" in spec:  # one cell on each of these fronts, one after the other
+        for port in spec["warm"]:
+            warm = Client(context, spec["key"], port)
+            try:
+                warm.request("execute_request", {"code": "0", "silent": False})
+            finally:
+                warm.close()
+        context.term()
+        return {"warmed": len(spec["warm"])}
     key, cells = spec["key"], spec["cells"]
     client = Client(context, key, spec["shell"], spec["iopub"])
     direct = Client(context, key, spec["direct"])
@@ -485,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cells/s through the other fronts for loaded_cell_ms")
     parser.add_argument("--sweep", default="200,400,800,1600,3200",
                         help="comma-separated load rates (cells/s) for sustained_cells_per_s")
+    parser.add_argument("--keep-links", action="store_true",
+                        help="the baseline: idle fronts keep their standbys' links (as before "
+                             "they rested)")
     parser.add_argument("--real", default="",
                         help="comma-separated counts of idle kernels of real replicas behind "
                              "the whole Global Scheduler daemon (e.g. 1,10,20)")
@@ -501,7 +534,11 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nr_open, nr_open))
     except (OSError, ValueError):
         pass
-    room = raise_limits()
+    raise_limits()
+    # idle kernels whose standbys' links rest, beside the load's 200 active ones
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    idle_fds = FDS_PER_IDLE_KERNEL if args.keep_links else FDS_PER_RESTING_KERNEL
+    room = (soft - 1024 - LOAD_FRONTS * (FDS_PER_IDLE_KERNEL - idle_fds + 2)) // idle_fds
     results = []
     for count in (int(n) for n in args.kernels.split(",") if n):
         if count > room:
@@ -511,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(results[-1]), flush=True)
             continue
         sweep = [float(r) for r in args.sweep.split(",") if r]
-        results.append(measure(count, args.window, args.cells, args.rate, sweep))
+        results.append(measure(count, args.window, args.cells, args.rate, sweep,
+                               args.keep_links))
         if not args.json:
             print(json.dumps(results[-1]), flush=True)
     real = []

@@ -50,6 +50,7 @@ class CellFront(KernelFront):
         self._welcomed: set[int] = set()
         # cells set aside until their container's IOPub welcome: replica -> (deadline, send)
         self._welcome_waiters: dict[int, tuple[float, Callable[[], None]]] = {}
+        self.rest_standby_links = False  # a container's links come and go with its cell
 
     # -- while parked -------------------------------------------------------------------------
 
@@ -134,7 +135,7 @@ class CellFront(KernelFront):
             if self._started:  # set aside until the welcome (or WELCOME_WAIT_S)
                 self._welcome_waiters[executor] = (time.monotonic() + WELCOME_WAIT_S, send)
                 return
-            self._await_welcome(executor, replica.iopub)
+            self._await_welcome(executor, self._replica_socket(executor, "iopub"))
             self._apply_commands()
         if executor not in self._replicas:
             self.hooks.release_execute(self.kernel_id, msg_id)

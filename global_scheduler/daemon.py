@@ -102,6 +102,7 @@ class GlobalSchedulerDaemon:
             cell_checkpoint_timeout_s=gs.cell_checkpoint_timeout_s,
             cell_order=self.profile.queue_sort,
             replicas_wait_for_client_s=gs.replicas_wait_for_client_s,
+            idle_links_close_s=gs.idle_links_close_s,
             hibernate_after_s=gs.hibernate_after_s,
             connect=connect,
         )

@@ -311,7 +311,7 @@ class ExecuteRouter:
             self._remember(self._iopub_source, msg_id, executor)
         if (msg.get("content") or {}).get("allow_stdin"):
             self._replica_socket(executor, "stdin")  # its input_request has a way back
-        self.session.send(self._replicas[executor].shell,
+        self.session.send(self._replica_socket(executor, "shell"),
                           self._elected_copy(msg, msg_id, executor, device_ids, self._epoch))
         pending.held_yields = standbys
         if sticky and self.yield_hold_s > 0:
@@ -352,11 +352,11 @@ class ExecuteRouter:
         held, pending.held_yields = pending.held_yields, []
         assert pending.client_msg is not None and pending.source is not None
         for rid in held:
-            r = self._replicas.get(rid)
-            if r is not None:
+            if rid in self._replicas:
                 pending.asked.add(rid)
-                self.session.send(r.shell, self._elected_copy(pending.client_msg, msg_id,
-                                                              pending.source, None, self._epoch))
+                self.session.send(self._replica_socket(rid, "shell"),
+                                  self._elected_copy(pending.client_msg, msg_id,
+                                                     pending.source, None, self._epoch))
 
     def _send_due_yields(self) -> None:
         now = time.monotonic()

@@ -177,8 +177,7 @@ class SocketPump:
             self._send_due_yields()
         if self._unrouted:
             self._unrouted.retry()
-        if self._lazy_links:
-            self._close_idle_lazy_links()
+        self._close_idle_lazy_links()  # returns at once when none is due
 
     def _next_duty(self) -> float | None:
         """When the front next has something timed to do (monotonic, the loop's clock)."""

@@ -113,10 +113,12 @@ class ReplicatedKernels(KernelMode):
     def new_front(self, entry: KernelEntry, ports: dict[str, int] | None,
                   starting: bool) -> KernelFront:
         s = self.service
-        return KernelFront(entry.kernel_id, entry.key, entry.signature_scheme, s, ip=s.ip,
-                           ports=ports, starting=starting,
-                           kernel_info=entry.kernel_info or s.kernel_info_seen,
-                           bound=None if ports else s.spare_fronts.take())
+        front = KernelFront(entry.kernel_id, entry.key, entry.signature_scheme, s, ip=s.ip,
+                            ports=ports, starting=starting,
+                            kernel_info=entry.kernel_info or s.kernel_info_seen,
+                            bound=None if ports else s.spare_fronts.take())
+        front.lazy_link_idle_s = s.idle_links_close_s
+        return front
 
     async def place_execute_async(self, kernel_id: str, msg_id: str,
                                   metadata: dict) -> tuple[int, list[int]]:
@@ -153,10 +155,12 @@ class CellContainers(KernelMode):
                   starting: bool) -> KernelFront:
         s = self.service
         kernel_id = entry.kernel_id
-        return CellFront(kernel_id, entry.key, entry.signature_scheme, s, ip=s.ip,
-                         ports=ports, kernel_info=entry.kernel_info,
-                         bound=None if ports else s.spare_fronts.take(),
-                         on_interrupt_parked=lambda: s.cancel_waiting_cells(kernel_id))
+        front = CellFront(kernel_id, entry.key, entry.signature_scheme, s, ip=s.ip,
+                          ports=ports, kernel_info=entry.kernel_info,
+                          bound=None if ports else s.spare_fronts.take(),
+                          on_interrupt_parked=lambda: s.cancel_waiting_cells(kernel_id))
+        front.lazy_link_idle_s = s.idle_links_close_s
+        return front
 
     async def place_execute_async(self, kernel_id: str, msg_id: str,
                                   metadata: dict) -> tuple[int, list[int]]:

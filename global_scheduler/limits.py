@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 SOCKETS_PER_KERNEL = 17  # at most, with every replica's control and stdin connected
 FDS_PER_IDLE_KERNEL = 22  # 5 bound sockets (mailbox, listener), 6 replica links (mailbox, TCP)
+# once its standbys' links rest (global_scheduler.idle_links_close_s after its last request):
+# 5 bound sockets and its executor's shell and IOPub (front_replicas.py)
+FDS_PER_RESTING_KERNEL = 14
 FDS_PER_CLIENT = 5  # a Jupyter Server attached: its shell, control, stdin, IOPub, heartbeat
 FDS_PER_OPEN_KERNEL = FDS_PER_IDLE_KERNEL + FDS_PER_CLIENT
 

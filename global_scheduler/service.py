@@ -46,6 +46,7 @@ from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import KernelFront
+from notebookos.global_scheduler.front_replicas import LAZY_LINK_IDLE_S
 from notebookos.global_scheduler.front_sockets import SpareFrontSockets
 from notebookos.global_scheduler.hibernation import HibernationMixin
 from notebookos.global_scheduler.host_drain import HostDrainMixin
@@ -94,6 +95,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         cell_checkpoint_timeout_s: float = 60.0,
         cell_order: CellOrder | None = None,
         replicas_wait_for_client_s: float = 0.0,
+        idle_links_close_s: float = LAZY_LINK_IDLE_S,
         hibernate_after_s: float = 0.0,
         connect: Connect,
     ) -> None:
@@ -122,6 +124,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         # A kernel started behind its front (Jupyter's provisioner) starts its replicas once a
         # client attaches, or after this long (0: at once). See lifecycle._finish_start.
         self.replicas_wait_for_client_s = replicas_wait_for_client_s
+        self.idle_links_close_s = idle_links_close_s  # a front's unused links (front_replicas)
         # A kernel with no cell for this long hibernates (hibernation.py; 0: never). It needs
         # checkpoints: without a store nothing hibernates.
         self.hibernate_after_s = hibernate_after_s if store_url else 0.0

@@ -258,6 +258,12 @@ class GlobalSchedulerSettings:
         "starting on the machine that runs Jupyter Server take its CPU while it finishes the "
         "REST create (docs/performance.md); where they run on other machines, 0 saves the first "
         "cell those ~15 ms.", _at_least(0.0))
+    idle_links_close_s: float = setting(
+        30.0, "A kernel's connections that nothing has used for this long, with no request "
+        "in flight, are closed in the Global Scheduler and made again when next needed: its "
+        "replicas' control and stdin, and its standbys' shell and IOPub (the replica that ran "
+        "the last cell keeps its own). An idle kernel then holds 2 of its 12 (each about 26 KB "
+        "and two open files there).", _at_least(0.1))
     replica_start_timeout_s: float = setting(
         120.0, "How long a new replica may take to answer before its start fails.",
         _at_least(1.0))

@@ -177,3 +177,53 @@ def test_links_stay_while_a_request_is_in_flight(cluster) -> None:  # noqa: ANN0
     time.sleep(IDLE_S + 0.8)
     assert connections_to(executor, "control") == 1
     assert connections_to(standby, "control") == 1
+
+
+def _plain_cell(front: KernelFront, executor: FakeReplica, standby: FakeReplica,
+                client: Client, output: str | None = None) -> None:
+    """A cell run by ``executor`` (the placement's choice), yielded by ``standby``; with
+    ``output``, the executor prints it and the client must see it."""
+    msg_id = client.send("shell", "execute_request", {"code": "print()", "silent": False})
+    run = executor.receive("shell")
+    assert run is not None and run["header"]["msg_type"] == "execute_request"
+    if output is not None:
+        # A real replica holds its IOPub until the front's subscription arrives
+        # (kernel/iopub.py); this one's XPUB may not report it (the old connection's end and
+        # the new one's subscription can cancel out), so it gives the subscription time.
+        time.sleep(0.3)
+        executor.publish(run, "stream", {"name": "stdout", "text": output})
+    executor.reply(run, "execute_reply", {"status": "ok", "execution_count": 1}, "executor")
+    yielded = standby.receive("shell")
+    assert yielded is not None and yielded["header"]["msg_type"] == "yield_request"
+    standby.reply(yielded, "execute_reply", {"status": "ok", "execution_count": 1}, "standby")
+    seen = []
+    while True:
+        if output is not None and output not in seen:
+            msg = client.receive("iopub")
+            if msg["msg_type"] == "stream":
+                seen.append(msg["content"]["text"])
+            continue
+        reply = client.receive("shell")
+        assert reply["parent_header"]["msg_id"] == msg_id
+        return
+
+
+def test_an_idle_kernels_standbys_rest_and_link_again_for_the_next_cell(cluster) -> None:  # noqa: ANN001
+    front, executor, standby, client = cluster
+    _plain_cell(front, executor, standby, client)
+    # idle: the standby's shell and IOPub close; the executor keeps its own (the output of a
+    # thread its cell started still reaches the client)
+    wait_connections(standby, "shell", 0, timeout_s=IDLE_S + 3)
+    wait_connections(standby, "iopub", 0)
+    assert connections_to(executor, "shell") == 1 and connections_to(executor, "iopub") == 1
+    _plain_cell(front, executor, standby, client)  # its yield goes over a new link
+    wait_connections(standby, "shell", 1)
+    wait_connections(standby, "iopub", 1)
+
+
+def test_a_resting_standby_chosen_to_run_a_cell_reaches_the_client(cluster) -> None:  # noqa: ANN001
+    front, executor, standby, client = cluster
+    _plain_cell(front, executor, standby, client)
+    wait_connections(standby, "iopub", 0, timeout_s=IDLE_S + 3)
+    front.hooks.place_execute = lambda kernel_id, msg_id, metadata: (2, [0])
+    _plain_cell(front, standby, executor, client, output="from the standby\n")

@@ -96,6 +96,8 @@ def test_many_fronts_share_one_loop_and_rest_when_idle(standins) -> None:  # noq
         assert _threads() <= threads_at_10, "open fronts added threads"
         assert len({id(f._loop) for f in fronts}) == 1
 
+        for f in fronts:  # the standbys' links rest soon after the cell (front_replicas.py)
+            f.lazy_link_idle_s = 0.3
         clients = [_client(context, f) for f in fronts]
         time.sleep(1.0)  # the clients' IOPub subscriptions reach the fronts
         sent = {}
@@ -114,8 +116,12 @@ def test_many_fronts_share_one_loop_and_rest_when_idle(standins) -> None:  # noq
             assert seen.count("execute_input") == 1 and seen[-1] == "status", seen
             assert seen.count("status") == 2, seen  # one busy, one idle: the executor's only
 
-        time.sleep(0.5)  # the first cell's held work is done: nothing left to time
+        # the first cell's held work is done, and the standbys' links rested: nothing left
+        # to time
+        time.sleep(1.0)
         assert all(f._tick is None for f in fronts), "an idle front keeps a timer"
+        assert all(r.shell is None for f in fronts for rid, r in f._replicas.items()
+                   if rid != f.preferred_replica), "an idle front's standbys keep their links"
     finally:
         for shell, iopub in clients:
             shell.close(linger=0)
