@@ -2,8 +2,10 @@
 
 Each open kernel holds up to 17 ZMQ sockets in the Global Scheduler (5 bound for its clients;
 per replica shell and IOPub, and control and stdin while a request uses them: front_replicas.py),
-each an fd for its mailbox plus one per TCP connection or listener. An idle kernel holds 11
-sockets and 22 fds, and 5 fds more for each client attached (Jupyter Server's channels).
+each an fd for its mailbox plus one per TCP connection or listener. A kernel in use holds 11
+sockets and 22 fds, and 5 fds more for each client attached (Jupyter Server's channels); once
+idle, with its standbys' links resting, 7 sockets and 14 fds. The room counted here is for
+kernels in use.
 libzmq's default of 1,023 sockets per context and a soft ``RLIMIT_NOFILE`` of 1,024 would stop
 the scheduler at about 45 kernels.
 """
@@ -19,7 +21,7 @@ import zmq
 log = logging.getLogger(__name__)
 
 SOCKETS_PER_KERNEL = 17  # at most, with every replica's control and stdin connected
-FDS_PER_IDLE_KERNEL = 22  # 5 bound sockets (mailbox, listener), 6 replica links (mailbox, TCP)
+FDS_PER_IDLE_KERNEL = 22  # in use: 5 bound sockets (mailbox, listener), 6 replica links (mailbox, TCP)
 # once its standbys' links rest (global_scheduler.idle_links_close_s after its last request):
 # 5 bound sockets and its executor's shell and IOPub (front_replicas.py)
 FDS_PER_RESTING_KERNEL = 14
