@@ -176,14 +176,19 @@ class ReplicaStarterMixin(CycleRunnerMixin):
         return self._settle_replicas(launch)
 
     async def _add_replicas_async(self, kernel_id: str, count: int, *, join: bool,
+                                  on_host: str | None = None, restore: bool = False,
+                                  prewarmed: bool = True,
+                                  extra_env: dict[str, str] | None = None,
                                   planned: ReplicaPlan | None = None) -> list[int]:
-        """``_add_replicas`` on the loop: the placement, the Local Schedulers' calls and what
-        follows awaited in the ``gs-work`` pool; the wait for the replicas to answer on the
-        loop itself (readiness.ready), holding no thread."""
+        """``_add_replicas`` on the loop (the same arguments): the placement, the Local
+        Schedulers' calls and what follows awaited in the ``gs-work`` pool; the wait for the
+        replicas to answer on the loop itself (readiness.ready), holding no thread."""
         pool = self._pool
         if planned is None:
-            planned = await pool.run(self._plan_replicas, kernel_id, count, join=join)
-        launch = await pool.run(self._launch_replicas, kernel_id, planned, join=join)
+            planned = await pool.run(self._plan_replicas, kernel_id, count, join=join,
+                                     on_host=on_host)
+        launch = await pool.run(self._launch_replicas, kernel_id, planned, join=join,
+                                restore=restore, prewarmed=prewarmed, extra_env=extra_env)
         if not launch.errors:
             launch.ready = await ready(*self._readiness_args(launch))
         return await pool.run(self._settle_replicas, launch)
