@@ -511,6 +511,7 @@ class HostRegistryMixin:
                 if kernel is not None and request.replica_id in kernel.replicas and \
                         request.kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED:
                     self._died_starting.add((request.kernel_id, request.replica_id))
+                    self._replica_exits.fire()
                     log.warning("kernel %s: replica %d died while starting: %s",
                                 request.kernel_id, request.replica_id,
                                 request.message.strip().splitlines()[-1:] or "")
@@ -532,6 +533,7 @@ class HostRegistryMixin:
                 else:
                     # a replica still starting: its start stops waiting for its reply at once
                     self._died_starting.add((request.kernel_id, request.replica_id))
+                    self._replica_exits.fire()
                     why = "died" if kind == global_scheduler_pb2.REPLICA_EVENT_KIND_DIED \
                         else "exited"
                     self.metrics.replica_failures.labels(cause=why).inc()

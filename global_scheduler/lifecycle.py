@@ -445,7 +445,7 @@ class KernelLifecycleMixin:
             if left <= 0:
                 return (grpc.StatusCode.FAILED_PRECONDITION,
                         f"kernel {kernel_id} is still {state} after {RESTART_WAIT_S:g} s"), None
-            await changed.wait(woken, min(left, 1.0))
+            await changed.wait(woken, left)  # every change of state fires it (_save_kernel)
         # one recovery (or restart) of a kernel at once; one running holds a pool thread
         # while this waits for it, not the loop
         if not guard.acquire(blocking=False):

@@ -261,7 +261,8 @@ class ReplicaStarterMixin(CycleRunnerMixin):
         kernel_id = launch.kernel_id
         return ([r.endpoint for r in launch.started.values()], launch.entry.key,
                 launch.entry.signature_scheme, self.start_timeout_s,
-                lambda rid: (kernel_id, rid) not in self._died_starting, launch.infos)
+                lambda rid: (kernel_id, rid) not in self._died_starting, launch.infos,
+                self._replica_exits)
 
     def _settle_replicas(self, launch: _Launch) -> list[int]:
         """After the wait: the started replicas become the kernel's (their ids returned), or,

@@ -56,7 +56,7 @@ from notebookos.global_scheduler.kernel_modes import kernel_mode_for
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.lifecycle import KernelLifecycleMixin
 from notebookos.global_scheduler.lock_holds import service_lock
-from notebookos.global_scheduler.loop_waits import SignallingCondition
+from notebookos.global_scheduler.loop_waits import LoopSignal, SignallingCondition
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
 from notebookos.global_scheduler.registry_writer import RegistryWriter
@@ -137,6 +137,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self._deferred: list[Callable[[], None]] = []
         self._seen_events: dict[str, int] = {}  # host instance -> highest event sequence
         self._died_starting: set[tuple[str, int]] = set()  # replicas that died while starting
+        self._replica_exits = LoopSignal()  # fired with each: the starts' waits look again
         # A replica's kernel_info reply content: what a front answers while its replicas start.
         self.kernel_info_seen: dict | None = None
         self._recovery_guards: dict[str, threading.Lock] = {}  # one recovery per kernel at once
