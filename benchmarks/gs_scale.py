@@ -38,7 +38,9 @@ stdin, control; no heartbeat channel); the Global Scheduler's process is read fr
 ``gs_threads_no_kernels`` (hosts registered, before any kernel) and ``gs_threads_starting_max``
 (the most, sampled every 20 ms while the N kernels start); then the status queries while cells
 flow (``_status_polls``): ``status_ms`` (GetKernelStatus, 4 pollers), ``cluster_status_ms``
-(GetClusterStatus) p50/p99, and ``gs_threads_after_polls``.
+(GetClusterStatus) p50/p99, and ``gs_threads_after_polls``; ``loop_lock_waits``: over the whole
+run, how often and how long the scheduler's loop stood still on its state lock while a pool
+thread held it (what is left of issue 32's shared lock).
 """
 
 from __future__ import annotations
@@ -490,6 +492,7 @@ def measure_real(count: int, window: float, profile: Path | None = None) -> dict
                 cells.append((time.perf_counter() - t) * 1000)
             polls = _status_polls(stub, clients, count)
             polls["gs_threads_after_polls"] = len(os.listdir(f"/proc/{gs_pid}/task"))
+            polls["loop_lock_waits"] = _loop_lock_waits(stub)
             return {"kernels": count, "gs_threads": threads,
                     "gs_threads_no_kernels": threads_no_kernels,
                     "gs_threads_starting_max": peak[0],
@@ -503,6 +506,41 @@ def measure_real(count: int, window: float, profile: Path | None = None) -> dict
             for kc in clients:
                 kc.stop_channels()
             daemons.stop()
+
+
+def _loop_lock_waits(stub: Any) -> dict[str, Any]:
+    """The scheduler's loop standing still on its state lock while a pool thread held it, over
+    the whole run (its metric ``notebookos_gs_loop_lock_wait_seconds``, state_lock.py): how
+    often, for how long in all, the longest bucket reached, and how many stalls were over
+    1 ms and over 10 ms."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from notebookos.proto import global_scheduler_pb2
+
+    address = stub.GetClusterStatus(global_scheduler_pb2.GetClusterStatusRequest(),
+                                    timeout=10).metrics_address
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    buckets: dict[float, float] = {}
+    count = total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "notebookos_gs_loop_lock_wait_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] = sample.value
+            elif sample.name.endswith("_count"):
+                count = sample.value
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+    bounds = sorted(buckets)
+    longest = next((b for b in bounds if buckets[b] >= count), None) if count else 0.0
+    return {"stalls": int(count), "total_ms": round(total * 1000, 2),
+            "over_1ms": int(count - buckets.get(0.001, count)),
+            "over_10ms": int(count - buckets.get(0.01, count)),
+            "longest_under_ms": None if longest is None else longest * 1000}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,7 @@ from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
 from notebookos.global_scheduler.front import KernelFront
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.front_replicas import LAZY_LINK_IDLE_S
 from notebookos.global_scheduler.front_sockets import SpareFrontSockets
 from notebookos.global_scheduler.hibernation import HibernationMixin
@@ -187,6 +188,8 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.metrics = GlobalSchedulerMetrics(self.metrics_snapshot, policy=policy.name,
                                               version=__version__)
         self.metrics_address = ""
+        # how long the loop stands still on the lock a pool thread holds (state_lock.py)
+        self.lock.watch_loop(FrontLoop.shared().thread, self.metrics.loop_lock_wait.observe)
         # effects of the coroutine handlers that run to their end whoever waits (lifecycle.py)
         self._effects: set = set()
         # the status queries' board, made on the loop after changes (status.py)

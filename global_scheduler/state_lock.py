@@ -22,6 +22,7 @@ once when no coroutine waits.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,13 +40,41 @@ class StateLock:
         # called (by the releasing thread, the lock just let go) after a release that may have
         # changed the state; the status board's refresh (status.py)
         self.on_release: Callable[[], None] | None = None
+        # the loop's blocking takes (``watch_loop``): which thread is the loop's, and who is
+        # told how long the loop stood still because another thread held the lock
+        self._loop_thread: threading.Thread | None = None
+        self._loop_waited: Callable[[float], None] | None = None
+
+    def watch_loop(self, loop_thread: threading.Thread,
+                   waited: Callable[[float], None]) -> None:
+        """Measure the loop's blocking takes: each time ``loop_thread`` takes the lock the
+        blocking way (``with lock``, a hook not yet a coroutine) while another thread holds
+        it, ``waited(seconds)`` is told how long the loop stood still (the metric
+        ``notebookos_gs_loop_lock_wait_seconds``). What is left of issue 32's shared lock
+        shows there: a coroutine's ``acquire_async`` never blocks the loop."""
+        self._loop_thread, self._loop_waited = loop_thread, waited
 
     # -- the lock ---------------------------------------------------------------------------
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        got = self._inner.acquire(blocking, timeout)
+        if blocking and self._loop_thread is not None:
+            got = self._take_on_loop(timeout)
+        else:
+            got = self._inner.acquire(blocking, timeout)
         if got:
             self._depth += 1
+        return got
+
+    def _take_on_loop(self, timeout: float = -1) -> bool:
+        """A blocking take; timed when it is the loop's and the lock is held by another."""
+        if self._inner.acquire(False):
+            return True
+        if threading.current_thread() is not self._loop_thread:
+            return self._inner.acquire(True, timeout)
+        started = time.perf_counter()
+        got = self._inner.acquire(True, timeout)
+        if self._loop_waited is not None:
+            self._loop_waited(time.perf_counter() - started)
         return got
 
     def release(self) -> None:
@@ -68,7 +97,10 @@ class StateLock:
             self.on_release()
 
     def __enter__(self) -> bool:
-        self._inner.acquire()
+        if self._loop_thread is not None:
+            self._take_on_loop()
+        else:
+            self._inner.acquire()
         self._depth += 1
         return True
 

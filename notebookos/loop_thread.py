@@ -38,6 +38,11 @@ class LoopThread:
         finally:
             self.loop.close()
 
+    @property
+    def thread(self) -> threading.Thread:
+        """The loop's thread."""
+        return self._thread
+
     def alive(self) -> bool:
         return self._thread.is_alive() and not self.loop.is_closed()
 

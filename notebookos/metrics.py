@@ -57,6 +57,8 @@ DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 # Cells run from milliseconds to hours (the Sensei trace's median task is 2 minutes).
 RUN_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0)
 # Starting replica processes and joining a Raft group: a fraction of a second to minutes.
+# The loop standing still on the state lock: from a scheduling hiccup to a stall a user sees.
+LOCK_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 START_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 
 
@@ -202,6 +204,11 @@ class GlobalSchedulerMetrics:
             f"{PREFIX}_scale_events", "Hosts the autoscaler asked for (out) or released (in).",
             ["direction"], registry=r)
         _precreate(self.scale_events, direction=SCALE_DIRECTIONS)
+        self.loop_lock_wait = Histogram(
+            f"{PREFIX}_gs_loop_lock_wait_seconds",
+            "How long the Global Scheduler's loop (every kernel front, every gRPC call) stood "
+            "still taking the state lock while a pool thread held it (issue 32: what the "
+            "shared lock still costs).", buckets=LOCK_WAIT_BUCKETS, registry=r)
         self.cell_failures = Counter(
             f"{PREFIX}_cell_placement_failures", "Cells answered with an error because no "
             "replica could run them (no GPUs in time, no replica).", registry=r)

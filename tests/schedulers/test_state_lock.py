@@ -79,3 +79,65 @@ def test_a_condition_over_it_gives_the_whole_lock_up_while_waiting():
     thread.join(5)
     assert woken.is_set()
     assert lock.version >= before + 1
+
+
+def test_the_loops_blocking_takes_of_a_held_lock_are_timed_and_no_other():
+    """``watch_loop``: a blocking take by the loop's thread while a pool thread holds the lock
+    reports how long the loop stood still; a take of a free lock, a pool thread's own wait
+    and a coroutine's ``acquire_async`` report nothing (the metric counts only the loop's
+    stalls: what is left of the shared lock, issue 32)."""
+    from notebookos.loop_thread import LoopThread
+
+    loop = LoopThread("test-state-lock-loop")
+    lock = StateLock()
+    waited: list[float] = []
+    lock.watch_loop(loop.thread, waited.append)
+    try:
+        def take_on_loop() -> None:
+            with lock:
+                pass
+
+        loop.run(take_on_loop)  # free: nothing to report
+        assert waited == []
+
+        held, go = threading.Event(), threading.Event()
+
+        def holder() -> None:
+            with lock:
+                held.set()
+                go.wait(5)
+
+        t = threading.Thread(target=holder, daemon=True)
+        t.start()
+        assert held.wait(5)
+        threading.Timer(0.2, go.set).start()
+        loop.run(take_on_loop)  # the loop stands still until the holder lets go
+        t.join(5)
+        assert len(waited) == 1 and 0.15 < waited[0] < 2.0
+
+        # a pool thread waiting for the lock is not the loop standing still
+        held.clear(), go.clear()
+        t = threading.Thread(target=holder, daemon=True)
+        t.start()
+        assert held.wait(5)
+        threading.Timer(0.1, go.set).start()
+        with lock:
+            pass
+        t.join(5)
+
+        # nor is a coroutine awaiting it
+        held.clear(), go.clear()
+        t = threading.Thread(target=holder, daemon=True)
+        t.start()
+        assert held.wait(5)
+        threading.Timer(0.1, go.set).start()
+
+        async def take_async() -> None:
+            await lock.acquire_async()
+            lock.release()
+
+        loop.spawn(take_async()).result(5)
+        t.join(5)
+        assert len(waited) == 1
+    finally:
+        loop.close()
