@@ -8,6 +8,7 @@ this process (so its threads can be named) and real Local Schedulers heartbeatin
   whose Local Scheduler died, at its deadline;
 - the kernel life cycle's handlers (start, restart, wake, migrate, stop, interrupt) run on the
   loop: they hand the ``gs-grpc`` pool nothing, and a start makes no thread of its own;
+- a start's and a wake's wait for their replicas holds no ``gs-work`` thread;
 - so do the host calls (register, deregister, drain).
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from sched_cluster import Cluster, run_cell, stream_text
+from sched_cluster import Cluster, run_cell, run_seen, stream_text
 
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
@@ -410,20 +411,20 @@ def test_a_wake_waits_for_its_replicas_without_a_pool_thread(gs_hibernating):
     try:
         woken = cluster.stub.WakeKernel(
             global_scheduler_pb2.WakeKernelRequest(kernel_id="k-wake-grpc"), timeout=10)
-        by_cell = run_cell(clients["k-wake-cell"], "print(x)", timeout=120)
+        by_cell = run_seen(clients["k-wake-cell"], "print(x)", timeout=120)
         cluster.wait(lambda: cluster.kernel("k-wake-grpc").state
                      == common_pb2.KERNEL_STATE_IDLE, 120, "the woken kernel to be idle")
         status = cluster.kernel("k-wake-grpc")
-        after = run_cell(clients["k-wake-grpc"], "print(x)", timeout=120)
+        after = run_seen(clients["k-wake-grpc"], "print(x)", timeout=120)
     finally:
         done.set()
         sampler.join()
+    assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
     assert woken.waking
     assert "woke from hibernation in" in status.message and len(status.replicas) == 3
     for run in (by_cell, after):
         assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
         assert stream_text(run, "stdout") == "42\n"
-    assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
 
 
 def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
