@@ -111,8 +111,8 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         ``REPLICA_WAIT_RECHECK_S`` it looks again in any case (a change that bypassed
         ``_save_kernel`` then costs that much, not the whole timeout). Each look takes the
         lock awaited (state_lock.py: a thread holding it delays the cell, not the loop); a
-        hibernated kernel's wake is decided there (``_begin_wake``) and run in the
-        ``gs-work`` pool (``_wake``), as WakeKernel does."""
+        hibernated kernel's wake is decided there (``_begin_wake``) and run in a task on
+        this loop (``_start_wake``), as WakeKernel does."""
         started = time.monotonic()
         deadline = started + self.start_timeout_s
         told = False
@@ -159,7 +159,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                                            "; the cell runs once its replicas are ready")
                 if waking:  # the wake itself (Local Scheduler calls, its replicas' start)
                     wakes += 1
-                    self._pool.submit(self._wake, kernel_id)
+                    self._start_wake(kernel_id)
             elif not told and time.monotonic() - started >= 0.2 and front is not None:
                 told = True  # a rebuild takes seconds: say why the cell waits
                 front.cell_waiting(msg_id, "waiting for the kernel's replicas to be replaced"

@@ -16,15 +16,21 @@ for ``global_scheduler.hibernate_after_s``:
 
 The idle clock: one delayed call per kernel at a time on the scheduler's timer (no polling, no
 thread per kernel); when it fires early (a cell ran since) it is set again for the rest.
+
+A wake runs as a coroutine on the fronts' loop (``_wake``, issue 32): its decisions under the
+lock, awaited, its Local Scheduler calls in the ``gs-work`` pool, and its wait for the new
+replicas to answer on the loop, so a wake in progress holds no thread while they start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.hosts import _release_timer
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.proto import local_scheduler_pb2
@@ -225,16 +231,18 @@ class HibernationMixin:
     # -- waking ---------------------------------------------------------------------------------
 
     def wake_kernel(self, kernel_id: str) -> bool:
-        """Start waking a hibernated kernel (in the background); False when it is not asleep."""
+        """Start waking a hibernated kernel, for a thread: the decision under the lock, the wake
+        itself a task on the fronts' loop (``_start_wake``); False when it is not asleep."""
         with self.lock:
             waking = self._begin_wake(kernel_id)
         if waking:
-            self._pool.submit(self._wake, kernel_id)
+            FrontLoop.shared().call(lambda: self._start_wake(kernel_id))
         return waking
 
     def _begin_wake(self, kernel_id: str) -> bool:
         """The decision to wake the kernel: it is hibernated, and now waking (the wake itself,
-        ``_wake``, is the caller's to hand the pool once the lock is let go). Lock held."""
+        ``_wake``, is the caller's to start on the loop, ``_start_wake``, once the lock is let
+        go). Lock held."""
         entry = self.kernels.get(kernel_id)
         if entry is None or entry.state != "hibernated":
             return False
@@ -244,20 +252,40 @@ class HibernationMixin:
         self._save_kernel(entry)
         return True
 
-    def _wake(self, kernel_id: str) -> None:
-        with self.lock:
+    def _start_wake(self, kernel_id: str) -> None:
+        """Run ``_wake`` as a task on the running loop (the caller's: WakeKernel, a cell's
+        wait for its kernel's replicas), kept in ``_effects`` until it ends; a failure other
+        than the wake's own is logged, as the pool logged it."""
+        task = asyncio.ensure_future(self._wake(kernel_id))
+        self._effects.add(task)
+        task.add_done_callback(self._wake_ended)
+
+    def _wake_ended(self, task: asyncio.Future) -> None:
+        self._effects.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("background work failed: %s", exc,
+                      exc_info=(type(exc), exc, exc.__traceback__))
+
+    async def _wake(self, kernel_id: str) -> None:
+        """The wake, a coroutine on the loop: the decisions under the lock, awaited; the
+        replicas hibernation stopped stopped again in the ``gs-work`` pool, and the new ones
+        started from the checkpoint by ``_add_replicas_async`` (its wait for them to answer
+        holds no thread)."""
+        async with self._locked():
             entry = self.kernels.get(kernel_id)
             if entry is None or entry.state != "waking":
                 return
             restore = entry.checkpoint_count > 0
             expected = entry.checkpoint_count
-        self._finish_pending_stops(entry)
+        await self._pool.run(self._finish_pending_stops, entry)
         try:
-            self._add_replicas(kernel_id, self.replicas_per_kernel, join=False, restore=restore,
-                               extra_env={"NOTEBOOKOS_RESTORED_FOR": "hibernation",
-                                          "NOTEBOOKOS_RESTORE_EXPECTED": str(expected)})
+            await self._add_replicas_async(
+                kernel_id, self.replicas_per_kernel, join=False, restore=restore,
+                extra_env={"NOTEBOOKOS_RESTORED_FOR": "hibernation",
+                           "NOTEBOOKOS_RESTORE_EXPECTED": str(expected)})
         except StartError as exc:
-            with self.lock:
+            async with self._locked():
                 entry.state = "hibernated"
                 entry.wake_error = str(exc)
                 entry.message = f"could not wake: {exc}; the next cell tries again"
@@ -265,7 +293,7 @@ class HibernationMixin:
             self.metrics.wakes.labels(outcome="failed").inc()
             log.warning("kernel %s: could not wake: %s", kernel_id, exc)
             return
-        with self.lock:
+        async with self._locked():
             took = time.monotonic() - entry.wake_started
             entry.state = "idle"
             entry.last_wake_s = took

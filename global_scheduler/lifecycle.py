@@ -9,7 +9,8 @@ effects awaited in the ``gs-work`` pool (``_pool.run``), run to their end whoeve
 (``_run_to_end``). A start behind its front starts its replicas in a task on the loop once the
 answer is sent (``_finish_start``); a start or restart waits for its replicas to answer on
 the loop (``_add_replicas_async``: readiness.ready); a restart awaits the kernel's changes
-(``_kernels_changed.signal``) to wait out a start, wake or hibernation. What still holds a
+(``_kernels_changed.signal``) to wait out a start, wake or hibernation; a wake runs in a task
+on the loop (hibernation.py: ``_wake``). What still holds a
 thread: a migration runs whole in ``gs-work`` (its membership guard is a thread lock held
 across it), and a restart takes a kernel's recovery guard there when a recovery holds it."""
 
@@ -393,14 +394,14 @@ class KernelLifecycleMixin:
 
     async def WakeKernel(self, request, context):  # noqa: N802
         """On the loop: the decision under the lock, awaited; the wake itself (the replicas
-        started from the checkpoint) goes to the ``gs-work`` pool, as before."""
+        started from the checkpoint) a task on the loop (``_start_wake``), not awaited."""
         async with self._locked():
             known = request.kernel_id in self.kernels
             waking = known and self._begin_wake(request.kernel_id)
         if not known:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no kernel {request.kernel_id!r}")
         if waking:
-            self._pool.submit(self._wake, request.kernel_id)
+            self._start_wake(request.kernel_id)
         return global_scheduler_pb2.WakeKernelResponse(waking=waking)
 
     async def RestartKernel(self, request, context):  # noqa: N802

@@ -1,8 +1,8 @@
 """Is a replica ready? It answers ``kernel_info_request`` on its shell socket.
 
 The wait is a coroutine on the fronts' loop (``ready``: zmq.asyncio, its sockets watched by
-epoll; issue 32), so a start waiting for its replicas holds no thread. A thread that must wait
-(a recovery, a migration, a wake in the ``gs-work`` pool) calls ``wait_until_ready``: the same
+epoll; issue 32), so a start or a wake waiting for its replicas holds no thread. A thread that
+must wait (a recovery, a migration in the ``gs-work`` pool) calls ``wait_until_ready``: the same
 coroutine run on the loop, the thread blocked on its result.
 """
 

@@ -8,6 +8,7 @@ this process (so its threads can be named) and real Local Schedulers heartbeatin
   whose Local Scheduler died, at its deadline;
 - the kernel life cycle's handlers (start, restart, wake, migrate, stop, interrupt) run on the
   loop: they hand the ``gs-grpc`` pool nothing, and a start makes no thread of its own;
+- a start's and a wake's wait for their replicas holds no ``gs-work`` thread;
 - so do the host calls (register, deregister, drain).
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from sched_cluster import Cluster, run_cell
+from sched_cluster import Cluster, run_cell, run_seen, stream_text
 
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
@@ -43,6 +44,12 @@ def gs_in_process(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaem
 def gs_one_replica(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
     """As ``gs_in_process``, with one replica a kernel (many kernels on a small machine)."""
     yield from _gs_in_process(tmp_path, {"cluster.replicas_per_kernel": 1})
+
+
+@pytest.fixture
+def gs_hibernating(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
+    """As ``gs_in_process``, with kernels that hibernate after 3 s without a cell."""
+    yield from _gs_in_process(tmp_path, {"global_scheduler.hibernate_after_s": 3.0})
 
 
 def _gs_in_process(tmp_path: Path, overrides: dict
@@ -377,6 +384,47 @@ def test_many_starts_wait_for_their_replicas_without_a_pool_thread(gs_one_replic
         sampler.join()
     assert all(s == common_pb2.KERNEL_STATE_IDLE for s in states.values()), states
     assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
+
+
+def test_a_wake_waits_for_its_replicas_without_a_pool_thread(gs_hibernating):
+    """A hibernated notebook's wake runs on the loop: two notebooks woken at once, one by
+    WakeKernel and one by a cell, start their replicas from their checkpoints while no
+    ``gs-work`` thread waits for a replica to answer (each wake held one for its whole wait
+    before, the replicas' start and restore: seconds). Both wake with their state."""
+    cluster, daemon, _ = gs_hibernating
+    clients = {}
+    for kernel_id in ("k-wake-grpc", "k-wake-cell"):
+        kc = clients[kernel_id] = cluster.client(_start(cluster, kernel_id, False).connection)
+        assert run_cell(kc, "x = 6 * 7")["reply"]["content"]["status"] == "ok"
+    asleep = common_pb2.KERNEL_STATE_HIBERNATED
+    cluster.wait(lambda: all(cluster.kernel(k).state == asleep for k in clients), 90,
+                 "both kernels to hibernate")
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _waiting_for_readiness())
+
+    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
+    sampler.start()
+    try:
+        woken = cluster.stub.WakeKernel(
+            global_scheduler_pb2.WakeKernelRequest(kernel_id="k-wake-grpc"), timeout=10)
+        by_cell = run_seen(clients["k-wake-cell"], "print(x)", timeout=120)
+        cluster.wait(lambda: cluster.kernel("k-wake-grpc").state
+                     == common_pb2.KERNEL_STATE_IDLE, 120, "the woken kernel to be idle")
+        status = cluster.kernel("k-wake-grpc")
+        after = run_seen(clients["k-wake-grpc"], "print(x)", timeout=120)
+    finally:
+        done.set()
+        sampler.join()
+    assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
+    assert woken.waking
+    assert "woke from hibernation in" in status.message and len(status.replicas) == 3
+    for run in (by_cell, after):
+        assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
+        assert stream_text(run, "stdout") == "42\n"
 
 
 def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):

@@ -21,6 +21,7 @@ from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import ORDER_RECHECK_S, CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin, _Pass
 from notebookos.global_scheduler.front import PlacementFailed
+from notebookos.global_scheduler.hibernation import HibernationMixin
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.global_scheduler.state_lock import StateLock
@@ -234,14 +235,17 @@ def test_a_withdrawn_cell_stops_waiting_for_replicas_at_once() -> None:
     assert time.monotonic() - started < 0.2
 
 
-class _FailingWakes(_ReplicaWaits):
-    """A hibernated notebook whose first ``failures`` wakes fail (a replica died starting)."""
+class _FailingWakes(HibernationMixin, _ReplicaWaits):
+    """A hibernated notebook whose first ``failures`` wakes fail (a replica died starting);
+    its wakes start as the service's do (``HibernationMixin._start_wake``: a task on the
+    cell's loop)."""
 
     def __init__(self, failures: int) -> None:
         super().__init__()
         self.kernels["k"].state = "hibernated"
         self.failures = failures
         self.wakes = 0
+        self._effects: set = set()
 
     def _begin_wake(self, kernel_id: str) -> bool:
         """The decision to wake, lock held (as the service's): a hibernated kernel is waking."""
@@ -252,12 +256,13 @@ class _FailingWakes(_ReplicaWaits):
         entry.state = "waking"
         return True
 
-    def _wake(self, kernel_id: str) -> None:
-        """The wake, in the pool (as the service's): back to sleep with the reason while it
+    async def _wake(self, kernel_id: str) -> None:
+        """The wake, on the loop (as the service's): back to sleep with the reason while it
         fails, else replicas."""
         entry = self.kernels[kernel_id]
-        time.sleep(0.05)
-        with self.lock:
+        await asyncio.sleep(0.05)
+        await self.lock.acquire_async()
+        try:
             if self.wakes <= self.failures:
                 entry.state = "hibernated"
                 entry.wake_error = "replica 6 on host-0 died while starting"
@@ -265,6 +270,8 @@ class _FailingWakes(_ReplicaWaits):
                 entry.replicas[1] = object()
                 entry.state = "idle"
             self._kernel_changed()
+        finally:
+            self.lock.release()
 
 
 def test_a_failed_wake_is_tried_again_before_the_cell_fails() -> None:
@@ -290,7 +297,7 @@ def test_a_cell_waking_a_kernel_waits_for_the_lock_without_blocking_the_loop() -
     """A cell for a hibernated notebook decides the wake under the lock, awaited: while a
     thread holds the lock for a second, the loop the cell waits on runs on (it took the lock
     the blocking way, in its look and in ``wake_kernel``, and stopped the loop meanwhile);
-    the wake then runs in the pool and the cell goes on."""
+    the wake then runs in a task on the loop and the cell goes on."""
     from notebookos.loop_thread import LoopThread
 
     w = _FailingWakes(failures=0)
