@@ -100,48 +100,64 @@ class CellContainerMixin(CycleRunnerMixin):
 
     def _start_first_container(self, kernel_id: str) -> None:
         """Start one container so the kernel answers its first kernel_info (the reply is cached
-        for the parked kernel); the caller parks it. Raises StartError."""
+        for the parked kernel); the caller parks it. Raises StartError. For a thread; on the
+        loop, await ``_start_first_container_async``."""
         with self.lock:
             request = self.cluster.kernels[kernel_id].request
             host_id = self._host_for_first_container(kernel_id, request)
         self._add_replicas(kernel_id, 1, join=False, on_host=host_id,
                            prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV)
 
+    async def _start_first_container_async(self, kernel_id: str) -> None:
+        """``_start_first_container`` on the loop: the host chosen under the awaited lock, the
+        container's wait to answer holding no thread (``_add_replicas_async``)."""
+        async with self._locked():
+            request = self.cluster.kernels[kernel_id].request
+            host_id = self._host_for_first_container(kernel_id, request)
+        await self._add_replicas_async(kernel_id, 1, join=False, on_host=host_id,
+                                       prewarmed=self.uses_warm_pool,
+                                       extra_env=CELL_CONTAINER_ENV)
+
     # -- a cell ---------------------------------------------------------------------------------
 
     async def place_cell(self, kernel_id: str, msg_id: str, request: ResourceSpec
                          ) -> tuple[int, list[int]]:
         """Queue, start the cell's container, commit its GPUs; raises PlacementFailed. A
-        coroutine on the fronts' loop: the wait for a host holds no thread; the container start
-        and the commit (Local Scheduler calls) run on a thread of the placement pool."""
+        coroutine on the fronts' loop: neither the wait for a host nor the container's start
+        holds a thread; the Local Scheduler calls run in a pool, awaited."""
         host_id = await self._take_cell_slot(kernel_id, msg_id, request)
-        return await run_blocking(
-            lambda: self._start_cell_container(kernel_id, msg_id, request, host_id))
+        return await self._start_cell_container(kernel_id, msg_id, request, host_id)
 
-    def _start_cell_container(self, kernel_id: str, msg_id: str, request: ResourceSpec,
-                              host_id: str) -> tuple[int, list[int]]:
+    async def _start_cell_container(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                                    host_id: str) -> tuple[int, list[int]]:
         """Start the cell's container on ``host_id``, where its GPUs were set aside, and commit
-        them; blocks (Local Scheduler calls). Raises PlacementFailed, the slot given up."""
+        them, on the loop: the decisions under the awaited lock, the container started by
+        ``_add_replicas_async`` (its wait to answer holds no thread), the commit (a Local
+        Scheduler call) on a placement pool thread. Raises PlacementFailed, the slot given
+        up."""
         slot = _slot_owner(kernel_id, msg_id)
         t0 = time.monotonic()
         rid: int | None = None
         try:
-            with self.lock:
+            async with self._locked():
                 entry = self.kernels[kernel_id]
                 restore = entry.checkpoint_count > 0
                 entry.state = "idle"
-            rid = self._start_retrying(kernel_id, "container start", lambda: self._add_replicas(
-                kernel_id, 1, join=False, on_host=host_id, restore=restore,
-                prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV)[0])
+            started = await self._start_retrying_async(
+                kernel_id, "container start", lambda: self._add_replicas_async(
+                    kernel_id, 1, join=False, on_host=host_id, restore=restore,
+                    prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV))
+            rid = started[0]
             started_ms = (time.monotonic() - t0) * 1000
             link = self.hosts.get(host_id)
             if link is None:
                 raise PlacementFailed(f"host {host_id} left while the cell's container started")
-            device_ids, reason = link.commit_gpus(kernel_id, rid, msg_id, request.gpus)
+            device_ids, reason = await run_blocking(
+                lambda: link.commit_gpus(kernel_id, rid, msg_id, request.gpus))
             if device_ids is None:
                 raise PlacementFailed(f"could not bind the GPUs set aside for the cell: "
                                       f"{reason}")
-            with self.lock:
+            async with self._locked():
                 entry = self.kernels.get(kernel_id)
                 kernel = self.cluster.kernels.get(kernel_id)
                 if entry is None or kernel is None:
@@ -158,13 +174,13 @@ class CellContainerMixin(CycleRunnerMixin):
                      "warm" if rl.from_prewarm_pool else "cold", started_ms)
             return rid, device_ids
         except (StartError, AccountingError, PlacementFailed) as exc:
-            with self.lock:
+            async with self._locked():
                 self._cancel_slot(host_id, slot)
                 self._cell_cv.notify_all()
             if rid is not None:
-                self._park(kernel_id)
+                await run_blocking(lambda: self._park(kernel_id))
             else:
-                with self.lock:
+                async with self._locked():
                     entry = self.kernels.get(kernel_id)
                     if entry is not None and not entry.replicas and entry.state == "idle":
                         entry.state = "parked"

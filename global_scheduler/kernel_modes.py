@@ -148,6 +148,10 @@ class CellContainers(KernelMode):
     def start_containers(self, kernel_id: str) -> None:
         self.service._start_first_container(kernel_id)
 
+    async def start_containers_async(self, kernel_id: str) -> None:
+        """On the loop: the first container's wait to answer holds no thread."""
+        await self.service._start_first_container_async(kernel_id)
+
     def after_start(self, kernel_id: str) -> None:
         self.service._park(kernel_id)
 

@@ -52,6 +52,12 @@ def gs_hibernating(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDae
     yield from _gs_in_process(tmp_path, {"global_scheduler.hibernate_after_s": 3.0})
 
 
+@pytest.fixture
+def gs_per_cell(tmp_path: Path) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
+    """As ``gs_in_process``, under ``batch``: a container per cell (cell_containers.py)."""
+    yield from _gs_in_process(tmp_path, {"cluster.policy": "batch"})
+
+
 def _gs_in_process(tmp_path: Path, overrides: dict
                    ) -> Iterator[tuple[Cluster, GlobalSchedulerDaemon, list[float]]]:
     cluster = Cluster(tmp_path)  # heartbeats every 0.3 s, heartbeat timeout 3 s
@@ -336,12 +342,13 @@ def test_starts_take_no_pool_thread_and_make_no_thread_of_their_own(gs_in_proces
     assert not [n for n in watch.names if n.startswith("start-")]
 
 
-def _waiting_for_readiness() -> int:
-    """How many ``gs-work`` threads wait now for replicas to answer (in readiness.py)."""
+def _waiting_for_readiness(prefixes: tuple[str, ...] = ("gs-work",)) -> int:
+    """How many pool threads (named with one of ``prefixes``) wait now for replicas to answer
+    (in readiness.py)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     waiting = 0
     for ident, frame in sys._current_frames().items():
-        if not names.get(ident, "").startswith("gs-work"):
+        if not names.get(ident, "").startswith(prefixes):
             continue
         f = frame
         while f is not None and not f.f_code.co_filename.endswith("readiness.py"):
@@ -425,6 +432,35 @@ def test_a_wake_waits_for_its_replicas_without_a_pool_thread(gs_hibernating):
     for run in (by_cell, after):
         assert run["reply"]["content"]["status"] == "ok", run["reply"]["content"]
         assert stream_text(run, "stdout") == "42\n"
+
+
+def test_a_cells_container_starts_without_a_pool_thread_waiting(gs_per_cell):
+    """Under ``batch`` every cell starts a container of its own: its start (the container's
+    wait to answer, seconds with a restore) is a coroutine on the loop, so no pool thread (the
+    placement pool's, ``gs-work``) waits for it to answer; before, a placement thread blocked
+    for each cell's container start. The second cell's container restores the first's state."""
+    cluster, daemon, _ = gs_per_cell
+    kc = cluster.client(_start(cluster, "k-per-cell", False).connection)
+    pool_threads = ("gs-work", "place-")  # the gs-work pool's and the placement pool's
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _waiting_for_readiness(pool_threads))
+
+    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
+    sampler.start()
+    try:
+        first = run_seen(kc, "x = 6 * 7", timeout=120)
+        second = run_seen(kc, "print(x)", timeout=120)
+    finally:
+        done.set()
+        sampler.join()
+    assert peak[0] == 0, f"{peak[0]} pool thread(s) waited for a container to answer"
+    assert first["reply"]["content"]["status"] == "ok", first["reply"]["content"]
+    assert second["reply"]["content"]["status"] == "ok", second["reply"]["content"]
+    assert stream_text(second, "stdout") == "42\n"
 
 
 def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):

@@ -410,8 +410,8 @@ class _CellSlots(CellContainerMixin, ExecutionMixin):
         self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3", {},
                                               state="parked")
 
-    def _start_cell_container(self, kernel_id: str, msg_id: str, request: ResourceSpec,
-                              host_id: str) -> tuple[int, list[int]]:
+    async def _start_cell_container(self, kernel_id: str, msg_id: str, request: ResourceSpec,
+                                    host_id: str) -> tuple[int, list[int]]:
         self.started.append((kernel_id, host_id, threading.current_thread()))
         return 1, [0]
 
@@ -431,8 +431,7 @@ def test_per_cell_cells_waiting_for_a_host_hold_no_thread_and_a_release_wakes_th
     held a thread of the placement pool for its whole wait, blocked on ``_cell_cv``. Its wait is
     a coroutine on the fronts' loop now: 40 cells wait for two busy 1-GPU hosts on one loop, with
     no thread each; a release gives the first two in the queue their host at once, their
-    containers start on a pool thread (never on the loop), and an interrupt ends a wait at
-    once."""
+    containers' starts are coroutines on the loop too, and an interrupt ends a wait at once."""
     from notebookos.global_scheduler.kernel_modes import CellContainers
     from notebookos.loop_thread import LoopThread
 
@@ -468,10 +467,11 @@ def test_per_cell_cells_waiting_for_a_host_hold_no_thread_and_a_release_wakes_th
         assert waits[0].result(timeout=2) == (1, [0])
         assert waits[1].result(timeout=2) == (1, [0])
         assert time.monotonic() - started < 1.0
-        # in the queue's order; each container started on a thread of its own, not the loop's
+        # in the queue's order; each container's start a coroutine on the loop (its Local
+        # Scheduler calls in a pool, awaited; its wait to answer holds no thread)
         assert sorted(k for k, _, _ in w.started) == ["k0", "k1"]
         assert sorted(h for _, h, _ in w.started) == ["h0", "h1"]
-        assert all(t is not loop._thread for _, _, t in w.started)
+        assert all(t is loop._thread for _, _, t in w.started)
         assert {w.cluster.hosts[h].reservation_of(f"cell-slot:{k}:m") is not None
                 for k, h, _ in w.started} == {True}  # the GPUs set aside for them
         time.sleep(0.2)
