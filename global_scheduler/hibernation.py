@@ -184,7 +184,7 @@ class HibernationMixin:
         entry.message = message
         self._save_kernel(entry)
         if not whole:
-            self._pool.submit(self._restore_replica_count, entry.kernel_id)
+            self._restore_replica_count(entry.kernel_id)  # a task on the loop
         self._active(entry)
 
     def _background_work(self, entry: KernelEntry) -> list[str]:

@@ -138,8 +138,8 @@ class ReplicatedKernels(KernelMode):
             s._pool.submit(s._finish_pending_stops, entry)
             return
         entry.state = "idle" if len(entry.replicas) >= s.replicas_per_kernel else "degraded"
-        if entry.state == "degraded":
-            s._pool.submit(s._restore_replica_count, entry.kernel_id)
+        if entry.state == "degraded":  # replaced on the loop
+            s._restore_replica_count(entry.kernel_id)
 
 
 class CellContainers(KernelMode):

@@ -1,13 +1,22 @@
 """Keeping kernels whole: losing a replica, replacing it (Raft membership changes), rebuilding a
 group that lost its majority from the last checkpoint, moving a replica to another host. Mixed
-into ``GlobalSchedulerService``."""
+into ``GlobalSchedulerService``.
+
+A lost replica's replacement (or the rebuild) runs as a coroutine on the fronts' loop
+(``_recover_replica_count``, issue 32): its decisions under the lock, awaited; its blocking
+steps (membership changes, status asked of replicas, Local Scheduler calls) in the
+``gs-work`` pool; the wait for the new replicas to answer on the loop, holding no thread (it
+held a ``gs-work`` thread for the whole wait before). A migration still runs whole on a
+``gs-work`` thread (``migrate_replica``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 
 import grpc
 
@@ -15,6 +24,7 @@ from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.cycle_runner import MIGRATION, SESSION_GPUS, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.global_scheduler.kernels import KernelEntry
 from notebookos.policies.cycle import ONE_REPLICA_STAYS, Status
 from notebookos.proto import local_scheduler_pb2
@@ -35,8 +45,8 @@ class RecoveryMixin(CycleRunnerMixin):
         self.mode.lose_container(entry, replica_id, why)
 
     def _lose_and_replace(self, entry: KernelEntry, replica_id: int, why: str) -> None:
-        """A long-running replica is gone: drop it from the front and accounting, schedule a
-        replacement. Lock held."""
+        """A long-running replica is gone: drop it from the front and accounting, start its
+        replacement (a task on the loop: ``_restore_replica_count``). Lock held."""
         lost = entry.replicas.pop(replica_id, None)
         if lost is not None:
             entry.raft_removals.append(replica_id)
@@ -47,7 +57,7 @@ class RecoveryMixin(CycleRunnerMixin):
         log.warning("kernel %s: %s; %d replica(s) left", entry.kernel_id, why,
                     len(entry.replicas))
         self._save_kernel(entry)
-        self._pool.submit(self._restore_replica_count, entry.kernel_id)
+        self._restore_replica_count(entry.kernel_id)  # a task on the loop
 
     def _forget_replica(self, entry: KernelEntry, replica_id: int) -> list[str]:
         """Drop a lost replica (already out of ``entry.replicas``) from the cluster model, the
@@ -67,10 +77,33 @@ class RecoveryMixin(CycleRunnerMixin):
             entry.front.set_replicas(entry.endpoints())
         return running
 
-    def _restore_replica_count(self, kernel_id: str) -> None:
+    def _restore_replica_count(self, kernel_id: str) -> asyncio.Future | futures.Future:
+        """Start the kernel's recovery (``_recover_replica_count``) on the fronts' loop and
+        return at once: from the loop, a task kept in ``_effects``; from any other thread (a
+        migration that failed, a hibernation that gave up, a restart of the scheduler),
+        handed to the loop. Returns the task (or its future for other threads); a failure
+        is logged."""
+        loop = FrontLoop.shared()
+        recovery = self._recover_replica_count(kernel_id)
+        if _running_loop() is loop.loop:
+            task = loop.loop.create_task(recovery)
+            self._effects.add(task)
+            task.add_done_callback(self._effect_ended)
+            task.add_done_callback(_log_failure)
+            return task
+        future = loop.spawn(recovery)
+        future.add_done_callback(_log_failure)
+        return future
+
+    async def _recover_replica_count(self, kernel_id: str) -> None:
         """Bring the kernel back to R replicas: replacements join the running group while it has
-        a Raft majority; without one, the group is rebuilt from the store's last checkpoint."""
-        with self.lock:
+        a Raft majority; without one, the group is rebuilt from the store's last checkpoint.
+
+        A coroutine on the loop: its decisions under the lock, awaited (``_locked``); the
+        blocking steps (Raft membership changes, the replicas' status asked, the Local
+        Schedulers' calls) awaited in the ``gs-work`` pool; the wait for a new replica to
+        answer on the loop (``_add_replicas_async``), holding no thread."""
+        async with self._locked():
             entry = self.kernels.get(kernel_id)
             if entry is None:
                 return
@@ -78,13 +111,14 @@ class RecoveryMixin(CycleRunnerMixin):
         if not guard.acquire(blocking=False):
             return  # a recovery of this kernel is running; it re-reads the state each attempt
         try:
-            self._remove_lost_members_now(kernel_id)
-            self._stop.wait(0.5)  # let failures that happened together all be reported
+            pool = self._pool
+            await pool.run(self._remove_lost_members_now, kernel_id)
+            await asyncio.sleep(0.5)  # let failures that happened together all be reported
             attempt = 0
             quorum_lost = False
             while not self._stop.is_set():
                 attempt += 1
-                with self.lock:
+                async with self._locked():
                     entry = self.kernels.get(kernel_id)
                     # a kernel going to sleep or asleep keeps its state: its replicas are
                     # stopped on purpose, and a hibernation that gives up asks for them again
@@ -102,28 +136,34 @@ class RecoveryMixin(CycleRunnerMixin):
                         self._save_kernel(entry)
                         return
                     rebuild = quorum_lost or live * 2 <= self.replicas_per_kernel
-                if not rebuild and self._quorum_lost(kernel_id):
+                    membership = self._membership_guards.setdefault(kernel_id,
+                                                                    threading.Lock())
+                if not rebuild and await pool.run(self._quorum_lost, kernel_id):
                     rebuild = quorum_lost = True
                 started = time.monotonic()
                 try:
-                    with self._membership_guard(kernel_id):  # after a migration running now
+                    # after a migration running now (it holds the guard on its thread)
+                    await self._acquire_on_loop(membership)
+                    try:
                         if rebuild:
-                            new_ids = self._rebuild_from_checkpoint(kernel_id)
+                            new_ids = await self._rebuild_from_checkpoint(kernel_id)
                         else:
-                            new_ids = self._add_replicas(kernel_id, 1, join=True)
+                            new_ids = await self._add_replicas_async(kernel_id, 1, join=True)
+                    finally:
+                        membership.release()
                     self.metrics.placement.labels(
                         operation="rebuild" if rebuild else "replica_replacement",
                     ).observe(time.monotonic() - started)
                     if rebuild:
                         self.metrics.rebuilds.labels(outcome="succeeded").inc()
-                    self._rebind_session_gpus(kernel_id, new_ids)
+                    await pool.run(self._rebind_session_gpus, kernel_id, new_ids)
                 except StartError as exc:
                     if rebuild:
                         self.metrics.rebuilds.labels(outcome="failed").inc()
                     log.warning("kernel %s: recovery attempt %d failed: %s", kernel_id,
                                 attempt, exc)
                     if attempt >= RECOVERY_ATTEMPTS:
-                        with self.lock:
+                        async with self._locked():
                             entry = self.kernels.get(kernel_id)
                             if entry is not None and len(entry.replicas) == 0:
                                 entry.state = "failed"
@@ -133,9 +173,22 @@ class RecoveryMixin(CycleRunnerMixin):
                                 return
                     # a kernel that still has a majority keeps trying (the host that refused
                     # may free up, another may register): degraded must not become permanent
-                    self._stop.wait(min(RECOVERY_BACKOFF_MAX_S, 0.5 * 2 ** (attempt - 1)))
+                    await asyncio.sleep(min(RECOVERY_BACKOFF_MAX_S, 0.5 * 2 ** (attempt - 1)))
         finally:
             guard.release()
+
+    async def _acquire_on_loop(self, lock: threading.Lock) -> None:
+        """Take a thread lock from the loop without blocking it: at once when free, else a
+        ``gs-work`` thread waits for it. A coroutine cancelled meanwhile lets it go again as
+        soon as that thread has it."""
+        if lock.acquire(blocking=False):
+            return
+        waiting = self._pool.submit(lock.acquire)
+        try:
+            await asyncio.wrap_future(waiting)
+        except asyncio.CancelledError:
+            waiting.add_done_callback(lambda f: f.cancelled() or lock.release())
+            raise
 
     def _remove_lost_members_now(self, kernel_id: str) -> None:
         """Take lost replicas out of the Raft group at once, while it keeps a majority, rather
@@ -193,19 +246,22 @@ class RecoveryMixin(CycleRunnerMixin):
                     kernel_id, "; ".join(views))
         return True
 
-    def _rebuild_from_checkpoint(self, kernel_id: str) -> list[int]:
+    async def _rebuild_from_checkpoint(self, kernel_id: str) -> list[int]:
         """The group lost its majority: stop the survivors (they cannot commit anything) and
         start a fresh group whose replicas load the store's checkpoint; returns their ids. The
         freshest survivor writes that checkpoint first where one can (``_survivor_checkpoint``):
-        then nothing it applied is lost."""
-        with self.lock:
+        then nothing it applied is lost. On the loop, as ``_recover_replica_count``: the
+        survivors' status and stops in the ``gs-work`` pool, the new group awaited
+        (``_add_replicas_async``)."""
+        pool = self._pool
+        async with self._locked():
             entry = self.kernels[kernel_id]
             survivors = list(entry.replicas.values())
             entry.state = "recovering"
             entry.message = ("Raft majority lost: rebuilding the kernel from its last "
                              "checkpoint; cells since then are lost")
-        survivor = self._survivor_checkpoint(entry, survivors)
-        with self.lock:
+        survivor = await pool.run(self._survivor_checkpoint, entry, survivors)
+        async with self._locked():
             if survivor is not None:
                 rid, count = survivor
                 entry.checkpoint_count = max(entry.checkpoint_count, count)
@@ -222,12 +278,12 @@ class RecoveryMixin(CycleRunnerMixin):
                 entry.front.set_replicas([])
             self._save_kernel(entry)
         for r in survivors:
-            self._stop_replica_quietly(r.host_id, kernel_id, r.replica_id)
-        new_ids = self._add_replicas(
+            await pool.run(self._stop_replica_quietly, r.host_id, kernel_id, r.replica_id)
+        new_ids = await self._add_replicas_async(
             kernel_id, self.replicas_per_kernel, join=False, restore=True,
             extra_env=None if survivor is None else
             {"NOTEBOOKOS_RESTORED_FROM_SURVIVOR": f"replica {survivor[0]}"})
-        with self.lock:
+        async with self._locked():
             entry.state = "idle"
             entry.message = ("rebuilt from the last checkpoint after losing the Raft majority"
                              if survivor is None else
@@ -466,7 +522,7 @@ class RecoveryMixin(CycleRunnerMixin):
         try:
             new_ids = self._add_replicas(kernel_id, 1, join=True, on_host=target_host)
         except StartError:
-            self._pool.submit(self._restore_replica_count, kernel_id)
+            self._restore_replica_count(kernel_id)  # on the loop
             raise
         log.info("kernel %s: replica %d replaced by %d on %s (stop %.2fs, start+join %.2fs)",
                  kernel_id, replica_id, new_ids[0], target_host, t1 - t0, time.monotonic() - t1)
@@ -531,3 +587,18 @@ class RecoveryMixin(CycleRunnerMixin):
                          f"kernel {entry.kernel_id}: {msg_type} {content} failed: "
                          + "; ".join(reasons))
 
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _log_failure(future: asyncio.Future | futures.Future) -> None:
+    """A recovery that raised says so in the log, as the pool's work does (service.py)."""
+    if not future.cancelled() and future.exception() is not None:
+        exc = future.exception()
+        log.error("background work failed: %s", exc, exc_info=(type(exc), exc,
+                                                                exc.__traceback__))

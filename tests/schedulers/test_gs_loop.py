@@ -393,6 +393,42 @@ def test_many_starts_wait_for_their_replicas_without_a_pool_thread(gs_one_replic
     assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
 
 
+def test_a_lost_replicas_replacement_waits_for_it_without_a_pool_thread(gs_in_process):
+    """A replica killed (SIGKILL) is replaced by a coroutine on the loop: no ``gs-work`` thread
+    waits for the new replica to answer (the recovery held one for its whole wait before),
+    and the kernel is back to three replicas with its state kept."""
+    cluster, daemon, _ = gs_in_process
+    kernel_id = "k-replaced"
+    kc = cluster.client(_start(cluster, kernel_id, False).connection)
+    assert run_cell(kc, "x = 6 * 7")["reply"]["content"]["status"] == "ok"
+    before = {r.replica_id: r.pid for r in cluster.kernel(kernel_id).replicas}
+    victim = min(before)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _waiting_for_readiness())
+
+    def replaced() -> bool:
+        status = cluster.kernel(kernel_id)
+        live = {r.replica_id for r in status.replicas if r.pid > 0}
+        return (len(live) == 3 and victim not in live and max(live) > max(before)
+                and status.state in (common_pb2.KERNEL_STATE_IDLE, common_pb2.KERNEL_STATE_BUSY))
+
+    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
+    sampler.start()
+    try:
+        os.kill(before[victim], signal.SIGKILL)
+        cluster.wait(replaced, 90, "the lost replica's replacement")
+    finally:
+        done.set()
+        sampler.join()
+    assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for the replacement to answer"
+    out = run_cell(kc, "print(x)")
+    assert "".join(o["content"].get("text", "") for o in out["outputs"]) == "42\n"
+
+
 def test_a_wake_waits_for_its_replicas_without_a_pool_thread(gs_hibernating):
     """A hibernated notebook's wake runs on the loop: two notebooks woken at once, one by
     WakeKernel and one by a cell, start their replicas from their checkpoints while no

@@ -46,13 +46,13 @@ def _kernel(service: GlobalSchedulerService, state: str, replicas: int) -> Kerne
 
 def test_a_hibernating_kernel_keeps_its_state_when_recovery_finds_it_whole(service):
     entry = _kernel(service, "hibernating", replicas=3)
-    service._restore_replica_count("k1")
+    service._restore_replica_count("k1").result(timeout=30)  # the recovery, on the loop
     assert entry.state == "hibernating"
 
 
 def test_a_hibernated_kernel_is_not_rebuilt_by_recovery(service):
     entry = _kernel(service, "hibernated", replicas=0)
-    service._restore_replica_count("k1")
+    service._restore_replica_count("k1").result(timeout=30)
     assert entry.state == "hibernated" and not entry.replicas
 
 
