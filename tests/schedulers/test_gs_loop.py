@@ -128,6 +128,7 @@ def _hold_lock(service, seconds: float, change=None, board_current: bool = True,
     current (the loop made it again since the last release), as a hold starting between two
     changes finds it."""
     held = threading.Event()
+    ended = threading.Event()  # set at the end of the hold, the lock still held
 
     def current() -> bool:  # main had no board: any moment will do
         board = getattr(service, "_board", None)
@@ -142,10 +143,12 @@ def _hold_lock(service, seconds: float, change=None, board_current: bool = True,
                         change()
                     held.set()
                     time.sleep(seconds)
+                    ended.set()
                     return
             time.sleep(0.005)
 
     thread = threading.Thread(target=hold, name="gs-work-hold", daemon=True)
+    thread.hold_ended = ended  # type: ignore[attr-defined]
     thread.start()
     assert held.wait(10)
     return thread, held
@@ -198,7 +201,10 @@ def test_a_status_query_never_answers_from_a_board_older_than_the_last_release(
         service.hosts["host-2"].draining = True  # let go: the board is now older than this
     thread, _ = _hold_lock(service, 1.5, board_current=False)
     status = cluster.status()
-    assert not thread.is_alive()  # it waited for the hold to end
+    # it waited for the hold to end (the thread itself may not have finished yet: after its
+    # release it fires the lock's signal and refreshes the board, and the loop may answer
+    # first; on a loaded machine it did)
+    assert thread.hold_ended.is_set()
     assert {h.host_id for h in status.hosts if h.draining} == {"host-2"}
     with service.lock:
         service.hosts["host-2"].draining = False
