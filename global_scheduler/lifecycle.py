@@ -10,9 +10,9 @@ effects awaited in the ``gs-work`` pool (``_pool.run``), run to their end whoeve
 answer is sent (``_finish_start``); a start or restart waits for its replicas to answer on
 the loop (``_add_replicas_async``: readiness.ready); a restart awaits the kernel's changes
 (``_kernels_changed.signal``) to wait out a start, wake or hibernation; a wake runs in a task
-on the loop (hibernation.py: ``_wake``). What still holds a
-thread: a migration runs whole in ``gs-work`` (its membership guard is a thread lock held
-across it), and a restart takes a kernel's recovery guard there when a recovery holds it."""
+on the loop (hibernation.py: ``_wake``), and so does a migration (recovery.py:
+``migrate_replica_async``). What still holds a thread: a restart takes a kernel's recovery
+guard in ``gs-work`` when a recovery holds it, and a migration its membership guard."""
 
 from __future__ import annotations
 
@@ -509,18 +509,17 @@ class KernelLifecycleMixin:
         return None
 
     async def MigrateReplica(self, request, context):  # noqa: N802
-        """On the loop: the request checked here; the migration (its kernel's membership
-        guard taken, which another change of its replicas may hold for seconds, then the
-        decision and the Local Schedulers' calls: recovery.migrate_replica) awaited in the
-        ``gs-work`` pool, run to its end whoever waits; the answer's status under the lock,
-        awaited."""
+        """On the loop: the request checked here; the migration (recovery.migrate_replica_async:
+        its kernel's membership guard, which another change of its replicas may hold for
+        seconds, taken without blocking the loop; the decision under the awaited lock; the
+        Local Schedulers' calls in ``gs-work``; the new replica's wait on the loop) run to
+        its end whoever waits; the answer's status under the lock, awaited."""
         if not request.kernel_id or request.replica_id < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "MigrateReplicaRequest needs kernel_id and replica_id >= 1")
         try:
-            rid, host_id = await self._run_to_end(self._pool.run(
-                self.migrate_replica, request.kernel_id, request.replica_id,
-                request.target_host_id or None))
+            rid, host_id = await self._run_to_end(self.migrate_replica_async(
+                request.kernel_id, request.replica_id, request.target_host_id or None))
         except StartError as exc:
             await context.abort(exc.code, str(exc))
         async with self._locked():

@@ -1,9 +1,10 @@
 """Is a replica ready? It answers ``kernel_info_request`` on its shell socket.
 
 The wait is a coroutine on the fronts' loop (``ready``: zmq.asyncio, its sockets watched by
-epoll; issue 32), so a start or a wake waiting for its replicas holds no thread. A thread that
-must wait (a recovery, a migration in the ``gs-work`` pool) calls ``wait_until_ready``: the same
-coroutine run on the loop, the thread blocked on its result.
+epoll; issue 32), so a start, a restart, a wake, a replacement, a rebuild, a migration or a
+cell's container waiting for its replicas holds no thread. A thread that must wait (a test's
+client) calls ``wait_until_ready``: the same coroutine run on the loop, the thread blocked on
+its result.
 """
 
 from __future__ import annotations

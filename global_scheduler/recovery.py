@@ -6,8 +6,8 @@ A lost replica's replacement (or the rebuild) runs as a coroutine on the fronts'
 (``_recover_replica_count``, issue 32): its decisions under the lock, awaited; its blocking
 steps (membership changes, status asked of replicas, Local Scheduler calls) in the
 ``gs-work`` pool; the wait for the new replicas to answer on the loop, holding no thread (it
-held a ``gs-work`` thread for the whole wait before). A migration still runs whole on a
-``gs-work`` thread (``migrate_replica``)."""
+held a ``gs-work`` thread for the whole wait before). A migration is a coroutine the same way
+(``migrate_replica_async``; ``migrate_replica`` for a thread that asks for one and waits)."""
 
 from __future__ import annotations
 
@@ -411,19 +411,38 @@ class RecoveryMixin(CycleRunnerMixin):
     def migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
                         request: ResourceSpec | None = None, *,
                         reason: str = "operator") -> tuple[int, str]:
+        """``migrate_replica_async`` for a thread (a cell's contention migration in the
+        placement pool, a drain's move in ``gs-work``): run on the fronts' loop, this thread
+        blocked on its result. Never call it on the loop: await ``migrate_replica_async``."""
+        loop = FrontLoop.shared()
+        if loop.on_loop():
+            raise RuntimeError("migrate_replica called on the fronts' loop: await "
+                               "migrate_replica_async()")
+        return loop.spawn(self.migrate_replica_async(kernel_id, replica_id, target_host,
+                                                     request, reason=reason)).result()
+
+    async def migrate_replica_async(self, kernel_id: str, replica_id: int | None,
+                                    target_host: str | None,
+                                    request: ResourceSpec | None = None, *,
+                                    reason: str = "operator") -> tuple[int, str]:
         """Replace one replica by a new one on another host; returns (new id, host).
 
         The old replica leaves the Raft group and stops; the new one joins and catches up.
         Raises StartError (RESOURCE_EXHAUSTED when no host can take it now). ``reason``
-        (contention, scale_in, drain, operator) labels the migration in the metrics."""
+        (contention, scale_in, drain, operator) labels the migration in the metrics. A
+        coroutine on the loop: the kernel's membership guard taken without blocking it, the
+        decisions under the awaited lock, the Local Schedulers' calls in ``gs-work``, the new
+        replica's wait to answer on the loop (it holds no thread)."""
         guard = self._membership_guard(kernel_id)
         try:
-            if not guard.acquire(timeout=MIGRATION_WAIT_S):
+            if not guard.acquire(blocking=False) and not await asyncio.wrap_future(
+                    self._pool.submit(_acquire_within, guard, MIGRATION_WAIT_S)):
                 raise StartError(grpc.StatusCode.UNAVAILABLE,
                                  f"kernel {kernel_id}: another change of its replicas has run "
                                  f"for over {MIGRATION_WAIT_S:g}s; try the migration later")
             try:
-                result = self._migrate_replica(kernel_id, replica_id, target_host, request)
+                result = await self._migrate_replica(kernel_id, replica_id, target_host,
+                                                     request)
             finally:
                 guard.release()
         except StartError:
@@ -458,9 +477,12 @@ class RecoveryMixin(CycleRunnerMixin):
                     result.status, grpc.StatusCode.FAILED_PRECONDITION)
         raise StartError(code, result.reason)
 
-    def _migrate_replica(self, kernel_id: str, replica_id: int | None, target_host: str | None,
-                         request: ResourceSpec | None) -> tuple[int, str]:
-        with self.lock:
+    async def _migrate_replica(self, kernel_id: str, replica_id: int | None,
+                               target_host: str | None,
+                               request: ResourceSpec | None) -> tuple[int, str]:
+        """The migration itself, the kernel's membership guard held (on the loop)."""
+        pool = self._pool
+        async with self._locked():
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
             if entry is None or kernel is None:
@@ -502,13 +524,14 @@ class RecoveryMixin(CycleRunnerMixin):
                  victim.host_id, target_host)
         if victim_link is not None:
             try:
-                victim_link.stub.PrepareReplicaToMigrate(
-                    local_scheduler_pb2.PrepareReplicaToMigrateRequest(
-                        kernel_id=kernel_id, replica_id=replica_id, timeout_s=10), timeout=15)
+                await pool.run(victim_link.stub.PrepareReplicaToMigrate,
+                               local_scheduler_pb2.PrepareReplicaToMigrateRequest(
+                                   kernel_id=kernel_id, replica_id=replica_id, timeout_s=10),
+                               timeout=15)
             except grpc.RpcError as exc:
                 log.info("prepare-to-migrate of %s/%d: %s", kernel_id, replica_id,
                          exc.details())
-        with self.lock:  # out of the group first (one membership change at a time)
+        async with self._locked():  # out of the group first (one membership change at a time)
             entry.replicas.pop(replica_id, None)
             entry.raft_removals.append(replica_id)
             entry.removal_addresses[replica_id] = victim.raft_address
@@ -517,17 +540,17 @@ class RecoveryMixin(CycleRunnerMixin):
             if entry.front is not None:
                 entry.front.set_replicas(entry.endpoints())
         t0 = time.monotonic()
-        self._stop_replica_quietly(victim.host_id, kernel_id, replica_id)
+        await pool.run(self._stop_replica_quietly, victim.host_id, kernel_id, replica_id)
         t1 = time.monotonic()
         try:
-            new_ids = self._add_replicas(kernel_id, 1, join=True, on_host=target_host)
+            new_ids = await self._add_replicas_async(kernel_id, 1, join=True, on_host=target_host)
         except StartError:
             self._restore_replica_count(kernel_id)  # on the loop
             raise
         log.info("kernel %s: replica %d replaced by %d on %s (stop %.2fs, start+join %.2fs)",
                  kernel_id, replica_id, new_ids[0], target_host, t1 - t0, time.monotonic() - t1)
         self.metrics.placement.labels(operation="migration").observe(time.monotonic() - t0)
-        self._rebind_session_gpus(kernel_id, new_ids)
+        await pool.run(self._rebind_session_gpus, kernel_id, new_ids)
         return new_ids[0], target_host
 
     def _short_of_replicas(self, entry: KernelEntry) -> str:
@@ -602,3 +625,8 @@ def _log_failure(future: asyncio.Future | futures.Future) -> None:
         exc = future.exception()
         log.error("background work failed: %s", exc, exc_info=(type(exc), exc,
                                                                 exc.__traceback__))
+
+
+def _acquire_within(lock: threading.Lock, timeout_s: float) -> bool:
+    """``lock`` taken within ``timeout_s`` (for a pool thread)."""
+    return lock.acquire(timeout=timeout_s)

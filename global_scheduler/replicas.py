@@ -164,7 +164,7 @@ class ReplicaStarterMixin(CycleRunnerMixin):
         """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says;
         or as ``planned`` by ``_plan_replicas``), start them (from the host's prewarm pool when
         ``prewarmed`` and it has one), wait until they answer; returns their ids. Raises
-        StartError. For a thread (a migration): it
+        StartError. For a thread (none in the daemon now; tests' stand-ins): it
         blocks, its wait for the replicas run on the loop (readiness.wait_until_ready); on
         the loop, await ``_add_replicas_async``."""
         if planned is None:

@@ -508,8 +508,9 @@ def test_a_cells_container_starts_without_a_pool_thread_waiting(gs_per_cell):
 def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
     """WakeKernel and MigrateReplica run on the loop: a wake asked of an awake kernel (and of
     an unknown one), a migration refused for its arguments and a real one (a replica moved to
-    a fourth host, its Local Scheduler calls in the ``gs-work`` pool) hand the ``gs-grpc`` pool
-    nothing. The kernel runs a cell on its new replica set."""
+    a fourth host, its Local Scheduler calls in the ``gs-work`` pool, its new replica waited
+    for on the loop) hand the ``gs-grpc`` pool nothing, and no pool thread waits for the new
+    replica to answer. The kernel runs a cell on its new replica set."""
     cluster, daemon, _ = gs_in_process
     kernel_id = "k-moved"
     kc = cluster.client(_start(cluster, kernel_id, False).connection)
@@ -518,6 +519,15 @@ def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
     cluster.wait_hosts(HOSTS + 1)
     moved_from = next(r.host_id for r in cluster.kernel(kernel_id).replicas if r.replica_id == 1)
     stub = cluster.stub
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:  # pool threads waiting for the new replica to answer
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _waiting_for_readiness())
+
+    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
+    sampler.start()
     with _Watch(daemon) as watch:
         awake = stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
                                 timeout=10)
@@ -529,10 +539,14 @@ def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
                 kernel_id=kernel_id, replica_id=0), timeout=10)
         moved = stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
             kernel_id=kernel_id, replica_id=1, target_host_id="host-3"), timeout=90)
+    done.set()
+    sampler.join()
     assert not awake.waking
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert moved.target_host_id == "host-3" and moved.replica.host_id == "host-3"
+    # the migration's new replica is waited for on the loop (a gs-work thread waited before)
+    assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for the new replica to answer"
     hosts = {r.host_id for r in cluster.kernel(kernel_id).replicas}
     assert "host-3" in hosts and moved_from not in hosts
     assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
