@@ -14,6 +14,7 @@ this process (so its threads can be named) and real Local Schedulers heartbeatin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -363,6 +364,26 @@ def _waiting_for_readiness(prefixes: tuple[str, ...] = ("gs-work",)) -> int:
     return waiting
 
 
+@contextlib.contextmanager
+def _peak_waiting_for_readiness(prefixes: tuple[str, ...] = ("gs-work",)) -> Iterator[list[int]]:
+    """While the block runs, the most pool threads seen waiting for replicas to answer at once
+    (sampled every 10 ms): ``peak[0]`` once the block ends."""
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            peak[0] = max(peak[0], _waiting_for_readiness(prefixes))
+
+    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()
+
+
 def test_many_starts_wait_for_their_replicas_without_a_pool_thread(gs_one_replica):
     """A start waits for its replicas to answer on the loop: 20 kernels started at once behind
     their fronts (more than the 16 ``gs-work`` threads) all become idle, and no ``gs-work``
@@ -370,16 +391,7 @@ def test_many_starts_wait_for_their_replicas_without_a_pool_thread(gs_one_replic
     the starts past the 16th queued behind them)."""
     cluster, daemon, _ = gs_one_replica
     kernel_ids = [f"k-many-{i}" for i in range(20)]
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            peak[0] = max(peak[0], _waiting_for_readiness())
-
-    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
-    sampler.start()
-    try:
+    with _peak_waiting_for_readiness() as peak:
         starts = [threading.Thread(target=_start, args=(cluster, k, True)) for k in kernel_ids]
         for t in starts:
             t.start()
@@ -392,9 +404,6 @@ def test_many_starts_wait_for_their_replicas_without_a_pool_thread(gs_one_replic
             if all(s == common_pb2.KERNEL_STATE_IDLE for s in states.values()):
                 break
             time.sleep(0.5)
-    finally:
-        done.set()
-        sampler.join()
     assert all(s == common_pb2.KERNEL_STATE_IDLE for s in states.values()), states
     assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
 
@@ -409,12 +418,6 @@ def test_a_lost_replicas_replacement_waits_for_it_without_a_pool_thread(gs_in_pr
     assert run_cell(kc, "x = 6 * 7")["reply"]["content"]["status"] == "ok"
     before = {r.replica_id: r.pid for r in cluster.kernel(kernel_id).replicas}
     victim = min(before)
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            peak[0] = max(peak[0], _waiting_for_readiness())
 
     def replaced() -> bool:
         status = cluster.kernel(kernel_id)
@@ -422,14 +425,9 @@ def test_a_lost_replicas_replacement_waits_for_it_without_a_pool_thread(gs_in_pr
         return (len(live) == 3 and victim not in live and max(live) > max(before)
                 and status.state in (common_pb2.KERNEL_STATE_IDLE, common_pb2.KERNEL_STATE_BUSY))
 
-    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
-    sampler.start()
-    try:
+    with _peak_waiting_for_readiness() as peak:
         os.kill(before[victim], signal.SIGKILL)
         cluster.wait(replaced, 90, "the lost replica's replacement")
-    finally:
-        done.set()
-        sampler.join()
     assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for the replacement to answer"
     out = run_cell(kc, "print(x)")
     assert "".join(o["content"].get("text", "") for o in out["outputs"]) == "42\n"
@@ -448,16 +446,7 @@ def test_a_wake_waits_for_its_replicas_without_a_pool_thread(gs_hibernating):
     asleep = common_pb2.KERNEL_STATE_HIBERNATED
     cluster.wait(lambda: all(cluster.kernel(k).state == asleep for k in clients), 90,
                  "both kernels to hibernate")
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            peak[0] = max(peak[0], _waiting_for_readiness())
-
-    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
-    sampler.start()
-    try:
+    with _peak_waiting_for_readiness() as peak:
         woken = cluster.stub.WakeKernel(
             global_scheduler_pb2.WakeKernelRequest(kernel_id="k-wake-grpc"), timeout=10)
         by_cell = run_seen(clients["k-wake-cell"], "print(x)", timeout=120)
@@ -465,9 +454,6 @@ def test_a_wake_waits_for_its_replicas_without_a_pool_thread(gs_hibernating):
                      == common_pb2.KERNEL_STATE_IDLE, 120, "the woken kernel to be idle")
         status = cluster.kernel("k-wake-grpc")
         after = run_seen(clients["k-wake-grpc"], "print(x)", timeout=120)
-    finally:
-        done.set()
-        sampler.join()
     assert peak[0] == 0, f"{peak[0]} gs-work thread(s) waited for replicas to answer"
     assert woken.waking
     assert "woke from hibernation in" in status.message and len(status.replicas) == 3
@@ -484,21 +470,9 @@ def test_a_cells_container_starts_without_a_pool_thread_waiting(gs_per_cell):
     cluster, daemon, _ = gs_per_cell
     kc = cluster.client(_start(cluster, "k-per-cell", False).connection)
     pool_threads = ("gs-work", "place-")  # the gs-work pool's and the placement pool's
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            peak[0] = max(peak[0], _waiting_for_readiness(pool_threads))
-
-    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
-    sampler.start()
-    try:
+    with _peak_waiting_for_readiness(pool_threads) as peak:
         first = run_seen(kc, "x = 6 * 7", timeout=120)
         second = run_seen(kc, "print(x)", timeout=120)
-    finally:
-        done.set()
-        sampler.join()
     assert peak[0] == 0, f"{peak[0]} pool thread(s) waited for a container to answer"
     assert first["reply"]["content"]["status"] == "ok", first["reply"]["content"]
     assert second["reply"]["content"]["status"] == "ok", second["reply"]["content"]
@@ -519,16 +493,7 @@ def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
     cluster.wait_hosts(HOSTS + 1)
     moved_from = next(r.host_id for r in cluster.kernel(kernel_id).replicas if r.replica_id == 1)
     stub = cluster.stub
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:  # pool threads waiting for the new replica to answer
-        while not done.wait(0.01):
-            peak[0] = max(peak[0], _waiting_for_readiness())
-
-    sampler = threading.Thread(target=sample, name="test-sampler", daemon=True)
-    sampler.start()
-    with _Watch(daemon) as watch:
+    with _peak_waiting_for_readiness() as peak, _Watch(daemon) as watch:
         awake = stub.WakeKernel(global_scheduler_pb2.WakeKernelRequest(kernel_id=kernel_id),
                                 timeout=10)
         with pytest.raises(grpc.RpcError) as unknown:
@@ -539,8 +504,6 @@ def test_wakes_and_migrations_take_no_pool_thread(gs_in_process):
                 kernel_id=kernel_id, replica_id=0), timeout=10)
         moved = stub.MigrateReplica(global_scheduler_pb2.MigrateReplicaRequest(
             kernel_id=kernel_id, replica_id=1, target_host_id="host-3"), timeout=90)
-    done.set()
-    sampler.join()
     assert not awake.waking
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
