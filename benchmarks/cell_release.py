@@ -123,8 +123,8 @@ def measure(policy: str, cells: int, hosts: int) -> dict[str, float]:
             self.decisions += 1
             return super()._decide_containers(*args, **kwargs)
 
-        def _start_cell_container(self, *args: Any) -> tuple[int, list[int]]:
-            return 1, [0]
+        async def _start_cell_container(self, *args: Any) -> tuple[int, list[int]]:
+            return 1, [0]  # a coroutine on the loop, as the service's (cell_containers.py)
 
     s = Slots()
     for host in s.cluster.hosts.values():
