@@ -11,15 +11,14 @@ answer is sent (``_finish_start``); a start or restart waits for its replicas to
 the loop (``_add_replicas_async``: readiness.ready); a restart awaits the kernel's changes
 (``_kernels_changed.signal``) to wait out a start, wake or hibernation; a wake runs in a task
 on the loop (hibernation.py: ``_wake``), and so does a migration (recovery.py:
-``migrate_replica_async``). What still holds a thread: a restart takes a kernel's recovery
-guard in ``gs-work`` when a recovery holds it, and a migration its membership guard."""
+``migrate_replica_async``). A kernel's recovery and membership guards are asyncio locks on
+the loop: a restart waiting for a recovery holds no thread."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
@@ -440,21 +439,15 @@ class KernelLifecycleMixin:
                     if state == "stopping" and not entry.client_shutdown:
                         return (grpc.StatusCode.FAILED_PRECONDITION,
                                 f"kernel {kernel_id} is stopping"), None
-                    guard = self._recovery_guards.setdefault(kernel_id, threading.Lock())
+                    guard = self._recovery_guards.setdefault(kernel_id, asyncio.Lock())
                     break
             left = deadline - time.monotonic()
             if left <= 0:
                 return (grpc.StatusCode.FAILED_PRECONDITION,
                         f"kernel {kernel_id} is still {state} after {RESTART_WAIT_S:g} s"), None
             await changed.wait(woken, left)  # every change of state fires it (_save_kernel)
-        # one recovery (or restart) of a kernel at once; one running holds a pool thread
-        # while this waits for it, not the loop
-        if not guard.acquire(blocking=False):
-            await self._pool.run(guard.acquire)
-        try:
+        async with guard:  # one recovery (or restart) of a kernel at once
             return await self._restart_guarded(entry), entry
-        finally:
-            guard.release()
 
     async def _restart_guarded(self, entry: KernelEntry) -> tuple[grpc.StatusCode, str] | None:
         """The restart itself, the kernel's recovery guard held: why it failed, or None."""
@@ -511,7 +504,7 @@ class KernelLifecycleMixin:
     async def MigrateReplica(self, request, context):  # noqa: N802
         """On the loop: the request checked here; the migration (recovery.migrate_replica_async:
         its kernel's membership guard, which another change of its replicas may hold for
-        seconds, taken without blocking the loop; the decision under the awaited lock; the
+        seconds, awaited; the decision under the awaited lock; the
         Local Schedulers' calls in ``gs-work``; the new replica's wait on the loop) run to
         its end whoever waits; the answer's status under the lock, awaited."""
         if not request.kernel_id or request.replica_id < 1:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -107,12 +106,13 @@ class RecoveryMixin(CycleRunnerMixin):
             entry = self.kernels.get(kernel_id)
             if entry is None:
                 return
-            guard = self._recovery_guards.setdefault(kernel_id, threading.Lock())
-        if not guard.acquire(blocking=False):
+            guard = self._recovery_guards.setdefault(kernel_id, asyncio.Lock())
+        if guard.locked():
             return  # a recovery of this kernel is running; it re-reads the state each attempt
+        await guard.acquire()  # free: taken at once
         try:
             pool = self._pool
-            await pool.run(self._remove_lost_members_now, kernel_id)
+            await self._remove_lost_members_now(kernel_id)
             await asyncio.sleep(0.5)  # let failures that happened together all be reported
             attempt = 0
             quorum_lost = False
@@ -136,21 +136,16 @@ class RecoveryMixin(CycleRunnerMixin):
                         self._save_kernel(entry)
                         return
                     rebuild = quorum_lost or live * 2 <= self.replicas_per_kernel
-                    membership = self._membership_guards.setdefault(kernel_id,
-                                                                    threading.Lock())
+                    membership = self._membership_guards.setdefault(kernel_id, asyncio.Lock())
                 if not rebuild and await pool.run(self._quorum_lost, kernel_id):
                     rebuild = quorum_lost = True
                 started = time.monotonic()
                 try:
-                    # after a migration running now (it holds the guard on its thread)
-                    await self._acquire_on_loop(membership)
-                    try:
+                    async with membership:  # after a migration running now
                         if rebuild:
                             new_ids = await self._rebuild_from_checkpoint(kernel_id)
                         else:
                             new_ids = await self._add_replicas_async(kernel_id, 1, join=True)
-                    finally:
-                        membership.release()
                     self.metrics.placement.labels(
                         operation="rebuild" if rebuild else "replica_replacement",
                     ).observe(time.monotonic() - started)
@@ -177,27 +172,14 @@ class RecoveryMixin(CycleRunnerMixin):
         finally:
             guard.release()
 
-    async def _acquire_on_loop(self, lock: threading.Lock) -> None:
-        """Take a thread lock from the loop without blocking it: at once when free, else a
-        ``gs-work`` thread waits for it. A coroutine cancelled meanwhile lets it go again as
-        soon as that thread has it."""
-        if lock.acquire(blocking=False):
-            return
-        waiting = self._pool.submit(lock.acquire)
-        try:
-            await asyncio.wrap_future(waiting)
-        except asyncio.CancelledError:
-            waiting.add_done_callback(lambda f: f.cancelled() or lock.release())
-            raise
-
-    def _remove_lost_members_now(self, kernel_id: str) -> None:
+    async def _remove_lost_members_now(self, kernel_id: str) -> None:
         """Take lost replicas out of the Raft group at once, while it keeps a majority, rather
         than after the 0.5 s in which failures that came together are gathered: a cell sent to
         an executor that was just killed waits in its election for that executor's LEAD until
         the member is removed (then every member left has yielded, the election fails and the
         front resubmits the cell), so this is time the user waits for the next cell (issue 36:
         0.5 of the 1.0 s after a SIGKILL). A failure here is retried by the replacement."""
-        with self.lock:
+        async with self._locked():
             entry = self.kernels.get(kernel_id)
             if entry is None or not entry.raft_removals \
                     or len(entry.replicas) * 2 <= self.replicas_per_kernel:
@@ -206,8 +188,8 @@ class RecoveryMixin(CycleRunnerMixin):
         if not members:
             return
         try:
-            with self._membership_guard(kernel_id):
-                self._remove_lost_members(entry, members)
+            async with self._membership_guard(kernel_id):
+                await self._pool.run(self._remove_lost_members, entry, members)
         except StartError as exc:
             log.info("kernel %s: removing lost replicas at once failed (retried before the "
                      "replacement joins): %s", kernel_id, exc)
@@ -430,16 +412,18 @@ class RecoveryMixin(CycleRunnerMixin):
         The old replica leaves the Raft group and stops; the new one joins and catches up.
         Raises StartError (RESOURCE_EXHAUSTED when no host can take it now). ``reason``
         (contention, scale_in, drain, operator) labels the migration in the metrics. A
-        coroutine on the loop: the kernel's membership guard taken without blocking it, the
-        decisions under the awaited lock, the Local Schedulers' calls in ``gs-work``, the new
-        replica's wait to answer on the loop (it holds no thread)."""
+        coroutine on the loop: the kernel's membership guard awaited, the decisions under the
+        awaited lock, the Local Schedulers' calls in ``gs-work``, the new replica's wait to
+        answer on the loop (it holds no thread)."""
         guard = self._membership_guard(kernel_id)
         try:
-            if not guard.acquire(blocking=False) and not await asyncio.wrap_future(
-                    self._pool.submit(_acquire_within, guard, MIGRATION_WAIT_S)):
+            try:
+                await asyncio.wait_for(guard.acquire(), MIGRATION_WAIT_S)
+            except TimeoutError:
                 raise StartError(grpc.StatusCode.UNAVAILABLE,
                                  f"kernel {kernel_id}: another change of its replicas has run "
-                                 f"for over {MIGRATION_WAIT_S:g}s; try the migration later")
+                                 f"for over {MIGRATION_WAIT_S:g}s; try the migration later"
+                                 ) from None
             try:
                 result = await self._migrate_replica(kernel_id, replica_id, target_host,
                                                      request)
@@ -451,13 +435,15 @@ class RecoveryMixin(CycleRunnerMixin):
         self.metrics.migrations.labels(reason=reason, outcome="succeeded").inc()
         return result
 
-    def _membership_guard(self, kernel_id: str) -> threading.Lock:
+    def _membership_guard(self, kernel_id: str) -> asyncio.Lock:
         """The lock one change of a kernel's replicas holds (a migration, a replacement or a
         rebuild): each stops or adds a Raft member, and two at once can leave the group without
         a majority (two migrations each stopping a replica before its replacement joined left
-        one of three members alive, and the membership change hung)."""
+        one of three members alive, and the membership change hung). Every holder is a
+        coroutine on the fronts' loop, so it is an asyncio lock: a change waiting for another
+        holds no thread; ``locked()`` may be read from any thread."""
         with self.lock:
-            return self._membership_guards.setdefault(kernel_id, threading.Lock())
+            return self._membership_guards.setdefault(kernel_id, asyncio.Lock())
 
     def migration_running(self, kernel_id: str) -> bool:
         """Whether a change of the kernel's replicas holds its membership guard now."""
@@ -626,7 +612,3 @@ def _log_failure(future: asyncio.Future | futures.Future) -> None:
         log.error("background work failed: %s", exc, exc_info=(type(exc), exc,
                                                                 exc.__traceback__))
 
-
-def _acquire_within(lock: threading.Lock, timeout_s: float) -> bool:
-    """``lock`` taken within ``timeout_s`` (for a pool thread)."""
-    return lock.acquire(timeout=timeout_s)

@@ -141,9 +141,9 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self._replica_exits = LoopSignal()  # fired with each: the starts' waits look again
         # A replica's kernel_info reply content: what a front answers while its replicas start.
         self.kernel_info_seen: dict | None = None
-        self._recovery_guards: dict[str, threading.Lock] = {}  # one recovery per kernel at once
+        self._recovery_guards: dict[str, asyncio.Lock] = {}  # one recovery per kernel at once
         # One membership change (a migration, a replacement joining) per kernel at once
-        self._membership_guards: dict[str, threading.Lock] = {}
+        self._membership_guards: dict[str, asyncio.Lock] = {}
         self._orphan_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._stranger_suspects: dict[str, set[tuple[str, int]]] = {}  # host -> (kernel, replica)
         self._pool = WorkPool(max_workers=16, thread_name_prefix="gs-work")
