@@ -500,7 +500,8 @@ async def _one_fault(kind: str, cluster: UpCluster, notebook: Notebook, injector
 
 
 def _asleep(status: common_pb2.KernelStatus | None) -> bool:
-    return status is not None and status.state in (common_pb2.KERNEL_STATE_HIBERNATED,
+    return status is not None and status.state in (common_pb2.KERNEL_STATE_HIBERNATING,
+                                                    common_pb2.KERNEL_STATE_HIBERNATED,
                                                     common_pb2.KERNEL_STATE_WAKING)
 
 

@@ -32,7 +32,7 @@ KERNEL_STATES = {
     "busy": common_pb2.KERNEL_STATE_BUSY, "degraded": common_pb2.KERNEL_STATE_DEGRADED,
     "stopping": common_pb2.KERNEL_STATE_STOPPING, "failed": common_pb2.KERNEL_STATE_FAILED,
     "recovering": common_pb2.KERNEL_STATE_RECOVERING, "parked": common_pb2.KERNEL_STATE_PARKED,
-    "hibernating": common_pb2.KERNEL_STATE_HIBERNATED,
+    "hibernating": common_pb2.KERNEL_STATE_HIBERNATING,
     "hibernated": common_pb2.KERNEL_STATE_HIBERNATED, "waking": common_pb2.KERNEL_STATE_WAKING,
 }
 T = TypeVar("T")

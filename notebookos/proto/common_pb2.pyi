@@ -35,6 +35,7 @@ class KernelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KERNEL_STATE_PARKED: _ClassVar[KernelState]
     KERNEL_STATE_HIBERNATED: _ClassVar[KernelState]
     KERNEL_STATE_WAKING: _ClassVar[KernelState]
+    KERNEL_STATE_HIBERNATING: _ClassVar[KernelState]
 REPLICA_STATE_UNSPECIFIED: ReplicaState
 REPLICA_STATE_STARTING: ReplicaState
 REPLICA_STATE_IDLE: ReplicaState
@@ -56,6 +57,7 @@ KERNEL_STATE_FAILED: KernelState
 KERNEL_STATE_PARKED: KernelState
 KERNEL_STATE_HIBERNATED: KernelState
 KERNEL_STATE_WAKING: KernelState
+KERNEL_STATE_HIBERNATING: KernelState
 
 class ResourceSpec(_message.Message):
     __slots__ = ("millicpus", "memory_mb", "gpus", "vram_gb")

@@ -68,6 +68,23 @@ def _hibernated(cluster, kernel_id: str) -> bool:  # noqa: ANN001
     return status.state == common_pb2.KERNEL_STATE_HIBERNATED and not status.replicas \
         and "hibernated after" in status.message
 
+def _wait_hibernated_saying_so_on_the_way(cluster, kernel_id: str) -> None:  # noqa: ANN001
+    """Wait for the kernel to hibernate, reading its status every 20 ms on the way: while its
+    checkpoint is confirmed and its replicas still run, it says HIBERNATING; HIBERNATED only
+    once none is listed (it said HIBERNATED with its three replicas listed, and JupyterLab's
+    test, reading it then, found them: CI, 2026-11-30)."""
+    deadline = time.monotonic() + 60
+    seen = []
+    while not _hibernated(cluster, kernel_id):
+        assert time.monotonic() < deadline, f"the kernel did not hibernate: {seen[-5:]}"
+        status = cluster.kernel(kernel_id)
+        state = common_pb2.KernelState.Name(status.state)
+        if not seen or seen[-1][0] != state:
+            seen.append((state, len(status.replicas)))
+        assert status.state != common_pb2.KERNEL_STATE_HIBERNATED or not status.replicas, seen
+        time.sleep(0.02)
+
+
 def _kill_and_restart_scheduler(cluster, kernel_id: str) -> None:  # noqa: ANN001
     """SIGKILL the Global Scheduler, start it again, and wait until it knows the awake kernel."""
     cluster.gs.send_signal(signal.SIGKILL)
@@ -84,7 +101,7 @@ def test_an_idle_notebook_hibernates_and_the_next_cell_wakes_it_with_its_state(m
     pids = [r.pid for r in cluster.kernel(kernel_id).replicas]
     assert len(pids) == 3
 
-    cluster.wait(lambda: _hibernated(cluster, kernel_id), 60, "the kernel to hibernate")
+    _wait_hibernated_saying_so_on_the_way(cluster, kernel_id)
     cluster.wait(lambda: not any(pid_alive(p) for p in pids), 15, "its replicas to stop")
     assert sum(h.gpus_committed for h in cluster.status().hosts) == 0
     # still a live kernel to Jupyter: the front answers kernel_info itself
