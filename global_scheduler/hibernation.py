@@ -24,10 +24,10 @@ replicas to answer on the loop, so a wake in progress holds no thread while they
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
+from notebookos.global_scheduler import background
 from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front_loop import FrontLoop
@@ -254,18 +254,9 @@ class HibernationMixin:
 
     def _start_wake(self, kernel_id: str) -> None:
         """Run ``_wake`` as a task on the running loop (the caller's: WakeKernel, a cell's
-        wait for its kernel's replicas), kept in ``_effects`` until it ends; a failure other
-        than the wake's own is logged, as the pool logged it."""
-        task = asyncio.ensure_future(self._wake(kernel_id))
-        self._effects.add(task)
-        task.add_done_callback(self._wake_ended)
-
-    def _wake_ended(self, task: asyncio.Future) -> None:
-        self._effects.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            log.error("background work failed: %s", exc,
-                      exc_info=(type(exc), exc, exc.__traceback__))
+        wait for its kernel's replicas) that nobody awaits; a failure other than the wake's
+        own is logged."""
+        background.spawn(self._wake(kernel_id), self._effects)
 
     async def _wake(self, kernel_id: str) -> None:
         """The wake, a coroutine on the loop: the decisions under the lock, awaited; the

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from notebookos.cluster import AccountingError
+from notebookos.global_scheduler import background
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import KernelFront
 from notebookos.global_scheduler.kernels import KernelEntry
@@ -138,9 +139,8 @@ class KernelLifecycleMixin:
                 entry.state = "idle"
             self._save_kernel(entry)
         if behind:
-            task = asyncio.ensure_future(self._finish_start(entry, spec, plan, started, answered))
-            self._effects.add(task)
-            task.add_done_callback(self._effect_ended)
+            background.spawn(self._finish_start(entry, spec, plan, started, answered),
+                             self._effects)
             return entry
         self.metrics.placement.labels(operation="kernel_start").observe(
             time.monotonic() - started)
@@ -378,18 +378,9 @@ class KernelLifecycleMixin:
 
     async def _run_to_end(self, effects: Awaitable[Any]) -> Any:
         """Await ``effects``; a caller that goes away (the call cancelled) does not stop them:
-        they run to the end as a task of their own."""
-        task = asyncio.ensure_future(effects)
-        self._effects.add(task)
-        task.add_done_callback(self._effect_ended)
-        return await asyncio.shield(task)
-
-    def _effect_ended(self, task: asyncio.Future) -> None:
-        """A task of ``_run_to_end`` ended: forgotten; its exception (a refused start whose
-        client had gone) taken, so that asyncio does not log it as never retrieved."""
-        self._effects.discard(task)
-        if not task.cancelled():
-            task.exception()
+        they run to the end as a task of their own (its exception is the caller's, or taken
+        when it went away: a refused start whose client had gone)."""
+        return await asyncio.shield(background.spawn(effects, self._effects, logged=False))
 
     async def WakeKernel(self, request, context):  # noqa: N802
         """On the loop: the decision under the lock, awaited; the wake itself (the replicas

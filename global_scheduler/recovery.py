@@ -19,6 +19,7 @@ from concurrent import futures
 
 import grpc
 
+from notebookos.global_scheduler import background
 from notebookos.global_scheduler.control import ControlError, control_request
 from notebookos.global_scheduler.cycle_runner import MIGRATION, SESSION_GPUS, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
@@ -85,13 +86,9 @@ class RecoveryMixin(CycleRunnerMixin):
         loop = FrontLoop.shared()
         recovery = self._recover_replica_count(kernel_id)
         if _running_loop() is loop.loop:
-            task = loop.loop.create_task(recovery)
-            self._effects.add(task)
-            task.add_done_callback(self._effect_ended)
-            task.add_done_callback(_log_failure)
-            return task
+            return background.spawn(recovery, self._effects)
         future = loop.spawn(recovery)
-        future.add_done_callback(_log_failure)
+        future.add_done_callback(background.log_failure)
         return future
 
     async def _recover_replica_count(self, kernel_id: str) -> None:
@@ -603,12 +600,3 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _log_failure(future: asyncio.Future | futures.Future) -> None:
-    """A recovery that raised says so in the log, as the pool's work does (service.py)."""
-    if not future.cancelled() and future.exception() is not None:
-        exc = future.exception()
-        log.error("background work failed: %s", exc, exc_info=(type(exc), exc,
-                                                                exc.__traceback__))
-

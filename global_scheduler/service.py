@@ -42,6 +42,7 @@ import zmq
 
 from notebookos import __version__
 from notebookos.cluster import AccountingError, Cluster, ReplicaState
+from notebookos.global_scheduler import background
 from notebookos.global_scheduler.cell_containers import CellContainerMixin
 from notebookos.global_scheduler.cell_queue import CellQueue
 from notebookos.global_scheduler.execution import ExecutionMixin
@@ -339,7 +340,7 @@ class WorkPool(futures.ThreadPoolExecutor):
 
     def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
         future = super().submit(fn, *args, **kwargs)
-        future.add_done_callback(_log_failure)
+        future.add_done_callback(background.log_failure)
         return future
 
 
@@ -347,13 +348,6 @@ class WorkPool(futures.ThreadPoolExecutor):
         """For a coroutine on a loop: ``fn`` run in the pool, awaited. Its exception is the
         awaiting coroutine's (a refused start's StartError, say), not logged here."""
         return await asyncio.wrap_future(super().submit(fn, *args, **kwargs))
-
-
-def _log_failure(future: futures.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        exc = future.exception()
-        log.error("background work failed: %s", exc, exc_info=(type(exc), exc,
-                                                                exc.__traceback__))
 
 
 def new_key() -> str:
