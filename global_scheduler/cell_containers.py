@@ -98,23 +98,14 @@ class CellContainerMixin(CycleRunnerMixin):
         raise StartError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          self._why_no_hosts(request, 1, len(snapshot.unavailable_hosts)))
 
-    def _start_first_container(self, kernel_id: str) -> None:
+    async def _start_first_container(self, kernel_id: str) -> None:
         """Start one container so the kernel answers its first kernel_info (the reply is cached
-        for the parked kernel); the caller parks it. Raises StartError. For a thread; on the
-        loop, await ``_start_first_container_async``."""
-        with self.lock:
-            request = self.cluster.kernels[kernel_id].request
-            host_id = self._host_for_first_container(kernel_id, request)
-        self._add_replicas(kernel_id, 1, join=False, on_host=host_id,
-                           prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV)
-
-    async def _start_first_container_async(self, kernel_id: str) -> None:
-        """``_start_first_container`` on the loop: the host chosen under the awaited lock, the
-        container's wait to answer holding no thread (``_add_replicas_async``)."""
+        for the parked kernel); the caller parks it. Raises StartError. On the loop: the host
+        chosen under the awaited lock, the container's wait to answer holding no thread."""
         async with self._locked():
             request = self.cluster.kernels[kernel_id].request
             host_id = self._host_for_first_container(kernel_id, request)
-        await self._add_replicas_async(kernel_id, 1, join=False, on_host=host_id,
+        await self._add_replicas(kernel_id, 1, join=False, on_host=host_id,
                                        prewarmed=self.uses_warm_pool,
                                        extra_env=CELL_CONTAINER_ENV)
 
@@ -132,7 +123,7 @@ class CellContainerMixin(CycleRunnerMixin):
                                     host_id: str) -> tuple[int, list[int]]:
         """Start the cell's container on ``host_id``, where its GPUs were set aside, and commit
         them, on the loop: the decisions under the awaited lock, the container started by
-        ``_add_replicas_async`` (its wait to answer holds no thread), the commit (a Local
+        ``_add_replicas`` (its wait to answer holds no thread), the commit (a Local
         Scheduler call) on a placement pool thread. Raises PlacementFailed, the slot given
         up."""
         slot = _slot_owner(kernel_id, msg_id)
@@ -144,7 +135,7 @@ class CellContainerMixin(CycleRunnerMixin):
                 restore = entry.checkpoint_count > 0
                 entry.state = "idle"
             started = await self._start_retrying_async(
-                kernel_id, "container start", lambda: self._add_replicas_async(
+                kernel_id, "container start", lambda: self._add_replicas(
                     kernel_id, 1, join=False, on_host=host_id, restore=restore,
                     prewarmed=self.uses_warm_pool, extra_env=CELL_CONTAINER_ENV))
             rid = started[0]

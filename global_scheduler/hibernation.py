@@ -261,7 +261,7 @@ class HibernationMixin:
     async def _wake(self, kernel_id: str) -> None:
         """The wake, a coroutine on the loop: the decisions under the lock, awaited; the
         replicas hibernation stopped stopped again in the ``gs-work`` pool, and the new ones
-        started from the checkpoint by ``_add_replicas_async`` (its wait for them to answer
+        started from the checkpoint by ``_add_replicas`` (its wait for them to answer
         holds no thread)."""
         async with self._locked():
             entry = self.kernels.get(kernel_id)
@@ -271,7 +271,7 @@ class HibernationMixin:
             expected = entry.checkpoint_count
         await self._pool.run(self._finish_pending_stops, entry)
         try:
-            await self._add_replicas_async(
+            await self._add_replicas(
                 kernel_id, self.replicas_per_kernel, join=False, restore=restore,
                 extra_env={"NOTEBOOKOS_RESTORED_FOR": "hibernation",
                            "NOTEBOOKOS_RESTORE_EXPECTED": str(expected)})

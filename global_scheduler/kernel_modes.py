@@ -46,13 +46,9 @@ class KernelMode(ABC):
         self.service = service
 
     @abstractmethod
-    def start_containers(self, kernel_id: str) -> None:
-        """Start what a new (or restarted) kernel runs before its first cell; blocks."""
-
-    async def start_containers_async(self, kernel_id: str) -> None:
-        """``start_containers`` for a coroutine on the loop: by default run in the ``gs-work``
-        pool, awaited."""
-        await self.service._pool.run(self.start_containers, kernel_id)
+    async def start_containers(self, kernel_id: str) -> None:
+        """Start what a new (or restarted) kernel runs before its first cell: a coroutine on
+        the loop, whose wait for them to answer holds no thread. Raises StartError."""
 
     def after_start(self, kernel_id: str) -> None:
         """The kernel is up and its front bound."""
@@ -101,14 +97,9 @@ class ReplicatedKernels(KernelMode):
     reserves_session_gpus = True
     hibernates = True
 
-    def start_containers(self, kernel_id: str) -> None:
+    async def start_containers(self, kernel_id: str) -> None:
         s = self.service
-        s._add_replicas(kernel_id, s.replicas_per_kernel, join=False)
-
-    async def start_containers_async(self, kernel_id: str) -> None:
-        """On the loop: the wait for the replicas to answer holds no thread."""
-        s = self.service
-        await s._add_replicas_async(kernel_id, s.replicas_per_kernel, join=False)
+        await s._add_replicas(kernel_id, s.replicas_per_kernel, join=False)
 
     def new_front(self, entry: KernelEntry, ports: dict[str, int] | None,
                   starting: bool) -> KernelFront:
@@ -145,12 +136,8 @@ class ReplicatedKernels(KernelMode):
 class CellContainers(KernelMode):
     """A container per cell (``batch``, ``lcp``): see ``cell_containers.py``."""
 
-    def start_containers(self, kernel_id: str) -> None:
-        self.service._start_first_container(kernel_id)
-
-    async def start_containers_async(self, kernel_id: str) -> None:
-        """On the loop: the first container's wait to answer holds no thread."""
-        await self.service._start_first_container_async(kernel_id)
+    async def start_containers(self, kernel_id: str) -> None:
+        await self.service._start_first_container(kernel_id)
 
     def after_start(self, kernel_id: str) -> None:
         self.service._park(kernel_id)

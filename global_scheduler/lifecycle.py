@@ -8,7 +8,7 @@ blocking parts (Local Scheduler calls, replica starts waited for, front sockets 
 effects awaited in the ``gs-work`` pool (``_pool.run``), run to their end whoever waits
 (``_run_to_end``). A start behind its front starts its replicas in a task on the loop once the
 answer is sent (``_finish_start``); a start or restart waits for its replicas to answer on
-the loop (``_add_replicas_async``: readiness.ready); a restart awaits the kernel's changes
+the loop (``_add_replicas``: readiness.ready); a restart awaits the kernel's changes
 (``_kernels_changed.signal``) to wait out a start, wake or hibernation; a wake runs in a task
 on the loop (hibernation.py: ``_wake``), and so does a migration (recovery.py:
 ``migrate_replica_async``). A kernel's recovery and membership guards are asyncio locks on
@@ -119,7 +119,7 @@ class KernelLifecycleMixin:
                                       join=False)
             else:
                 await self._start_retrying_async(
-                    kernel_id, "start", lambda: self.mode.start_containers_async(kernel_id))
+                    kernel_id, "start", lambda: self.mode.start_containers(kernel_id))
                 if self.binding.binds_at_placement:
                     await pool.run(self._bind_for_session, entry, spec)
             # bound out of the lock (its sockets, when no spare is ready: ms); it touches no
@@ -195,7 +195,7 @@ class KernelLifecycleMixin:
                     return  # stopped meanwhile
         plans = [plan]
         try:
-            await self._start_retrying_async(kernel_id, "start", lambda: self._add_replicas_async(
+            await self._start_retrying_async(kernel_id, "start", lambda: self._add_replicas(
                 kernel_id, self.replicas_per_kernel, join=False,
                 planned=plans.pop() if plans else None))
             if self.binding.binds_at_placement:
@@ -477,7 +477,7 @@ class KernelLifecycleMixin:
                                         r.replica_id) for r in old))
         await pool.run(self._finish_pending_stops, entry)  # a hibernated kernel's, first
         try:
-            await self.mode.start_containers_async(kernel_id)
+            await self.mode.start_containers(kernel_id)
             if self.binding.binds_at_placement:
                 await pool.run(self._bind_for_session, entry, kernel.request)
         except StartError as exc:

@@ -98,7 +98,7 @@ class RecoveryMixin(CycleRunnerMixin):
         A coroutine on the loop: its decisions under the lock, awaited (``_locked``); the
         blocking steps (Raft membership changes, the replicas' status asked, the Local
         Schedulers' calls) awaited in the ``gs-work`` pool; the wait for a new replica to
-        answer on the loop (``_add_replicas_async``), holding no thread."""
+        answer on the loop (``_add_replicas``), holding no thread."""
         async with self._locked():
             entry = self.kernels.get(kernel_id)
             if entry is None:
@@ -142,7 +142,7 @@ class RecoveryMixin(CycleRunnerMixin):
                         if rebuild:
                             new_ids = await self._rebuild_from_checkpoint(kernel_id)
                         else:
-                            new_ids = await self._add_replicas_async(kernel_id, 1, join=True)
+                            new_ids = await self._add_replicas(kernel_id, 1, join=True)
                     self.metrics.placement.labels(
                         operation="rebuild" if rebuild else "replica_replacement",
                     ).observe(time.monotonic() - started)
@@ -231,7 +231,7 @@ class RecoveryMixin(CycleRunnerMixin):
         freshest survivor writes that checkpoint first where one can (``_survivor_checkpoint``):
         then nothing it applied is lost. On the loop, as ``_recover_replica_count``: the
         survivors' status and stops in the ``gs-work`` pool, the new group awaited
-        (``_add_replicas_async``)."""
+        (``_add_replicas``)."""
         pool = self._pool
         async with self._locked():
             entry = self.kernels[kernel_id]
@@ -258,7 +258,7 @@ class RecoveryMixin(CycleRunnerMixin):
             self._save_kernel(entry)
         for r in survivors:
             await pool.run(self._stop_replica_quietly, r.host_id, kernel_id, r.replica_id)
-        new_ids = await self._add_replicas_async(
+        new_ids = await self._add_replicas(
             kernel_id, self.replicas_per_kernel, join=False, restore=True,
             extra_env=None if survivor is None else
             {"NOTEBOOKOS_RESTORED_FROM_SURVIVOR": f"replica {survivor[0]}"})
@@ -526,7 +526,7 @@ class RecoveryMixin(CycleRunnerMixin):
         await pool.run(self._stop_replica_quietly, victim.host_id, kernel_id, replica_id)
         t1 = time.monotonic()
         try:
-            new_ids = await self._add_replicas_async(kernel_id, 1, join=True, on_host=target_host)
+            new_ids = await self._add_replicas(kernel_id, 1, join=True, on_host=target_host)
         except StartError:
             self._restore_replica_count(kernel_id)  # on the loop
             raise

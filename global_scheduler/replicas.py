@@ -2,9 +2,8 @@
 (where the policy says, or on a given host), starting them in parallel, joining them to a running
 Raft group, waiting until they answer. Mixed into ``GlobalSchedulerService``.
 
-The wait until they answer runs on the loop (readiness.py): a coroutine awaits
-``_add_replicas_async`` (its Local Scheduler calls in the ``gs-work`` pool, the wait holding
-no thread); a thread calls ``_add_replicas``, which blocks on the same steps."""
+A coroutine on the loop awaits ``_add_replicas``: its Local Scheduler calls run in the
+``gs-work`` pool, its wait until they answer on the loop (readiness.py), holding no thread."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from notebookos.global_scheduler.cycle_runner import REPLICAS, CycleRunnerMixin
 from notebookos.global_scheduler.errors import StartError
 from notebookos.global_scheduler.front import ReplicaEndpoint
 from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
-from notebookos.global_scheduler.readiness import ready, wait_until_ready
+from notebookos.global_scheduler.readiness import ready
 from notebookos.policies.cycle import Action, Status
 from notebookos.ports import raft_port
 from notebookos.proto import local_scheduler_pb2
@@ -156,33 +155,17 @@ class ReplicaStarterMixin(CycleRunnerMixin):
             log.info("kernel %s: GPUs not set aside on %s: %s", kernel.kernel_id,
                      link.host_id, exc)
 
-    def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
-                      on_host: str | None = None, restore: bool = False,
-                      prewarmed: bool = True,
-                      extra_env: dict[str, str] | None = None,
-                      planned: ReplicaPlan | None = None) -> list[int]:
-        """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says;
-        or as ``planned`` by ``_plan_replicas``), start them (from the host's prewarm pool when
-        ``prewarmed`` and it has one), wait until they answer; returns their ids. Raises
-        StartError. For a thread (none in the daemon now; tests' stand-ins): it
-        blocks, its wait for the replicas run on the loop (readiness.wait_until_ready); on
-        the loop, await ``_add_replicas_async``."""
-        if planned is None:
-            planned = self._plan_replicas(kernel_id, count, join=join, on_host=on_host)
-        launch = self._launch_replicas(kernel_id, planned, join=join, restore=restore,
-                                       prewarmed=prewarmed, extra_env=extra_env)
-        if not launch.errors:
-            launch.ready = wait_until_ready(*self._readiness_args(launch))
-        return self._settle_replicas(launch)
-
-    async def _add_replicas_async(self, kernel_id: str, count: int, *, join: bool,
+    async def _add_replicas(self, kernel_id: str, count: int, *, join: bool,
                                   on_host: str | None = None, restore: bool = False,
                                   prewarmed: bool = True,
                                   extra_env: dict[str, str] | None = None,
                                   planned: ReplicaPlan | None = None) -> list[int]:
-        """``_add_replicas`` on the loop (the same arguments): the placement, the Local
-        Schedulers' calls and what follows awaited in the ``gs-work`` pool; the wait for the
-        replicas to answer on the loop itself (readiness.ready), holding no thread."""
+        """Place ``count`` new replicas (on ``on_host`` when given, else where the policy says;
+        or as ``planned`` by ``_plan_replicas``), start them (from the host's prewarm pool when
+        ``prewarmed`` and it has one), wait until they answer; returns their ids. Raises
+        StartError. On the loop: the placement, the Local Schedulers' calls and what follows
+        awaited in the ``gs-work`` pool; the wait for the replicas to answer on the loop
+        itself (readiness.ready), holding no thread."""
         pool = self._pool
         if planned is None:
             planned = await pool.run(self._plan_replicas, kernel_id, count, join=join,

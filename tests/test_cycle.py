@@ -11,6 +11,7 @@ simulator models no replica loss, so its records are replayed through the cycle 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import sys
 import textwrap
@@ -647,7 +648,12 @@ class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
     def _raft_ports_in_use(self):  # noqa: ANN202
         return {}
 
-    def _add_replicas(self, kernel_id, count, *, join, on_host=None, **_):  # noqa: ANN001, ANN003, ANN202
+    @contextlib.asynccontextmanager
+    async def _locked(self):  # noqa: ANN202 - as the service's, over the stand-in's RLock
+        with self.lock:
+            yield
+
+    async def _add_replicas(self, kernel_id, count, *, join, on_host=None, **_):  # noqa: ANN001, ANN003, ANN202
         """Plan (the placement's effect on the model), start nothing."""
         _, plan, _, _ = self._plan_replicas(kernel_id, count, join=join, on_host=on_host)
         return [rid for rid, _, _ in plan]
@@ -658,7 +664,7 @@ class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
         self.cluster.add_kernel(kernel_id, _gpus(gpus))
         self.kernels[kernel_id] = KernelEntry(kernel_id, "key", "hmac-sha256", "python3", {})
         try:
-            self._start_first_container(kernel_id)
+            asyncio.run(self._start_first_container(kernel_id))
         except StartError:
             return None
         kernel = self.cluster.kernels[kernel_id]
