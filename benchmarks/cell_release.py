@@ -78,6 +78,7 @@ def measure(policy: str, cells: int, hosts: int) -> dict[str, float]:
     from notebookos.global_scheduler.kernel_modes import CellContainers
     from notebookos.global_scheduler.kernels import KernelEntry
     from notebookos.global_scheduler.loop_waits import SignallingCondition
+    from notebookos.global_scheduler.state_lock import StateLock
     from notebookos.loop_thread import LoopThread
     from notebookos.policies import get_policy
     from notebookos.policies.cell_order import ArrivalOrder
@@ -98,7 +99,7 @@ def measure(policy: str, cells: int, hosts: int) -> dict[str, float]:
 
     class Slots(CellContainerMixin, ExecutionMixin):
         def __init__(self) -> None:
-            self.lock = threading.RLock()
+            self.lock = StateLock()  # as the service's: awaited on the loop
             self._cell_cv = SignallingCondition(self.lock)
             self._placement_cv = SignallingCondition()
             self._kernels_changed = SignallingCondition(self._placement_cv._lock)
@@ -173,6 +174,7 @@ def measure_replicated(cells: int, gpus: int) -> dict[str, float]:
     from notebookos.global_scheduler.cell_queue import CellQueue
     from notebookos.global_scheduler.execution import ExecutionMixin, _Pass
     from notebookos.global_scheduler.loop_waits import SignallingCondition
+    from notebookos.global_scheduler.state_lock import StateLock
     from notebookos.loop_thread import LoopThread
     from notebookos.policies.cell_order import ArrivalOrder
     from notebookos.resources import ResourceSpec
@@ -186,7 +188,7 @@ def measure_replicated(cells: int, gpus: int) -> dict[str, float]:
 
     class Cells(ExecutionMixin):
         def __init__(self) -> None:
-            self.lock = threading.RLock()
+            self.lock = StateLock()  # as the service's: awaited on the loop
             self._placement_cv = SignallingCondition()
             self._kernels_changed = SignallingCondition(self._placement_cv._lock)
             self._cell_cv = SignallingCondition()

@@ -357,7 +357,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         """A long-running kernel's cell: the session's GPUs (reservation), or GPUs committed
         now on a replica's host (or one a replica migrates to), waiting while none can."""
         await self._wait_for_replicas(kernel_id, msg_id)
-        with self.lock:
+        async with self.lock.held():
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
             if entry is None or kernel is None:
@@ -383,7 +383,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         it holds no thread."""
         started = time.monotonic()
         deadline = started + self.cell_queue_timeout_s
-        with self.lock:
+        async with self.lock.held():
             entry = self.kernels.get(kernel_id)
             hints = entry.hints if entry is not None else None
             gpus_total = self.cluster.total_gpus
@@ -401,7 +401,8 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 # the try's first pass on the loop: a cell that takes over its replica's held
                 # GPUs is placed here; one that must call a Local Scheduler (CommitGpus, a
                 # migration) goes on with that pass on a thread, while the call blocks
-                first = self._try_held(kernel_id, msg_id, request)
+                async with self.lock.held():  # taken without stopping the loop
+                    first = self._try_held(kernel_id, msg_id, request)
                 if isinstance(first, _Pass):
                     placed, why, migration_failed = await run_blocking(
                         lambda first=first: self._try_place(kernel_id, msg_id, request, first))
@@ -652,7 +653,26 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         entry.last_cell_gpus[rid] = device_ids
         entry.gpu_commits[msg_id] = (time.monotonic(), len(device_ids))
 
+    # -- the fronts' hooks: on the loop they never wait for the lock (state_lock.LoopChanges) --
+
     def release_execute(self, kernel_id: str, msg_id: str) -> None:
+        self._loop_changes.make(self._release_and_tell, kernel_id, msg_id)
+
+    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        self._loop_changes.make(self._execute_started, kernel_id, replica_id, msg_id,
+                                time.monotonic())  # when it was seen, not made
+
+    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+        self._loop_changes.make(self._execute_finished, kernel_id, replica_id, msg_id)
+
+    def execute_abandoned(self, kernel_id: str, msg_id: str) -> None:
+        """No replica ran ``msg_id`` (all yielded, or were lost before it started); it may run
+        under another id. Its arrival goes: kept, it held the kernel busy to hibernation for
+        ever (the fault campaign: a cell resubmitted after a rebuild from the checkpoint, its
+        GPUs committed before the executor was lost)."""
+        self._loop_changes.make(self._execute_abandoned, kernel_id, msg_id)
+
+    def _release_and_tell(self, kernel_id: str, msg_id: str) -> None:
         try:
             self._release_execute(kernel_id, msg_id)
         finally:
@@ -702,7 +722,8 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         self._gpus_released()  # cells waiting for GPUs try again
         self.mode.cell_released(kernel_id)
 
-    def execute_started(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+    def _execute_started(self, kernel_id: str, replica_id: int, msg_id: str,
+                         now: float) -> None:
         with self.lock:
             entry = self.kernels.get(kernel_id)
             arrived = None
@@ -711,16 +732,11 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                 if arrived is None:
                     arrived = entry.released_arrivals.pop(msg_id, None)
             if arrived is not None:
-                now = time.monotonic()
                 entry.last_interactivity_ms[replica_id] = (now - arrived) * 1000
                 entry.kernel_interactivity_ms = entry.last_interactivity_ms[replica_id]
                 self.metrics.cell_interactivity_delay.observe(now - arrived)
 
-    def execute_abandoned(self, kernel_id: str, msg_id: str) -> None:
-        """No replica ran ``msg_id`` (all yielded, or were lost before it started); it may run
-        under another id. Its arrival goes: kept, it held the kernel busy to hibernation for
-        ever (the fault campaign: a cell resubmitted after a rebuild from the checkpoint, its
-        GPUs committed before the executor was lost)."""
+    def _execute_abandoned(self, kernel_id: str, msg_id: str) -> None:
         with self.lock:
             entry = self.kernels.get(kernel_id)
             if entry is not None:
@@ -730,7 +746,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
         """A kernel's front dropped a message (``bad_signature`` or ``malformed``)."""
         self.metrics.dropped_messages.labels(reason=reason).inc()
 
-    def execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
+    def _execute_finished(self, kernel_id: str, replica_id: int, msg_id: str) -> None:
         with self.lock:
             kernel = self.cluster.kernels.get(kernel_id)
             if kernel is not None and replica_id in kernel.replicas:

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -366,15 +366,10 @@ class KernelLifecycleMixin:
                 except grpc.RpcError as exc:
                     log.info("interrupt of %s/%d failed: %s", kernel_id, rid, exc.details())
 
-    @contextlib.asynccontextmanager
-    async def _locked(self) -> AsyncIterator[None]:
+    def _locked(self) -> contextlib.AbstractAsyncContextManager[None]:
         """``service.lock`` for a decision on the loop: awaited, never blocking the loop
         (state_lock.py); nothing may be awaited inside."""
-        await self.lock.acquire_async()
-        try:
-            yield
-        finally:
-            self.lock.release()
+        return self.lock.held()
 
     async def _run_to_end(self, effects: Awaitable[Any]) -> Any:
         """Await ``effects``; a caller that goes away (the call cancelled) does not stop them:

@@ -63,6 +63,7 @@ from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.registry_store import RegistryStore
 from notebookos.global_scheduler.registry_writer import RegistryWriter
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
+from notebookos.global_scheduler.state_lock import LoopChanges
 from notebookos.global_scheduler.status import StatusMixin
 from notebookos.kernel_hints import KernelHints
 from notebookos.metrics import GlobalSchedulerMetrics
@@ -191,6 +192,7 @@ class GlobalSchedulerService(HostRegistryMixin, HostDrainMixin, KernelLifecycleM
         self.metrics_address = ""
         # how long the loop stands still on the lock a pool thread holds (state_lock.py)
         self.lock.watch_loop(FrontLoop.shared().thread, self.metrics.loop_lock_wait.observe)
+        self._loop_changes = LoopChanges(self.lock)  # the fronts' hooks' changes
         # effects of the coroutine handlers that run to their end whoever waits (lifecycle.py)
         self._effects: set = set()
         # the status queries' board, made on the loop after changes (status.py)

@@ -15,18 +15,27 @@ it the plain way would stop the loop, every front and every call on it, for as l
   every outermost release) and tries again. A coroutine must never ``await`` while holding it
   (another coroutine on the loop would enter the RLock too).
 
+``LoopChanges`` is for the fronts' hooks (a cell started, answered, released): a change made
+at once when the lock is free, else queued in order for one task that awaits it.
+
 What the lock costs per hold: two attribute updates and a ``LoopSignal.fire`` that returns at
 once when no coroutine waits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from notebookos.global_scheduler.loop_waits import LoopSignal
+
+log = logging.getLogger("notebookos.global_scheduler")
 
 
 class StateLock:
@@ -115,6 +124,16 @@ class StateLock:
                 return
             await self.released.wait(future, None)
 
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """``async with lock.held():`` on the loop: ``acquire_async``, then the release; nothing
+        may be awaited inside."""
+        await self.acquire_async()
+        try:
+            yield
+        finally:
+            self.release()
+
     def held_by_another(self) -> bool:
         """Whether a thread other than the caller's holds it now (a hint: it may change)."""
         if self._inner.acquire(False):
@@ -140,3 +159,56 @@ class StateLock:
         depth, inner = state
         self._inner._acquire_restore(inner)  # type: ignore[attr-defined]  # noqa: SLF001
         self._depth = depth
+
+
+class LoopChanges:
+    """Changes the loop makes under the lock for the fronts' hooks (a cell started, answered,
+    released: execution.py), in the order they were asked for, without ever waiting for the
+    lock on the loop. Free, the lock is taken and the change made at once (the common case:
+    nothing else pending); held by another thread, the change is queued and one task on the
+    loop makes the queue's changes, in order, once it has the lock (``acquire_async``). A
+    change asked for while earlier ones wait is queued behind them, so a cell's release never
+    overtakes its start. Off the loop (a test's thread, a stand-in) the change is made at once,
+    taking the lock the blocking way. A queued change that raises is logged."""
+
+    def __init__(self, lock: StateLock) -> None:
+        self._lock = lock
+        self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._maker: asyncio.Future | None = None  # the task making the queue's changes
+
+    def make(self, change: Callable[..., Any], *args: Any) -> None:
+        lock = self._lock
+        if threading.current_thread() is not lock._loop_thread:  # noqa: SLF001
+            with lock:
+                change(*args)
+            return
+        if not self._queue and lock.acquire(blocking=False):
+            try:
+                change(*args)
+            finally:
+                lock.release()
+            return
+        self._queue.append((change, args))
+        if self._maker is None:
+            self._maker = asyncio.ensure_future(self._make_queued())
+
+    def pending(self) -> int:
+        """Changes waiting for the lock (tests)."""
+        return len(self._queue)
+
+    async def _make_queued(self) -> None:
+        try:
+            while self._queue:
+                await self._lock.acquire_async()
+                try:
+                    while self._queue:
+                        change, args = self._queue.popleft()
+                        try:
+                            change(*args)
+                        except Exception:
+                            log.exception("a change for a front failed: %s%r",
+                                          getattr(change, "__name__", change), args)
+                finally:
+                    self._lock.release()
+        finally:
+            self._maker = None

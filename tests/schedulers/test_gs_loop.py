@@ -30,6 +30,7 @@ from sched_cluster import Cluster, run_cell, run_seen, stream_text
 
 from notebookos.config import load_config
 from notebookos.global_scheduler.daemon import GlobalSchedulerDaemon
+from notebookos.global_scheduler.front_loop import FrontLoop
 from notebookos.proto import common_pb2, global_scheduler_pb2
 from notebookos.testing.credentials import join_token_metadata
 
@@ -586,3 +587,71 @@ def test_host_registrations_and_drains_take_no_pool_thread(gs_in_process):
     assert "host-3" in hosts and drained not in hosts
     assert not watch.handed, f"{len(watch.handed)} call(s) handed to the gs-grpc pool"
     assert run_cell(kc, "print(x)")["reply"]["content"]["status"] == "ok"
+
+
+class _LoopLag:
+    """The longest the fronts' loop took to run a callback handed to it, sampled every 20 ms
+    from a thread of its own while the block runs: how long the loop stood still."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="loop-lag", daemon=True)
+
+    def _sample(self) -> None:
+        loop = FrontLoop.shared().loop
+        while not self._done.is_set():
+            ran = threading.Event()
+            asked = time.monotonic()
+            loop.call_soon_threadsafe(ran.set)
+            ran.wait(30)
+            self.longest = max(self.longest, time.monotonic() - asked)
+            time.sleep(0.02)
+
+    def __enter__(self) -> _LoopLag:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(35)
+
+
+def test_a_cells_start_and_end_never_stop_the_loop_while_a_thread_holds_the_lock(
+        gs_in_process):
+    """The fronts' hooks for a cell (its ``execute_input``, its reply, its GPUs' release) are
+    made on the loop without waiting for ``service.lock``: a cell that starts and ends while a
+    thread holds the lock for 3 s stops the loop for none of it (each hook took the lock the
+    blocking way, the loop and every front standing still until the hold ended), its reply
+    reaches the client during the hold, and the changes are made, in order, once it ends
+    (state_lock.LoopChanges): the kernel's GPUs are free again and no cell is left running."""
+    cluster, daemon, _ = gs_in_process
+    service = daemon.service
+    kernel_id = "k-held"
+    response = cluster.stub.StartKernel(global_scheduler_pb2.StartKernelRequest(
+        kernel_id=kernel_id, key=uuid.uuid4().hex,
+        resources=common_pb2.ResourceSpec(millicpus=100, memory_mb=128, gpus=1)), timeout=90)
+    kc = cluster.client(response.connection)
+    assert run_cell(kc, "import time")["reply"]["content"]["status"] == "ok"
+    with _LoopLag() as lag:
+        msg_id = kc.execute("time.sleep(1.0); print('done')")
+        cluster.wait(lambda: any(e.executions for e in service.kernels.values()), 10,
+                     "the cell to be placed")
+        thread, _ = _hold_lock(service, 3.0, board_current=False)
+        held = time.monotonic()
+        reply = kc.get_shell_msg(timeout=30)
+        replied = time.monotonic() - held
+        answered_during_hold = not thread.hold_ended.is_set()
+        thread.join()
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "ok"
+    assert answered_during_hold, f"the reply waited for the thread's hold to end ({replied} s)"
+    assert replied < 2.0, f"the cell ended {replied:.2f} s into the hold, not during it"
+    assert lag.longest < 0.5, f"the loop stood still for {lag.longest:.2f} s on the lock"
+    cluster.wait(lambda: service._loop_changes.pending() == 0, 10,  # noqa: SLF001
+                 "the queued changes to be made")
+    with service.lock:
+        entry = service.kernels[kernel_id]
+        assert not entry.executions and not entry.cell_arrived
+    cluster.wait(lambda: sum(h.gpus_committed for h in cluster.status().hosts) == 0, 10,
+                 "the cell's GPUs to be released")

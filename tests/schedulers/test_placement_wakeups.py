@@ -379,7 +379,7 @@ class _CellSlots(CellContainerMixin, ExecutionMixin):
 
     def __init__(self, policy: str, hosts: int, gpus: int = 1,
                  order: CellOrder | None = None) -> None:
-        self.lock = threading.RLock()
+        self.lock = StateLock()  # as the service's: awaited on the loop
         self._cell_cv = SignallingCondition(self.lock)  # as the service's
         self._placement_cv = SignallingCondition()
         self._kernels_changed = SignallingCondition(self._placement_cv._lock)
@@ -595,7 +595,7 @@ class _GpuCells(_Waits):
 
     def __init__(self, order: CellOrder) -> None:
         super().__init__(order)
-        self.lock = threading.RLock()
+        self.lock = StateLock()  # as the service's: awaited on the loop
         self.kernels: dict = {}
         self.cluster = SimpleNamespace(total_gpus=2)
         self.cell_queue_timeout_s = 600.0

@@ -9,7 +9,7 @@ import threading
 import time
 
 from notebookos.global_scheduler.lock_holds import service_lock
-from notebookos.global_scheduler.state_lock import StateLock
+from notebookos.global_scheduler.state_lock import LoopChanges, StateLock
 
 
 def test_the_version_counts_outermost_releases_and_reads_make_none():
@@ -141,3 +141,49 @@ def test_the_loops_blocking_takes_of_a_held_lock_are_timed_and_no_other():
         assert len(waited) == 1
     finally:
         loop.close()
+
+
+def test_loop_changes_wait_for_a_held_lock_without_blocking_and_keep_their_order(caplog):
+    """``LoopChanges`` on the loop: with the lock free a change is made at once; held by a
+    thread, changes queue (the loop runs on), and once it is let go they are made in the
+    order asked, a change asked meanwhile with the lock free included (behind the queue, not
+    before it); one that raises is logged and the rest are made. Off the loop: at once."""
+    lock = StateLock()
+    made: list[str] = []
+    changes = LoopChanges(lock)
+    held, go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            go.wait(5)
+
+    def fail() -> None:
+        raise RuntimeError("a change that fails")
+
+    async def main() -> tuple[list[str], int, float]:
+        lock.watch_loop(threading.current_thread(), lambda s: None)
+        changes.make(made.append, "free")
+        assert made == ["free"]
+        threading.Thread(target=holder, daemon=True).start()
+        await asyncio.to_thread(held.wait, 5)
+        started = time.monotonic()
+        changes.make(made.append, "start")
+        changes.make(fail)
+        changes.make(made.append, "end")
+        queued = changes.pending()
+        blocked = time.monotonic() - started
+        go.set()
+        while changes.pending():
+            await asyncio.sleep(0.01)
+        changes.make(made.append, "after")
+        return list(made), queued, blocked
+
+    made_then, queued, blocked = asyncio.run(main())
+    assert queued == 3 and blocked < 0.05
+    assert made_then == ["free", "start", "end", "after"]
+    assert "a change that fails" in caplog.text
+    other = threading.Thread(target=changes.make, args=(made.append, "thread"))
+    other.start()
+    other.join(5)
+    assert made[-1] == "thread"
