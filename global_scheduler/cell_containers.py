@@ -192,7 +192,7 @@ class CellContainerMixin(CycleRunnerMixin):
         dispatcher = self.__dict__.get("_cell_dispatch")
         if dispatcher is None:
             dispatcher = LoopDispatcher(self._cell_cv.signal, self._serve_cell_queue,
-                                        "cell-queue")
+                                        "cell-queue", lock=self.lock)
             self.__dict__["_cell_dispatch"] = dispatcher
         return dispatcher
 
@@ -204,7 +204,7 @@ class CellContainerMixin(CycleRunnerMixin):
         (``_serve_cell_queue``, woken by ``_cell_cv``'s signal) resolves it with the host, or
         with the PlacementFailed that ends the wait. It holds neither a thread nor the lock."""
         loop = asyncio.get_running_loop()
-        with self.lock:
+        async with self.lock.held():
             entry = self.kernels.get(kernel_id)
             hints = entry.hints if entry is not None else None
             with self._placement_cv:

@@ -344,7 +344,7 @@ class ExecutionMixin(SharingMixin, CycleRunnerMixin):
                                        msg_id: str) -> tuple[int, list[int]]:
         """A per-cell container's cell: through the cluster-wide cell queue (cell_containers.py;
         its wait for a host, too, holds no thread)."""
-        with self.lock:
+        async with self.lock.held():
             entry = self.kernels.get(kernel_id)
             kernel = self.cluster.kernels.get(kernel_id)
             if entry is None or kernel is None:

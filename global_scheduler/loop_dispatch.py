@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 
 from notebookos.global_scheduler.loop_waits import LoopSignal
+from notebookos.global_scheduler.state_lock import StateLock
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,15 @@ class LoopDispatcher:
     """Runs ``step`` on the loop once per fire of ``signal`` (fires while a step runs are
     folded into one more step). ``step`` returns how long to sleep at most before the next
     one (``math.inf``: until the next fire), or None when nothing waits any more (the
-    dispatcher ends until the next ``kick``)."""
+    dispatcher ends until the next ``kick``). With ``lock``, each step runs holding it, taken
+    without blocking the loop (a thread holding it delays the step, not the loop)."""
 
     def __init__(self, signal: LoopSignal, step: Callable[[], float | None],
-                 name: str = "dispatcher") -> None:
+                 name: str = "dispatcher", lock: StateLock | None = None) -> None:
         self.signal = signal
         self._step = step
         self._name = name
+        self._lock = lock  # a step runs holding it, awaited (acquire_async), when given
         self._task: asyncio.Task[None] | None = None
         self.steps = 0  # how many steps ran (tests count them)
 
@@ -70,11 +73,16 @@ class LoopDispatcher:
         while True:
             woken = self.signal.future()  # before the step reads the state
             self.steps += 1
+            if self._lock is not None:  # taken without stopping the loop
+                await self._lock.acquire_async()
             try:
                 sleep_s = self._step()
             except Exception:  # noqa: BLE001 - the step fails its waiters itself; go on
                 log.exception("%s: a step failed", self._name)
                 sleep_s = 1.0
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
             if sleep_s is None:
                 return
             await self.signal.wait(woken, None if math.isinf(sleep_s) else sleep_s)

@@ -11,7 +11,6 @@ simulator models no replica loss, so its records are replayed through the cycle 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import sys
 import textwrap
@@ -42,6 +41,7 @@ from notebookos.global_scheduler.kernels import KernelEntry, ReplicaLink
 from notebookos.global_scheduler.loop_waits import SignallingCondition
 from notebookos.global_scheduler.recovery import RecoveryMixin
 from notebookos.global_scheduler.replicas import ReplicaStarterMixin
+from notebookos.global_scheduler.state_lock import StateLock
 from notebookos.policies import cycle as cycle_module
 from notebookos.policies import get_policy
 from notebookos.policies import profile as profile_module
@@ -301,7 +301,7 @@ class _Live(ExecutionMixin):
     state they use; migrations move the replica in the model."""
 
     def __init__(self, cluster: Cluster, policy: str) -> None:
-        self.lock = threading.RLock()
+        self.lock = StateLock()  # as the service's: awaited on the loop
         self.cluster = cluster
         self.policy = get_policy(policy)
         self.hosts = {h: _FakeLink(cluster, h) for h in cluster.hosts}
@@ -623,7 +623,7 @@ class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
     replicas (``_plan_replicas``: placed in the model, a reservation's GPUs set aside)."""
 
     def __init__(self, cluster: Cluster, policy: str) -> None:
-        self.lock = threading.RLock()
+        self.lock = StateLock()  # as the service's: awaited on the loop
         self._cell_cv = SignallingCondition(self.lock)  # as the service's
         self._placement_cv = threading.Condition(threading.Lock())
         self._stop = threading.Event()
@@ -648,10 +648,8 @@ class _LiveContainers(CellContainerMixin, ReplicaStarterMixin):
     def _raft_ports_in_use(self):  # noqa: ANN202
         return {}
 
-    @contextlib.asynccontextmanager
-    async def _locked(self):  # noqa: ANN202 - as the service's, over the stand-in's RLock
-        with self.lock:
-            yield
+    def _locked(self):  # noqa: ANN202 - as the service's
+        return self.lock.held()
 
     async def _add_replicas(self, kernel_id, count, *, join, on_host=None, **_):  # noqa: ANN001, ANN003, ANN202
         """Plan (the placement's effect on the model), start nothing."""

@@ -655,3 +655,26 @@ def test_a_cells_start_and_end_never_stop_the_loop_while_a_thread_holds_the_lock
         assert not entry.executions and not entry.cell_arrived
     cluster.wait(lambda: sum(h.gpus_committed for h in cluster.status().hosts) == 0, 10,
                  "the cell's GPUs to be released")
+
+
+def test_a_per_cell_containers_cell_waits_for_a_held_lock_without_stopping_the_loop(
+        gs_per_cell):
+    """Under ``batch`` a cell joins the cluster-wide cell queue (cell_containers.py): its
+    arrival and the queue's dispatcher step take ``service.lock`` without blocking the loop
+    (``StateLock.held``, ``LoopDispatcher(lock=...)``). A cell sent while a thread holds the
+    lock for 2 s waits for it, the loop running on (the code before stood still for the whole
+    hold), and runs once it is let go."""
+    cluster, daemon, _ = gs_per_cell
+    service = daemon.service
+    kc = cluster.client(_start(cluster, "k-per-cell-held", False).connection)
+    assert run_cell(kc, "x = 6 * 7", timeout=120)["reply"]["content"]["status"] == "ok"
+    cluster.wait(lambda: service.kernels["k-per-cell-held"].state == "parked", 30,
+                 "the kernel to park")
+    with _LoopLag() as lag:
+        thread, _ = _hold_lock(service, 2.0, board_current=False)
+        msg_id = kc.execute("print(x)")
+        thread.join()
+        reply = kc.get_shell_msg(timeout=120)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert lag.longest < 0.5, f"the loop stood still for {lag.longest:.2f} s on the lock"
