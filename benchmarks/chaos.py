@@ -476,9 +476,13 @@ async def _one_fault(kind: str, cluster: UpCluster, notebook: Notebook, injector
         first = injector.inject(first_kind, status, set())
         await asyncio.sleep(rng.uniform(0.1, 1.0))
         avoid = {first.host} if first.host else set()
+        # the kernel as it is now (the first fault may have ended or replaced a replica)
+        now = await asyncio.to_thread(cluster.kernel, notebook.kernel_id) or status
         try:
-            second = injector.inject(second_kind, status, avoid)
-        except (LookupError, psutil.Error) as exc:
+            second = injector.inject(second_kind, now, avoid)
+        except (LookupError, psutil.Error, ProcessLookupError) as exc:
+            # ProcessLookupError: the replica chosen had exited meanwhile (seed 22 stopped
+            # the whole campaign on it after 35 faults)
             second = Fault(second_kind, f"not injected: {exc}", None)
         fault = Fault("double", f"{first.kind} {first.detail} + {second.kind} {second.detail}",
                       None)
