@@ -199,8 +199,7 @@ class LoopChanges:
     async def _make_queued(self) -> None:
         try:
             while self._queue:
-                await self._lock.acquire_async()
-                try:
+                async with self._lock.held():
                     while self._queue:
                         change, args = self._queue.popleft()
                         try:
@@ -208,7 +207,5 @@ class LoopChanges:
                         except Exception:
                             log.exception("a change for a front failed: %s%r",
                                           getattr(change, "__name__", change), args)
-                finally:
-                    self._lock.release()
         finally:
             self._maker = None
